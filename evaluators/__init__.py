@@ -1,0 +1,28 @@
+"""Evaluators: one module per metric behind `evaluators.base.Evaluator`.
+
+`build_evaluator(name, cfg)` looks a name up in `REGISTRY` (module path + class), imports it lazily
+(so `import evaluators` stays light and heavy deps load only when used), and suggests the closest
+name on a typo.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+
+from .base import EvalResult, Evaluator, Sample  # noqa: F401
+
+#: evaluator name -> "module:Class". Modules import lazily.
+REGISTRY: dict[str, str] = {}
+
+
+def register(name: str, target: str) -> None:
+    REGISTRY[name] = target
+
+
+def build_evaluator(name: str, **kwargs) -> Evaluator:
+    if name not in REGISTRY:
+        close = difflib.get_close_matches(name, REGISTRY, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"Unknown evaluator {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}.")
+    module, cls = REGISTRY[name].split(":")
+    return getattr(importlib.import_module(module), cls)(**kwargs)
