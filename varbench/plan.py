@@ -1,0 +1,165 @@
+"""Plans and signals: the seam between the runtime (mechanism) and acceleration methods (policy).
+
+At every scale the runtime asks the active policy for a `ScalePlan`, runs the scale under it, and
+hands the policy the `ScaleSignals` it measured. A plan that asks for nothing (`ScalePlan()`) runs
+the scale exactly as the released model does; every method's neutral setting must reduce to it.
+
+Batch layout inside a scale step: with classifier-free guidance the runtime carries 2B rows,
+`[cond_0 .. cond_{B-1}, uncond_0 .. uncond_{B-1}]` (the released order); without it, B rows.
+Token indices always refer to the scale's own h*w grid in row-major order.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Literal, Optional
+
+import torch
+
+Sublayer = Literal["sa", "ca", "ffn"]
+SUBLAYERS: tuple[Sublayer, ...] = ("sa", "ca", "ffn")
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectorContext:
+    """What a token selector sees besides the live hidden state."""
+
+    scale: int            # schedule index of the scale being run
+    block: int            # flat block index (0 .. depth-1)
+    sublayer: Sublayer    # which sublayer the selection is for
+    h: int
+    w: int
+    batch: int            # B (prompts); rows = 2B under CFG
+    cfg_rows: bool        # True if rows hold [cond; uncond] halves
+
+
+#: A selector maps the live residual stream x (rows, h*w, C) to kept indices (rows, n_keep) (long).
+Selector = Callable[[torch.Tensor, SelectorContext], torch.Tensor]
+
+
+@dataclasses.dataclass
+class BlockPlan:
+    """How one transformer block runs at one scale.
+
+    mode:
+      "full"  - every token (the default; an absent entry means full).
+      "skip"  - the block is the identity at this scale (its K/V are not appended either).
+      "prune" - each sublayer in `sublayers` computes only `n_keep` tokens.
+    keep:      fixed kept indices (rows, n_keep), shared by the pruned sublayers; or
+    selector:  called before each pruned sublayer on the live hidden state (FastVAR re-ranks
+               tokens before SA, CA and FFN separately). Exactly one of keep/selector for "prune".
+    n_keep:    static number of kept tokens, so every (scale, plan) has static shapes.
+    fill:      what pruned positions receive as that sublayer's residual update:
+               "cache" - the branch output cached at scale `cache_from`, area-upsampled to this
+                         grid (FastVAR's cached token restoration); needs that scale to have run
+                         with `keep_residuals=True`;
+               "pass"  - nothing (the token passes through the sublayer unchanged).
+    cache_from: schedule index of the cached scale (None = the nearest earlier scale that kept
+               residuals).
+    prune_kv:  True - pruned tokens are dropped from this scale's self-attention K/V as well
+               (cheaper, FastVAR behaviour); False - all tokens still provide K/V (queries pruned
+               only; K/V of pruned tokens come from their un-updated hidden state).
+    """
+
+    mode: Literal["full", "skip", "prune"] = "full"
+    keep: Optional[torch.Tensor] = None
+    selector: Optional[Selector] = None
+    n_keep: int = 0
+    sublayers: tuple[Sublayer, ...] = SUBLAYERS
+    fill: Literal["cache", "pass"] = "cache"
+    cache_from: Optional[int] = None
+    prune_kv: bool = True
+
+    def validate(self, n_tokens: int) -> None:
+        if self.mode not in ("full", "skip", "prune"):
+            raise ValueError(f"BlockPlan.mode must be full/skip/prune, got {self.mode!r}")
+        if self.mode != "prune":
+            return
+        if (self.keep is None) == (self.selector is None):
+            raise ValueError("A prune BlockPlan needs exactly one of `keep` (indices) or `selector`.")
+        if not 0 < self.n_keep <= n_tokens:
+            raise ValueError(f"BlockPlan.n_keep={self.n_keep} must be in 1..{n_tokens} (tokens at this scale).")
+        if self.keep is not None and self.keep.shape[-1] != self.n_keep:
+            raise ValueError(f"keep has {self.keep.shape[-1]} indices but n_keep={self.n_keep}.")
+        bad = set(self.sublayers) - set(SUBLAYERS)
+        if bad:
+            raise ValueError(f"Unknown sublayers {sorted(bad)}; use a subset of {SUBLAYERS}.")
+        if self.fill not in ("cache", "pass"):
+            raise ValueError(f"BlockPlan.fill must be 'cache' or 'pass', got {self.fill!r}")
+
+
+@dataclasses.dataclass
+class ScalePlan:
+    """What to do at one scale.
+
+    run:            False skips the scale: nothing runs, nothing is sampled, its codes are absent
+                    from the sum (if it is the last scale(s), the image decodes the codes so far).
+    blocks:         {block index: BlockPlan}; absent blocks run in full.
+    keep_residuals: store this scale's per-block, per-sublayer branch outputs, for later "cache"
+                    fills (memory: depth * 3 * rows * h*w * C floats).
+    attention_entropy_for: blocks whose per-query self-attention entropy is wanted in the signals
+                    (exact; costs one extra pass over the attention logits of those blocks).
+    attention_entropy_queries: None = every query; k = an evenly spaced subsample of k queries.
+    cfg / tau:      override the configured guidance scale / temperature at this scale.
+    drop_uncond:    run only the conditional rows at this scale (logits become cond-only); the
+                    unconditional K/V are not extended at this scale (SkipVAR-style).
+    """
+
+    run: bool = True
+    blocks: dict[int, BlockPlan] = dataclasses.field(default_factory=dict)
+    keep_residuals: bool = False
+    attention_entropy_for: frozenset[int] = frozenset()
+    attention_entropy_queries: Optional[int] = None
+    cfg: Optional[float] = None
+    tau: Optional[float] = None
+    drop_uncond: bool = False
+
+
+@dataclasses.dataclass
+class ScaleSignals:
+    """What the runtime measured at one scale, handed to `Policy.observe`.
+
+    token_entropy:      (B, h*w) predictive entropy per token, mean over bits of the binary entropy
+                        of the distribution actually sampled from (guided, temperature-scaled
+                        logits, before top-k/top-p), in nats.
+    logits:             (B, h*w, d, 2) those guided, tempered logits (for other entropy variants).
+    cond_logits:        (B, h*w, d, 2) the conditional rows' logits (tempered), or None without CFG.
+    attention_entropy:  {block: (rows, n_queries) per-query entropy averaged over heads}, for the
+                        blocks the plan asked for; with a subsample, `attention_query_index` holds
+                        the query positions.
+    executed_tokens:    {block: {sublayer: tokens executed per row}} at this scale.
+    """
+
+    scale: int
+    h: int
+    w: int
+    token_entropy: torch.Tensor
+    logits: torch.Tensor
+    cond_logits: Optional[torch.Tensor]
+    attention_entropy: dict[int, torch.Tensor]
+    attention_query_index: Optional[torch.Tensor]
+    executed_tokens: dict[int, dict[str, int]]
+    tau: float
+    cfg: float
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationContext:
+    """Static facts about the generation a policy is reset for."""
+
+    schedule: tuple[tuple[int, int], ...]   # (h, w) token grid per scale
+    depth: int
+    embed_dim: int
+    num_heads: int
+    batch: int                              # B prompts
+    cfg_rows: bool                          # rows = 2B ([cond; uncond])
+    cfg: tuple[float, ...]                  # per-scale guidance
+    tau: tuple[float, ...]                  # per-scale temperature
+    device: str = "cpu"
+
+    @property
+    def rows(self) -> int:
+        return 2 * self.batch if self.cfg_rows else self.batch
+
+    def tokens(self, si: int) -> int:
+        h, w = self.schedule[si]
+        return h * w

@@ -1,0 +1,16 @@
+"""`baseline`: the released Infinity behaviour. Every scale runs in full.
+
+It is a real policy that goes through the same plan/observe calls as every method, so a method's
+speed-up is measured against the same per-scale overhead.
+"""
+from __future__ import annotations
+
+from ..plan import ScalePlan
+from .base import Policy
+
+
+class Baseline(Policy):
+    name = "baseline"
+
+    def plan(self, si: int) -> ScalePlan:
+        return ScalePlan()
