@@ -1,0 +1,167 @@
+"""Provenance: tie every number in a record to the code, packages and machine that produced it.
+
+Usage::
+
+    from varbench.provenance import collect_provenance, sha256_file
+    prov = collect_provenance()          # JSON-able dict; never raises for a missing tool
+    prov["git"]["sha"], prov["git"]["dirty"], prov["packages"]["torch"]
+    sha256_file("weights/infinity_2b_reg.pth")   # hex digest, streamed in 4 MiB chunks
+
+Everything here degrades gracefully: not a git checkout -> ``git.sha = None``; a package that
+is not installed -> ``null`` version; no ``nvidia-smi`` -> ``driver = None``. A record should
+always be writable, and a missing fact is recorded as ``null`` rather than guessed.
+
+The dict (``schema``: the ``provenance`` field of record.json, schema_version 1)::
+
+    {
+      "git": {"sha": str|None, "dirty": bool|None, "diff_sha256": str|None, "root": str|None},
+      "packages": {"torch": "2.4.1", "varbench": "0.1.0", ..., "<missing>": None},
+      "python": "3.11.9", "platform": "Linux-...", "hostname": str, "cpu_count": int,
+      "torch": {"version": str, "cuda": str|None, "cudnn": int|None,
+                "device_name": str|None, "device_count": int,
+                "driver": str|None,                       # from nvidia-smi, if present
+                "sdpa": {"flash": bool, "mem_efficient": bool, "math": bool, "cudnn": bool}|None,
+                "cudnn_benchmark": bool, "allow_tf32_matmul": bool, "allow_tf32_cudnn": bool}
+               | None                                     # torch not importable
+    }
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+#: Distributions whose versions are recorded (PyPI names; importlib.metadata resolves them).
+PACKAGES = (
+    "torch", "varbench", "hydra-core", "omegaconf", "transformers", "open_clip_torch",
+    "torchmetrics", "pandas", "wandb", "numpy", "torchvision", "safetensors", "pillow",
+)
+
+_CHUNK = 4 << 20
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes, read in 4 MiB chunks (fine for multi-GB weights)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_CHUNK)
+            if not block:
+                break
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def package_versions(names=PACKAGES) -> dict[str, str | None]:
+    """Installed version per distribution name, ``None`` when it is not installed."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            # open_clip's distribution is "open_clip_torch" on PyPI but some installs normalise it.
+            alt = name.replace("_", "-")
+            try:
+                out[name] = metadata.version(alt) if alt != name else None
+            except metadata.PackageNotFoundError:
+                out[name] = None
+    return out
+
+
+def _run(cmd: list[str], cwd: str | None = None, timeout: float = 10.0) -> str | None:
+    """stdout of ``cmd`` or None on any failure (tool missing, non-zero exit, timeout)."""
+    try:
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    return res.stdout.decode("utf-8", "replace")
+
+
+def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """sha / dirty flag / sha256 of ``git diff HEAD`` for the checkout holding ``path``.
+
+    ``path`` defaults to this package's folder, so the answer describes the code that ran, not
+    the caller's working directory. Untracked files count as dirty (they may be imported).
+    """
+    where = str(Path(path) if path is not None else Path(__file__).resolve().parent)
+    root = _run(["git", "rev-parse", "--show-toplevel"], cwd=where)
+    if root is None:
+        return {"sha": None, "dirty": None, "diff_sha256": None, "root": None}
+    root = root.strip()
+    sha = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    status = _run(["git", "status", "--porcelain"], cwd=root)
+    diff = _run(["git", "diff", "HEAD"], cwd=root)
+    return {
+        "sha": sha.strip() if sha else None,
+        "dirty": bool(status.strip()) if status is not None else None,
+        "diff_sha256": sha256_bytes(diff.encode()) if diff else None,
+        "root": root,
+    }
+
+
+def _nvidia_driver() -> str | None:
+    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    return out.strip().splitlines()[0].strip() if out and out.strip() else None
+
+
+def torch_info(device: str | None = None) -> dict[str, Any] | None:
+    """Torch / CUDA facts, or None if torch cannot be imported."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - any import failure means "no torch facts"
+        return None
+    cuda = torch.cuda.is_available()
+    info: dict[str, Any] = {
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "device_count": torch.cuda.device_count() if cuda else 0,
+        "device_name": None,
+        "driver": None,
+        "sdpa": None,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "allow_tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
+        "allow_tf32_cudnn": bool(torch.backends.cudnn.allow_tf32),
+    }
+    if cuda:
+        try:
+            dev = torch.device(device) if device and str(device).startswith("cuda") else torch.device("cuda")
+            info["device_name"] = torch.cuda.get_device_name(dev)
+        except Exception:  # noqa: BLE001
+            pass
+        info["driver"] = _nvidia_driver()
+        sdpa = {}
+        for key, fn in (("flash", "flash_sdp_enabled"), ("mem_efficient", "mem_efficient_sdp_enabled"),
+                        ("math", "math_sdp_enabled"), ("cudnn", "cudnn_sdp_enabled")):
+            f = getattr(torch.backends.cuda, fn, None)
+            sdpa[key] = bool(f()) if f is not None else None
+        info["sdpa"] = sdpa
+    else:
+        info["device_name"] = platform.processor() or platform.machine()
+    return info
+
+
+def collect_provenance(device: str | None = None) -> dict[str, Any]:
+    """The ``provenance`` block of a record (see module docstring). Never raises."""
+    return {
+        "git": git_info(),
+        "packages": package_versions(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch_info(device),
+    }

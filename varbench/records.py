@@ -1,0 +1,442 @@
+"""Run records: one content-addressed entry per resolved configuration.
+
+Usage::
+
+    from varbench.records import RunEntry, find_entries, records_to_frame
+    entry = RunEntry("results", entry_hash)          # -> results/entries/<entry_hash>/
+    if entry.is_done():
+        ...                                          # finished: skip (unless runtime.force)
+    with entry.lock():                               # O_EXCL LOCK file: one writer per entry
+        todo = [k for k in keys if k not in entry.scored_keys("hpsv2")]   # resume
+        entry.append_samples("hpsv2", rows)          # per batch; fsynced
+        entry.append_traces(trace_rows)
+        entry.write_record(record)                   # atomic
+        entry.mark_done()                            # DONE = sha256 of record.json, written last
+    df = records_to_frame(find_entries("results"))   # tidy, one row per finished record
+
+    import pandas as pd                              # per-sample rows, for pandas users:
+    pd.read_json(entry.dir / "samples_hpsv2.jsonl", lines=True)
+
+Entry folder ``<root>/entries/<entry_hash>/``:
+
+* ``record.json``: the schema below, written atomically (temp file + ``os.replace``).
+* ``samples_<evaluator>.jsonl``: one JSON object per scored image (at least ``prompt_index``,
+  ``sample_index``); appended per batch with flush + fsync, so a kill loses at most the batch in
+  flight. Readers drop a truncated last line; the next append first cuts it off, so the file is
+  always valid JSONL again before new rows land. Later rows win over earlier ones with the same
+  (prompt_index, sample_index).
+* ``traces.jsonl``: per-image traces (same rules). Row format::
+
+      {"prompt_index": int, "sample_index": int, "method": str,
+       "scales": [{"si": int, "h": int, "w": int, "ran": bool,
+                   "keep_frac": [float per layer] | null,   # null: every layer ran in full
+                   "entropy_mean": float | null,             # mean predictive entropy (nats)
+                   "ms": float | null}, ...],
+       "stats": {method-specific, e.g. "activation_scale", "depth_D", "layer_labels": [str]}}
+
+* ``DONE``: written last; contains the sha256 of ``record.json``. An entry with ``DONE`` is
+  finished and is never rewritten unless ``force=True``.
+* ``LOCK``: present while a job writes the entry (see :meth:`RunEntry.lock`).
+
+``record.json`` schema (``schema_version`` 1)::
+
+    {
+      "schema_version": 1,
+      "entry_id": str,              # the entry hash (folder name)
+      "generation_id": str,         # the image-store hash (images/<generation_id>/)
+      "created": str,               # UTC ISO 8601, e.g. "2025-01-31T12:00:00+00:00"
+      "status": "ok" | "failed" | "partial",   # optional, default "ok"
+      "experiment": {"name": str, "tags": [str], "overrides": [str], "job_num": int|null},
+      "config": {...},              # the resolved Hydra config
+      "model": {"name": str, "preset": str,
+                "resolution": [H, W],          # pixels, e.g. [1024, 1024]
+                "h_div_w": float,              # aspect-ratio template, e.g. 1.0
+                "dtype": str,
+                "weights": {"<file name>": "<sha256>"}},
+      "method": {"name": str, "label": str|null,   # label: short table name, e.g. "fastvar r=0.4"
+                 "config": {...}, "stats": {...}},
+      "benchmark": {"name": str, "source": str, "sha256": str, "items_sha256": str,
+                    "n_prompts": int, "samples_per_prompt": int,
+                    "seeds": any JSON},       # e.g. {"base": 0, "rule": "base + 1000*p + s"}
+                    # (+ the other keys of PromptSet.describe())
+      "evaluators": {"<name>": {version_info...}},
+      "metrics": {"<evaluator>/<metric>": float},
+      "uncertainty": {"<evaluator>/<metric>": float},   # standard error (or bootstrap std)
+      "timing": {"device": str, "dtype": str, "warmup": int, "repeats": int,
+                 "by_batch": {"<bs>": {"text_ms": {"median", "p10", "p90"},
+                                       "ar_ms": {...}, "decode_ms": {...}, "total_ms": {...},
+                                       "images_per_s": float, "peak_mem_bytes": int|null,
+                                       "per_scale_ms": [float, ...]}}},
+      "flops": {"total": float,     # per image, whole pipeline as counted by the runtime
+                "ar": float,        # the next-scale transformer loop only
+                "per_scale": [float, ...]},
+      "provenance": {...},          # varbench.provenance.collect_provenance()
+      "wall_s": float
+    }
+
+Missing optional blocks are fine; the frame shows NaN for what a record lacks.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from varbench.store import atomic_write_bytes
+
+SCHEMA_VERSION = 1
+
+
+class EntryFinishedError(RuntimeError):
+    """Attempt to rewrite an entry that has DONE (pass force=True to mean it)."""
+
+
+class EntryLockedError(RuntimeError):
+    """Another job holds the entry's LOCK."""
+
+
+def utc_now() -> str:
+    """UTC ISO 8601 timestamp with offset, second resolution (the ``created`` field)."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars / arrays and paths show up in rows built by evaluators; store them plainly.
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _dumps_line(row: Mapping) -> str:
+    return json.dumps(row, ensure_ascii=False, default=_json_default, allow_nan=True) + "\n"
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Rows of a JSONL file; a truncated (unterminated, unparsable) last line is dropped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # last chunk with no newline: a write cut short by a kill
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write)")
+    return rows
+
+
+def _repair_tail(path: Path) -> None:
+    """Cut an unterminated last line so appended rows start on a fresh line."""
+    if not path.exists():
+        return
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, os.SEEK_END)
+        if f.read(1) == b"\n":
+            return
+        # Walk back to the last newline (lines are short relative to memory; read the whole tail).
+        f.seek(0)
+        data = f.read()
+        cut = data.rfind(b"\n") + 1  # 0 if the file holds only one partial line
+        f.truncate(cut)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> int:
+    """Append rows (one JSON object per line), flush and fsync; returns the count written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _repair_tail(path)
+    text = "".join(_dumps_line(r) for r in rows)
+    if not text:
+        return 0
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return text.count("\n")
+
+
+class RunEntry:
+    """The record folder ``<root>/entries/<entry_hash>/``; see the module docstring."""
+
+    def __init__(self, root: str | os.PathLike, entry_hash: str):
+        self.root = Path(root)
+        self.entry_hash = entry_hash
+        self.dir = self.root / "entries" / entry_hash
+
+    @classmethod
+    def from_dir(cls, path: str | os.PathLike) -> "RunEntry":
+        """The entry stored in folder ``path`` (wherever it lives, e.g. a copied results tree)."""
+        path = Path(path)
+        entry = cls(path.parent.parent, path.name)
+        entry.dir = path
+        return entry
+
+    # paths ---------------------------------------------------------------------------------
+    @property
+    def record_path(self) -> Path:
+        return self.dir / "record.json"
+
+    @property
+    def done_path(self) -> Path:
+        return self.dir / "DONE"
+
+    @property
+    def traces_path(self) -> Path:
+        return self.dir / "traces.jsonl"
+
+    def samples_path(self, evaluator: str) -> Path:
+        if not evaluator or "/" in evaluator or os.sep in evaluator:
+            raise ValueError(f"evaluator name {evaluator!r} must be a plain name (it becomes a file name)")
+        return self.dir / f"samples_{evaluator}.jsonl"
+
+    # state ---------------------------------------------------------------------------------
+    def is_done(self) -> bool:
+        return self.done_path.is_file()
+
+    def _check_writable(self, force: bool) -> None:
+        if self.is_done():
+            if not force:
+                raise EntryFinishedError(f"{self.dir} is finished (DONE exists); pass force=True "
+                                         "(runtime.force=true) to redo it")
+            self.done_path.unlink()  # the entry is unfinished again until mark_done
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[Path]:
+        """Hold ``LOCK`` (created with O_EXCL) for the duration of the block.
+
+        A second job on the same entry gets EntryLockedError naming the holder. A LOCK left by a
+        killed job must be deleted by hand (the message says so): guessing staleness from pids is
+        wrong across Slurm nodes.
+        """
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "LOCK"
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = path.read_text(errors="replace").strip() if path.exists() else "?"
+            raise EntryLockedError(f"{self.dir} is being written by another job ({holder}). If that job "
+                                   f"is dead, delete {path} and relaunch.") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(f"host={socket.gethostname()} pid={os.getpid()} since={utc_now()}\n")
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+
+    # writing -------------------------------------------------------------------------------
+    def write_record(self, record: Mapping, force: bool = False) -> Path:
+        """Write ``record.json`` atomically; refuses on a finished entry unless ``force``."""
+        self._check_writable(force)
+        rec = dict(record)
+        rec.setdefault("schema_version", SCHEMA_VERSION)
+        rec.setdefault("entry_id", self.entry_hash)
+        rec.setdefault("created", utc_now())
+        text = json.dumps(rec, indent=2, sort_keys=True, ensure_ascii=False, default=_json_default)
+        atomic_write_bytes(self.record_path, text.encode("utf-8"))
+        return self.record_path
+
+    def append_samples(self, evaluator: str, rows: Iterable[Mapping], force: bool = False) -> int:
+        self._check_writable(force)
+        rows = list(rows)
+        for r in rows:
+            if "prompt_index" not in r or "sample_index" not in r:
+                raise ValueError(f"per-sample rows need prompt_index and sample_index; got keys {sorted(r)}")
+        return append_jsonl(self.samples_path(evaluator), rows)
+
+    def append_traces(self, rows: Iterable[Mapping], force: bool = False) -> int:
+        self._check_writable(force)
+        return append_jsonl(self.traces_path, rows)
+
+    def mark_done(self) -> Path:
+        """Write DONE (the sha256 of record.json); the last step of a job."""
+        if not self.record_path.is_file():
+            raise FileNotFoundError(f"cannot mark {self.dir} done: write_record() first")
+        for p in [self.traces_path, *self.dir.glob("samples_*.jsonl")]:
+            _repair_tail(p)  # a finished entry's JSONL files are always clean for pandas
+        digest = hashlib.sha256(self.record_path.read_bytes()).hexdigest()
+        atomic_write_bytes(self.done_path, (digest + "\n").encode())
+        return self.done_path
+
+    # reading -------------------------------------------------------------------------------
+    def read(self, verify: bool = True) -> dict:
+        """The record dict. With ``verify`` and DONE present, its hash must match record.json."""
+        data = self.record_path.read_bytes()
+        if verify and self.is_done():
+            want = self.done_path.read_text().strip()
+            got = hashlib.sha256(data).hexdigest()
+            if want and want != got:
+                raise ValueError(f"{self.record_path} changed after it was marked DONE "
+                                 f"(DONE says {want[:12]}, file is {got[:12]}); rerun with runtime.force=true")
+        return json.loads(data)
+
+    def read_samples(self, evaluator: str) -> list[dict]:
+        """Per-sample rows, deduplicated by (prompt_index, sample_index), later rows winning."""
+        rows = read_jsonl(self.samples_path(evaluator))
+        by_key = {(int(r["prompt_index"]), int(r["sample_index"])): r for r in rows}
+        return list(by_key.values())
+
+    def scored_keys(self, evaluator: str) -> set[tuple[int, int]]:
+        """(prompt_index, sample_index) already scored by ``evaluator`` (for resume)."""
+        return {(int(r["prompt_index"]), int(r["sample_index"])) for r in read_jsonl(self.samples_path(evaluator))}
+
+    def read_traces(self) -> list[dict]:
+        return read_jsonl(self.traces_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding records and flattening them into a tidy frame
+
+def find_entries(path: str | os.PathLike) -> list[Path]:
+    """Finished entry folders (holding DONE and record.json) under ``path``, sorted; ``path``
+    may itself be an entry folder."""
+    path = Path(path)
+    if (path / "DONE").is_file() and (path / "record.json").is_file():
+        return [path]
+    return sorted({p.parent for p in path.rglob("DONE") if (p.parent / "record.json").is_file()})
+
+
+def stable_hash(obj: Any, n: int = 12) -> str:
+    """Short sha256 of the canonical JSON of ``obj`` (a stable id for nested facts)."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def _compact(obj: Any) -> str:
+    """A short, stable string for a JSON value (long ones become ``sha:<hash>``)."""
+    if obj is None:
+        return ""
+    text = obj if isinstance(obj, str) else json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return text if len(text) <= 48 else "sha:" + stable_hash(obj)
+
+
+def method_label(method: Mapping) -> str:
+    """``method.label`` if given, else ``name`` plus its scalar config knobs (``fastvar(r=0.4)``)."""
+    if method.get("label"):
+        return str(method["label"])
+    name = str(method.get("name", "?"))
+    cfg = method.get("config") or {}
+    knobs = [f"{k}={v}" for k, v in sorted(cfg.items())
+             if k not in ("_target_", "name", "label") and isinstance(v, (int, float, str, bool))]
+    return f"{name}({','.join(knobs)})" if knobs else name
+
+
+def _pick_batch(by_batch: Mapping) -> tuple[str | None, Mapping]:
+    if not by_batch:
+        return None, {}
+    if "1" in by_batch:
+        return "1", by_batch["1"]
+    key = min(by_batch, key=lambda k: int(k))
+    return key, by_batch[key]
+
+
+def _median(block: Any) -> float:
+    if isinstance(block, Mapping):
+        v = block.get("median")
+        return float(v) if v is not None else float("nan")
+    return float(block) if block is not None else float("nan")
+
+
+def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
+    """Flatten one record into the tidy frame's columns (see :func:`records_to_frame`)."""
+    nan = float("nan")
+    model = rec.get("model") or {}
+    method = rec.get("method") or {}
+    bench = rec.get("benchmark") or {}
+    timing = rec.get("timing") or {}
+    flops = rec.get("flops") or {}
+    exp = rec.get("experiment")
+    res = model.get("resolution")
+    evals = rec.get("evaluators") or {}
+    bs, tb = _pick_batch(timing.get("by_batch") or {})
+    n_prompts, spp = bench.get("n_prompts"), bench.get("samples_per_prompt")
+    peak = tb.get("peak_mem_bytes")
+    device = timing.get("device") or (((rec.get("provenance") or {}).get("torch") or {}).get("device_name"))
+    row: dict[str, Any] = {
+        "experiment": exp.get("name") if isinstance(exp, Mapping) else exp,
+        "entry_id": rec.get("entry_id"),
+        "generation_id": rec.get("generation_id"),
+        "created": rec.get("created"),
+        "status": rec.get("status", "ok"),
+        "model": model.get("name"),
+        "preset": model.get("preset"),
+        "method": method.get("name"),
+        "method_label": method_label(method),
+        "resolution": f"{res[0]}x{res[1]}" if isinstance(res, (list, tuple)) and len(res) == 2 else (res or None),
+        "h_div_w": model.get("h_div_w"),
+        "benchmark": bench.get("name"),
+        "benchmark_sha256": bench.get("sha256"),
+        "prompts_sha256": bench.get("items_sha256"),
+        "n_images": int(n_prompts) * int(spp) if n_prompts is not None and spp is not None else None,
+        "seeds": _compact(bench.get("seeds")),
+        "device": device,
+        "dtype": timing.get("dtype") or model.get("dtype"),
+        "evaluator_versions": stable_hash(evals),
+        "timing_bs": int(bs) if bs is not None else None,
+        "text_ms": _median(tb.get("text_ms")),
+        "ar_ms": _median(tb.get("ar_ms")),
+        "decode_ms": _median(tb.get("decode_ms")),
+        "total_ms": _median(tb.get("total_ms")),
+        "images_per_s": float(tb["images_per_s"]) if tb.get("images_per_s") is not None else nan,
+        "peak_mem_gb": peak / 2**30 if peak is not None else nan,  # GiB
+        "flops_total": float(flops["total"]) if flops.get("total") is not None else nan,
+        "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,
+        "wall_s": rec.get("wall_s"),
+        "path": path,
+    }
+    for name, info in evals.items():
+        row[f"version/{name}"] = stable_hash(info)
+    unc = rec.get("uncertainty") or {}
+    for key, val in (rec.get("metrics") or {}).items():
+        row[key] = float(val) if val is not None else nan
+        e = unc.get(key)
+        row[f"{key}_err"] = float(e) if e is not None else nan
+    return row
+
+
+def records_to_frame(paths: Iterable[str | os.PathLike]):
+    """Tidy ``pandas.DataFrame``: one row per finished record.
+
+    ``paths``: entry folders or ``record.json`` files (see :func:`find_entries`). Columns:
+    experiment, entry_id, generation_id, created, status, model, preset, method, method_label,
+    resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256, n_images, seeds,
+    device, dtype, evaluator_versions (short hash of all evaluators' version_info), one
+    ``version/<evaluator>`` per evaluator, timing_bs (the batch size the timing columns come
+    from: 1 if measured, else the smallest), text_ms, ar_ms, decode_ms, total_ms (medians),
+    images_per_s, peak_mem_gb (GiB), flops_total, flops_ar, wall_s, path, and per metric
+    ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err``.
+    """
+    import pandas as pd
+
+    rows = []
+    for p in paths:
+        p = Path(p)
+        entry_dir = p.parent if p.name == "record.json" else p
+        entry = RunEntry.from_dir(entry_dir)
+        if not entry.is_done():
+            continue
+        rows.append(record_to_row(entry.read(), str(entry_dir)))
+    return pd.DataFrame(rows)
+
+
+def metric_columns(frame) -> list[str]:
+    """The ``<evaluator>/<metric>`` value columns of a frame (not ``_err``, not ``version/``)."""
+    return [c for c in frame.columns
+            if "/" in c and not c.startswith("version/") and not c.endswith("_err")]

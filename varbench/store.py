@@ -1,0 +1,204 @@
+"""Image store keyed by generation hash, in GenEval's folder layout; config hashing.
+
+Usage::
+
+    from varbench.store import ImageStore, generation_hash, entry_hash
+    gen = generation_hash(resolved_cfg)           # exclude=GENERATION_EXCLUDE by default
+    store = ImageStore("results", gen)            # -> results/images/<gen>/
+    store.write_manifest(resolved_cfg)            # once: what made these images (generation.json)
+    for p, s in store.missing(prompt_set.items, prompt_set.samples_per_prompt):
+        store.save(p, s, pil_image, metadata=item.metadata | {"prompt": item.prompt})
+    img = store.load(0, 0)
+
+Layout (GenEval's ``evaluate_images.py`` reads ``images/<gen>/`` directly)::
+
+    <root>/images/<generation_hash>/
+        generation.json                        # the hashed config (write_manifest)
+        <prompt_index:05d>/metadata.jsonl      # one line: the prompt's metadata incl. "prompt"
+        <prompt_index:05d>/samples/<sample_index:04d>.png
+
+Every file is written to a temporary name in the same folder, fsynced, and moved into place with
+``os.replace``, so a killed job leaves either the whole file or none: ``has()`` is simply "the
+file exists", and ``missing()`` lists exactly what a relaunch still has to generate.
+
+Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the canonical JSON
+(sorted keys, no whitespace, UTF-8, NaN refused) of a config *minus* the dotted key paths in
+``exclude``. The caller decides what is volatile; the defaults are:
+
+* ``ENTRY_EXCLUDE`` (the run record's key): where files go and how results are mirrored do not
+  change a number, so ``paths``, ``logger``, ``hydra`` and the runtime's bookkeeping switches are
+  left out. Timing settings and the evaluator list *are* hashed: they change the record.
+* ``GENERATION_EXCLUDE`` (the image store's key): additionally the evaluator list, timing,
+  experiment name/tags, and ``benchmark.limit``/``benchmark.limit_per_tag`` (prompt indices are
+  stable across subsets, so a quick run's images are valid images of the full run). Adding an
+  evaluator thus re-scores stored images instead of regenerating them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+ENTRY_EXCLUDE: tuple[str, ...] = (
+    "paths", "logger", "hydra",
+    "runtime.force", "runtime.dry_run", "runtime.allow_dirty", "runtime.resume",
+)
+GENERATION_EXCLUDE: tuple[str, ...] = ENTRY_EXCLUDE + (
+    "evaluator", "timing", "experiment_name", "tags",
+    "benchmark.limit", "benchmark.limit_per_tag", "benchmark.allow_download", "benchmark.url",
+)
+
+
+def _to_plain(cfg: Any) -> Any:
+    """OmegaConf nodes -> plain containers (resolved); anything else is returned as is."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return cfg
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def _canon(obj: Any, where: str = "") -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _canon(v, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canon(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ValueError(f"config value at {where!r} is {obj}; not hashable as canonical JSON")
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    raise TypeError(f"config value at {where!r} has type {type(obj).__name__}; only JSON types can be hashed")
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    parts = dotted.split(".")
+    node: Any = tree
+    for p in parts[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            return
+        node = node[p]
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def canonical_json(cfg: Any, exclude: Iterable[str] = ()) -> str:
+    """The exact text that :func:`config_hash` hashes (useful to diff two configs)."""
+    tree = _canon(_to_plain(cfg))
+    if not isinstance(tree, dict):
+        raise TypeError("config_hash expects a mapping at the top level")
+    for key in exclude:
+        _drop(tree, key)
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def config_hash(cfg: Any, exclude: Iterable[str] = ()) -> str:
+    """First 16 hex digits of sha256(canonical JSON of ``cfg`` minus dotted ``exclude`` paths)."""
+    return hashlib.sha256(canonical_json(cfg, exclude).encode("utf-8")).hexdigest()[:16]
+
+
+def generation_hash(cfg: Any, exclude: Iterable[str] = GENERATION_EXCLUDE) -> str:
+    """Key of the image store folder (see module docstring for the default exclusions)."""
+    return config_hash(cfg, exclude)
+
+
+def entry_hash(cfg: Any, exclude: Iterable[str] = ENTRY_EXCLUDE) -> str:
+    """Key of the run-record entry (see module docstring for the default exclusions)."""
+    return config_hash(cfg, exclude)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a same-folder temp file, fsync, and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ImageStore:
+    """Images of one generation configuration under ``<root>/images/<generation_hash>/``."""
+
+    def __init__(self, root: str | os.PathLike, generation_hash: str, image_format: str = "png"):
+        self.root = Path(root)
+        self.generation_hash = generation_hash
+        self.dir = self.root / "images" / generation_hash
+        # PNG (lossless) by default: the scorers see exactly the generated pixels.
+        self.image_format = image_format.lower()
+
+    def prompt_dir(self, prompt_index: int) -> Path:
+        return self.dir / f"{int(prompt_index):05d}"
+
+    def path(self, prompt_index: int, sample_index: int) -> Path:
+        return self.prompt_dir(prompt_index) / "samples" / f"{int(sample_index):04d}.{self.image_format}"
+
+    def has(self, prompt_index: int, sample_index: int) -> bool:
+        return self.path(prompt_index, sample_index).is_file()
+
+    def write_manifest(self, cfg: Any) -> Path:
+        """Store the hashed config beside the images (idempotent; first writer wins)."""
+        path = self.dir / "generation.json"
+        if not path.exists():
+            text = json.dumps({"generation_hash": self.generation_hash, "config": _canon(_to_plain(cfg))},
+                              indent=2, sort_keys=True, ensure_ascii=False)
+            atomic_write_bytes(path, text.encode("utf-8"))
+        return path
+
+    def save(self, prompt_index: int, sample_index: int, image: Any, metadata: Mapping | None = None) -> Path:
+        """Write one image (PIL) and, if absent, the prompt's ``metadata.jsonl`` line.
+
+        ``metadata`` should include ``"prompt"`` (GenEval reads it from there); the whole mapping
+        is written as one JSON line.
+        """
+        import io
+
+        meta_path = self.prompt_dir(prompt_index) / "metadata.jsonl"
+        if metadata is not None and not meta_path.exists():
+            line = json.dumps(dict(metadata), ensure_ascii=False) + "\n"
+            atomic_write_bytes(meta_path, line.encode("utf-8"))
+        buf = io.BytesIO()
+        image.save(buf, format="PNG" if self.image_format == "png" else self.image_format.upper())
+        path = self.path(prompt_index, sample_index)
+        atomic_write_bytes(path, buf.getvalue())
+        return path
+
+    def load(self, prompt_index: int, sample_index: int):
+        """The stored image as an RGB ``PIL.Image`` (fully read, file closed)."""
+        from PIL import Image
+
+        path = self.path(prompt_index, sample_index)
+        if not path.is_file():
+            raise FileNotFoundError(f"no stored image for prompt {prompt_index} sample {sample_index}: {path}")
+        with Image.open(path) as im:
+            return im.convert("RGB")
+
+    def read_metadata(self, prompt_index: int) -> dict:
+        with open(self.prompt_dir(prompt_index) / "metadata.jsonl", encoding="utf-8") as f:
+            return json.loads(f.readline())
+
+    def missing(self, items: Sequence[Any], samples_per_prompt: int) -> list[tuple[int, int]]:
+        """(prompt_index, sample_index) pairs not yet stored, in generation order.
+
+        ``items`` are PromptItems (anything with ``.index``) or plain ints.
+        """
+        out = []
+        for it in items:
+            p = int(getattr(it, "index", it))
+            for s in range(samples_per_prompt):
+                if not self.has(p, s):
+                    out.append((p, s))
+        return out
