@@ -437,6 +437,6 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
 
 
 def metric_columns(frame) -> list[str]:
-    """The ``<evaluator>/<metric>`` value columns of a frame (not ``_err``, not ``version/``)."""
+    """The ``<evaluator>/<metric>`` value columns of a frame (not ``_err``/``_delta``/``version/``)."""
     return [c for c in frame.columns
-            if "/" in c and not c.startswith("version/") and not c.endswith("_err")]
+            if "/" in c and not c.startswith("version/") and not c.endswith(("_err", "_delta"))]

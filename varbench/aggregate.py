@@ -1,0 +1,254 @@
+"""Aggregate finished records into paper tables and figures, each row against its baseline.
+
+Usage::
+
+    python -m varbench.aggregate results/ --out results/nova_sweep_table [--baseline baseline]
+                                          [--allow-unpaired] [--no-figures]
+
+    from varbench.aggregate import aggregate, pair_with_baseline
+    paired = aggregate("results/", out="results/tables")   # DataFrame; files written under out/
+
+Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
+(:func:`varbench.records.records_to_frame`) -> :func:`pair_with_baseline` -> files:
+
+* ``tidy.csv``: the frame with the paired columns (one row per record, every column);
+* ``table.csv``: the wide table, numbers only (``<metric>``, ``<metric>_err``, ``<metric>_delta``);
+* ``table.md``: the same, formatted (``value ± err``, ``Δ`` signed), grouped by model/benchmark;
+* figures (PNG): ``speed_vs_<metric>.png`` per metric, ``keep_<label>_<entry>.png`` per entry
+  whose traces prune or skip anything, ``entropy_vs_scale_<group>.png`` per model/benchmark group.
+
+Pairing: a row's baseline is the record with ``method == --baseline`` and the same
+``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds, image count,
+device). Comparing across any of these would mix effects, so a row without such a baseline is an
+error that names the keys in which the nearest baseline differs (``--allow-unpaired`` keeps the
+row with empty ratios instead). If several baselines match, the most recent one is used (its id
+is in ``baseline_entry``). Evaluator versions (``version_info`` hashes) must agree between a row
+and its baseline for every evaluator both report; otherwise the error names the evaluator.
+
+Columns added: ``speedup`` = baseline ar_ms / ar_ms (the AR loop), ``e2e_speedup`` = baseline
+total_ms / total_ms (text + AR + decode), ``flops_x`` = baseline flops_total / flops_total
+(shown as "FLOPs ×"), and ``<metric>_delta`` = value - baseline value. Deltas carry no ±: both
+runs use the same prompts and seeds, so their errors are correlated and adding them in
+quadrature would overstate the spread; use the per-sample files for a paired test.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+from varbench.records import find_entries, metric_columns, records_to_frame
+
+PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
+                              "n_images", "device")
+GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
+
+
+class AggregationError(ValueError):
+    """Rows that cannot be compared honestly (no matching baseline, differing evaluators)."""
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    try:
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            return True
+    except TypeError:
+        pass
+    return a == b
+
+
+def _ratio(num, den) -> float:
+    try:
+        num, den = float(num), float(den)
+    except (TypeError, ValueError):
+        return float("nan")
+    if math.isnan(num) or math.isnan(den) or den == 0:
+        return float("nan")
+    return num / den
+
+
+def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool = False,
+                       keys: Sequence[str] = PAIR_KEYS):
+    """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x and
+    ``<metric>_delta`` columns (see module docstring). Raises AggregationError on mismatch."""
+    import pandas as pd
+
+    if frame.empty:
+        raise AggregationError("no finished records (entries with DONE) to aggregate")
+    frame = frame.reset_index(drop=True)
+    metrics = metric_columns(frame)
+    bases = frame[frame["method"] == baseline]
+    if bases.empty:
+        methods = sorted(str(m) for m in frame["method"].dropna().unique())
+        raise AggregationError(f"no record with method == {baseline!r} among {len(frame)} records "
+                               f"(methods present: {methods}); run the baseline or pass --baseline NAME")
+    records = frame.to_dict("records")
+    base_rows = bases.to_dict("records")
+    added = []
+    problems = []
+    for row in records:
+        match = [b for b in base_rows if all(_same(row.get(k), b.get(k)) for k in keys)]
+        out = {"baseline_entry": None, "speedup": float("nan"), "e2e_speedup": float("nan"),
+               "flops_x": float("nan"), **{f"{m}_delta": float("nan") for m in metrics}}
+        if not match:
+            nearest = max(base_rows, key=lambda b: sum(_same(row.get(k), b.get(k)) for k in keys))
+            diffs = ", ".join(f"{k} ({row.get(k)!r} vs baseline {nearest.get(k)!r})"
+                              for k in keys if not _same(row.get(k), nearest.get(k)))
+            msg = (f"no matching {baseline!r} record for {row.get('method_label')!r} (entry {row.get('entry_id')}); "
+                   f"the nearest baseline (entry {nearest.get('entry_id')}) differs in: {diffs}")
+            if not allow_unpaired:
+                problems.append(msg)
+            else:
+                warnings.warn(msg + " (kept unpaired)", stacklevel=2)
+            added.append(out)
+            continue
+        base = max(match, key=lambda b: str(b.get("created") or ""))
+        for col in [c for c in frame.columns if c.startswith("version/")]:
+            a, b = row.get(col), base.get(col)
+            if isinstance(a, str) and isinstance(b, str) and a != b:
+                raise AggregationError(
+                    f"evaluator {col.split('/', 1)[1]!r} differs between {row.get('method_label')!r} "
+                    f"(entry {row.get('entry_id')}, version_info {a}) and its baseline (entry "
+                    f"{base.get('entry_id')}, version_info {b}); re-score both with the same evaluator version")
+        out["baseline_entry"] = base.get("entry_id")
+        out["speedup"] = _ratio(base.get("ar_ms"), row.get("ar_ms"))
+        out["e2e_speedup"] = _ratio(base.get("total_ms"), row.get("total_ms"))
+        out["flops_x"] = _ratio(base.get("flops_total"), row.get("flops_total"))
+        for m in metrics:
+            a, b = row.get(m), base.get(m)
+            if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
+                out[f"{m}_delta"] = a - b
+        added.append(out)
+    if problems:
+        raise AggregationError("refusing to compare mismatched runs:\n  " + "\n  ".join(problems)
+                               + "\n(run the matching baseline, or pass --allow-unpaired to keep these rows without ratios)")
+    return pd.concat([frame, pd.DataFrame(added)], axis=1)
+
+
+def _order(paired, baseline: str):
+    group = [k for k in GROUP_KEYS if k in paired.columns]
+    paired = paired.assign(_is_base=(paired["method"] != baseline).astype(int))
+    return paired.sort_values(group + ["_is_base", "method_label"], kind="stable").drop(columns="_is_base")
+
+
+def wide_table(paired, baseline: str = "baseline"):
+    """The numeric wide table (``table.csv``)."""
+    metrics = metric_columns(paired)
+    cols = [k for k in GROUP_KEYS if k in paired.columns] + ["method_label", "entry_id", "ar_ms", "speedup",
+                                                            "total_ms", "e2e_speedup", "flops_x"]
+    for m in metrics:
+        cols += [m, f"{m}_err", f"{m}_delta"]
+    return _order(paired, baseline)[[c for c in cols if c in paired.columns]].reset_index(drop=True)
+
+
+def _fmt(v, spec: str = ".3f", signed: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return format(v, ("+" if signed else "") + spec)
+
+
+def markdown_table(paired, baseline: str = "baseline") -> str:
+    """Formatted table (``table.md``): one section per model/resolution/benchmark/device group."""
+    table = wide_table(paired, baseline)
+    metrics = [c for c in table.columns if c + "_delta" in table.columns]
+    group = [k for k in GROUP_KEYS if k in table.columns]
+    header = ["method", "AR ms", "speed-up", "e2e speed-up", "FLOPs ×"]
+    for m in metrics:
+        header += [m, f"Δ {m}"]
+    parts = []
+    for key, g in (table.groupby(group, dropna=False, sort=False) if group else [((), table)]):
+        key = key if isinstance(key, tuple) else (key,)
+        parts.append("### " + " · ".join(f"{k}={v}" for k, v in zip(group, key)))
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+        for _, r in g.iterrows():
+            cells = [str(r["method_label"]), _fmt(r.get("ar_ms"), ".1f"), _fmt(r.get("speedup"), ".2f") + "×",
+                     _fmt(r.get("e2e_speedup"), ".2f") + "×", _fmt(r.get("flops_x"), ".2f") + "×"]
+            for m in metrics:
+                err = r.get(f"{m}_err")
+                val = _fmt(r.get(m), ".4f")
+                if err is not None and not (isinstance(err, float) and math.isnan(err)):
+                    val += f" ± {err:.4f}"
+                cells += [val, _fmt(r.get(f"{m}_delta"), ".4f", signed=True)]
+            lines.append("| " + " | ".join(c.replace("–×", "–") for c in cells) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_figures(paired, out: Path) -> list[Path]:
+    """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces."""
+    from varbench import plots
+    from varbench.records import RunEntry
+
+    written = plots.speed_quality_scatter(paired, out)
+    group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
+    for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
+        key = key if isinstance(key, tuple) else (key,)
+        series = {}
+        for _, r in g.iterrows():
+            if not r.get("path"):
+                continue
+            traces = RunEntry.from_dir(r["path"]).read_traces()
+            if not traces:
+                continue
+            label = str(r["method_label"])
+            series[label if label not in series else f"{label} [{r['entry_id'][:6]}]"] = traces
+            mat = plots.keep_matrix(traces)
+            if mat.size and not (mat == 1.0).all():
+                labels = (traces[0].get("stats") or {}).get("layer_labels")
+                written.append(plots.keep_ratio_heatmap(
+                    traces, out / f"keep_{plots.slug(label)}_{str(r['entry_id'])[:8]}.png",
+                    title=label, layer_labels=labels))
+        if any(plots.entropy_by_scale(t).size for t in series.values()):
+            name = plots.slug("_".join(str(k) for k in key)) if key else "all"
+            written.append(plots.entropy_curves(series, out / f"entropy_vs_scale_{name}.png",
+                                                title=" · ".join(str(k) for k in key)))
+    return written
+
+
+def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", allow_unpaired: bool = False,
+              figures: bool = True):
+    """Find records under ``path``, pair them, write tables (and figures) into ``out``; returns
+    the paired frame."""
+    entries = find_entries(path)
+    if not entries:
+        raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}")
+    frame = records_to_frame(entries)
+    frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
+    paired = pair_with_baseline(frame, baseline=baseline, allow_unpaired=allow_unpaired)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paired.to_csv(out / "tidy.csv", index=False)
+    wide_table(paired, baseline).to_csv(out / "table.csv", index=False)
+    (out / "table.md").write_text(markdown_table(paired, baseline), encoding="utf-8")
+    if figures:
+        write_figures(paired, out)
+    return paired
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m varbench.aggregate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", help="folder to search (recursively) for finished entries")
+    ap.add_argument("--out", default=None, help="output folder (default: results/<name of PATH>)")
+    ap.add_argument("--baseline", default="baseline", help="method name of the reference rows")
+    ap.add_argument("--allow-unpaired", action="store_true", help="keep rows without a matching baseline")
+    ap.add_argument("--no-figures", action="store_true", help="tables only")
+    args = ap.parse_args(argv)
+    out = Path(args.out) if args.out else Path("results") / Path(args.path).resolve().name
+    try:
+        paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
+                           figures=not args.no_figures)
+    except AggregationError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(markdown_table(paired, args.baseline))
+    print(f"wrote {out}/table.md, table.csv, tidy.csv ({len(paired)} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Mirror finished run records to Weights & Biases (strictly downstream of record.json).
+
+Usage::
+
+    from varbench.wandb_sink import WandbSink, NullSink
+    sink = WandbSink(mode="offline", project="varbench", group="nova_sweep", dir="results")
+    info = sink.publish(record, per_scale_rows=[{"scale": 0, "h": 1, "w": 1, "ms": 0.4, "flops": 1e9}],
+                        images=[("a photo of a cat", pil_image)])
+    info["id"], info["dir"]            # what was written (offline: <dir>/wandb/offline-run-*/)
+    NullSink().publish(record, [], [])  # logger=none: does nothing, returns None
+
+Each ``publish`` call creates ONE W&B run, logs everything and finishes the run before returning
+(``reinit="finish_previous"`` plus an explicit finish), so the jobs of a Hydra multirun that share
+one process never merge into one run. What is logged:
+
+* ``config``: the record's resolved config, plus ``entry_id``, ``generation_id``, method/model names;
+* ``summary``: the flat metrics (``<evaluator>/<metric>`` and ``..._err``), timing medians of
+  every batch size (``timing/bs<k>/<part>_ms``, ``timing/bs<k>/images_per_s``,
+  ``timing/bs<k>/peak_mem_gb``), ``flops/total``, ``flops/ar``, ``wall_s``;
+* a ``per_scale`` table (whatever columns ``per_scale_rows`` carry, e.g. scale, h, w, ms, flops);
+* ``samples``: the given images with their captions;
+* optionally (``log_record=True``) the record JSON as an artifact of type ``varbench-record``.
+
+Modes: ``online`` needs network and an API key (without network, W&B waits ``init_timeout``
+seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later); ``disabled``
+runs the same code path with a no-op run (tests, CI). ``wandb`` is imported lazily so
+``logger=none`` never needs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+MODES = ("online", "offline", "disabled")
+
+
+class NullSink:
+    """``logger=none``: accepts records and does nothing."""
+
+    def publish(self, record: Mapping, per_scale_rows: Sequence[Mapping] = (),
+                images: Sequence[tuple[str, Any]] = ()) -> None:
+        return None
+
+
+def summary_from_record(record: Mapping) -> dict[str, float]:
+    """The flat summary dict a record maps to (see module docstring)."""
+    out: dict[str, float] = {}
+    unc = record.get("uncertainty") or {}
+    for k, v in (record.get("metrics") or {}).items():
+        out[k] = v
+        if unc.get(k) is not None:
+            out[f"{k}_err"] = unc[k]
+    for bs, tb in ((record.get("timing") or {}).get("by_batch") or {}).items():
+        for part in ("text_ms", "ar_ms", "decode_ms", "total_ms"):
+            block = tb.get(part)
+            if isinstance(block, Mapping) and block.get("median") is not None:
+                out[f"timing/bs{bs}/{part}"] = block["median"]
+        if tb.get("images_per_s") is not None:
+            out[f"timing/bs{bs}/images_per_s"] = tb["images_per_s"]
+        if tb.get("peak_mem_bytes") is not None:
+            out[f"timing/bs{bs}/peak_mem_gb"] = tb["peak_mem_bytes"] / 2**30
+    flops = record.get("flops") or {}
+    for k in ("total", "ar"):
+        if flops.get(k) is not None:
+            out[f"flops/{k}"] = flops[k]
+    if record.get("wall_s") is not None:
+        out["wall_s"] = record["wall_s"]
+    return out
+
+
+class WandbSink:
+    """Publish finished records, one W&B run per call.
+
+    Args:
+        mode: "online" | "offline" | "disabled" (see module docstring for the trade-offs).
+        project, entity: W&B destination (entity None = the API key's default).
+        group: groups runs in the UI; the experiment name is a good choice.
+        dir: folder under which W&B writes ``wandb/`` (offline runs live there until synced).
+        tags: extra tags; the method and model names are added per run.
+        log_record: also upload the record JSON as an artifact.
+        log_images: cap on sample images logged per run (0 = none).
+    """
+
+    def __init__(self, mode: str = "online", project: str = "varbench", entity: str | None = None,
+                 group: str | None = None, dir: str | os.PathLike | None = None,
+                 tags: Iterable[str] = (), log_record: bool = True, log_images: int = 16):
+        if mode not in MODES:
+            raise ValueError(f"logger.mode must be one of {MODES}, got {mode!r} "
+                             "(set logger.mode=offline or WANDB_MODE=offline)")
+        self.mode = mode
+        self.project = project
+        self.entity = entity
+        self.group = group
+        self.dir = str(dir) if dir is not None else None
+        self.tags = [str(t) for t in (tags or ())]
+        self.log_record = log_record
+        self.log_images = int(log_images)
+
+    def publish(self, record: Mapping, per_scale_rows: Sequence[Mapping] = (),
+                images: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
+        """Create, fill and finish one run; returns {"id", "name", "url", "dir", "mode", "summary"}."""
+        import wandb
+
+        method = record.get("method") or {}
+        model = record.get("model") or {}
+        name = f"{method.get('label') or method.get('name', 'run')}-{str(record.get('entry_id', ''))[:8]}"
+        config = dict(record.get("config") or {})
+        config["varbench"] = {"entry_id": record.get("entry_id"), "generation_id": record.get("generation_id"),
+                              "method": method.get("name"), "model": model.get("name"),
+                              "benchmark": (record.get("benchmark") or {}).get("name")}
+        tags = sorted({*self.tags, *(str(t) for t in (method.get("name"), model.get("name")) if t)})
+        if self.dir:
+            Path(self.dir).mkdir(parents=True, exist_ok=True)
+        summary = summary_from_record(record)
+        run = wandb.init(
+            mode=self.mode, project=self.project, entity=self.entity, group=self.group, dir=self.dir,
+            name=name, job_type=method.get("name"), tags=tags, config=config,
+            reinit="finish_previous",
+            settings=wandb.Settings(disable_git=True, save_code=False, silent=True),
+        )
+        try:
+            run.summary.update(summary)
+            if per_scale_rows:
+                cols = list(dict.fromkeys(k for r in per_scale_rows for k in r))
+                table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in per_scale_rows])
+                run.log({"per_scale": table})
+            if images and self.log_images > 0:
+                run.log({"samples": [wandb.Image(img, caption=cap) for cap, img in list(images)[: self.log_images]]})
+            if self.log_record:
+                art = wandb.Artifact(f"record-{record.get('entry_id', 'unknown')}", type="varbench-record")
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "record.json"
+                    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+                    art.add_file(str(path))
+                    run.log_artifact(art)
+            # run.url only exists online (offline it warns); a disabled run's dir is fictitious.
+            info = {"id": getattr(run, "id", None), "name": name,
+                    "url": getattr(run, "url", None) if self.mode == "online" else None,
+                    "dir": getattr(run, "dir", None) if self.mode != "disabled" else None,
+                    "mode": self.mode, "summary": summary}
+        finally:
+            run.finish()
+        return info
