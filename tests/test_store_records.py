@@ -1,0 +1,183 @@
+"""Image store, config hashes and run records: layout, atomicity, resume, DONE semantics."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from PIL import Image
+
+from varbench.records import (EntryFinishedError, EntryLockedError, RunEntry, append_jsonl, find_entries,
+                              read_jsonl)
+from varbench.store import (ENTRY_EXCLUDE, GENERATION_EXCLUDE, ImageStore, canonical_json, config_hash,
+                            entry_hash, generation_hash)
+
+CFG = {
+    "model": {"name": "infinity_2b", "cfg": 3.0},
+    "method": {"name": "fastvar", "ratio": 0.4},
+    "benchmark": {"name": "geneval", "limit": None, "path": "x"},
+    "evaluator": {"hpsv2": {"v": 1}},
+    "timing": {"repeats": 5},
+    "logger": {"mode": "offline"},
+    "paths": {"results_dir": "/a"},
+    "runtime": {"force": False, "batch_size": 4},
+}
+
+
+def _with(cfg, dotted, value):
+    out = json.loads(json.dumps(cfg))
+    node = out
+    *parts, last = dotted.split(".")
+    for p in parts:
+        node = node[p]
+    node[last] = value
+    return out
+
+
+# ---- hashes ---------------------------------------------------------------------------------
+
+def test_hash_is_stable_and_order_independent():
+    reordered = dict(reversed(list(CFG.items())))
+    assert config_hash(CFG) == config_hash(reordered)
+    assert len(config_hash(CFG)) == 16 and int(config_hash(CFG), 16) >= 0
+
+
+@pytest.mark.parametrize("key,value,gen_changes,entry_changes", [
+    ("paths.results_dir", "/b", False, False),      # where files go changes no number
+    ("logger.mode", "disabled", False, False),
+    ("runtime.force", True, False, False),
+    ("timing.repeats", 9, False, True),             # timing changes the record, not the images
+    ("evaluator.hpsv2.v", 2, False, True),          # a new scorer re-scores, never regenerates
+    ("benchmark.limit", 10, False, True),           # indices are stable across subsets
+    ("method.ratio", 0.5, True, True),
+    ("runtime.batch_size", 8, True, True),          # batch size may change bf16 numerics
+])
+def test_default_exclusions(key, value, gen_changes, entry_changes):
+    other = _with(CFG, key, value)
+    assert (generation_hash(other) != generation_hash(CFG)) is gen_changes
+    assert (entry_hash(other) != entry_hash(CFG)) is entry_changes
+
+
+def test_explicit_exclude_and_omegaconf():
+    omegaconf = pytest.importorskip("omegaconf")
+    node = omegaconf.OmegaConf.create({"a": 1, "b": {"c": 2, "d": "${a}"}})
+    assert config_hash(node) == config_hash({"a": 1, "b": {"c": 2, "d": 1}})  # resolved
+    assert config_hash({"a": 1, "b": {"c": 2}}, exclude=["b.c"]) == config_hash({"a": 1, "b": {}})
+    assert config_hash({"a": 1}, exclude=["no.such.key"]) == config_hash({"a": 1})
+    assert "paths" in ENTRY_EXCLUDE and "evaluator" in GENERATION_EXCLUDE
+    assert canonical_json({"b": 1, "a": [1.5, None]}) == '{"a":[1.5,null],"b":1}'
+
+
+def test_hash_refuses_non_json_values():
+    with pytest.raises(TypeError, match="model.obj"):
+        config_hash({"model": {"obj": object()}})
+    with pytest.raises(ValueError, match="nan"):
+        config_hash({"x": float("nan")})
+
+
+# ---- image store ----------------------------------------------------------------------------
+
+def test_store_layout_roundtrip_and_missing(tmp_path):
+    store = ImageStore(tmp_path, "abcd1234abcd1234")
+    items = [0, 3, 7]
+    assert store.missing(items, 2) == [(0, 0), (0, 1), (3, 0), (3, 1), (7, 0), (7, 1)]
+    img = Image.new("RGB", (8, 6), (10, 200, 30))
+    meta = {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}], "prompt": "a red car"}
+    p = store.save(3, 1, img, meta)
+    assert p == tmp_path / "images" / "abcd1234abcd1234" / "00003" / "samples" / "0001.png"
+    # GenEval's reader: first line of <prompt>/metadata.jsonl is the metadata incl. the prompt.
+    assert json.loads((p.parent.parent / "metadata.jsonl").read_text().splitlines()[0]) == meta
+    assert store.has(3, 1) and not store.has(3, 0)
+    assert store.missing(items, 2) == [(0, 0), (0, 1), (3, 0), (7, 0), (7, 1)]
+    back = store.load(3, 1)
+    assert back.size == (8, 6) and back.getpixel((0, 0)) == (10, 200, 30)  # PNG is lossless
+    assert not list(p.parent.glob(".*"))  # no temp files left behind
+    with pytest.raises(FileNotFoundError, match="prompt 0 sample 0"):
+        store.load(0, 0)
+    m = store.write_manifest(CFG)
+    assert json.loads(m.read_text())["generation_hash"] == "abcd1234abcd1234"
+
+
+def test_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
+    store = ImageStore(tmp_path, "g")
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(KeyboardInterrupt):
+        store.save(0, 0, Image.new("RGB", (4, 4)), {"prompt": "x"})
+    monkeypatch.undo()
+    assert not store.has(0, 0)
+    assert not [p for p in store.dir.rglob("*") if p.is_file()]  # temp files cleaned up
+
+
+# ---- records --------------------------------------------------------------------------------
+
+def test_record_lifecycle(tmp_path):
+    e = RunEntry(tmp_path, "e1")
+    assert not e.is_done()
+    e.append_samples("hpsv2", [{"prompt_index": 0, "sample_index": 0, "score": 0.3}])
+    e.append_samples("hpsv2", [{"prompt_index": 0, "sample_index": 1, "score": 0.2},
+                               {"prompt_index": 0, "sample_index": 0, "score": 0.31}])  # re-score wins
+    assert e.scored_keys("hpsv2") == {(0, 0), (0, 1)}
+    assert {r["sample_index"]: r["score"] for r in e.read_samples("hpsv2")} == {0: 0.31, 1: 0.2}
+    e.write_record({"metrics": {"hpsv2/score": 0.25}})
+    assert find_entries(tmp_path) == []  # no DONE yet: not finished
+    e.mark_done()
+    rec = e.read()
+    assert rec["schema_version"] == 1 and rec["entry_id"] == "e1" and rec["created"].endswith("+00:00")
+    assert find_entries(tmp_path) == [e.dir]
+    with pytest.raises(EntryFinishedError, match="force"):
+        e.write_record({"metrics": {}})
+    with pytest.raises(EntryFinishedError):
+        e.append_samples("hpsv2", [{"prompt_index": 1, "sample_index": 0}])
+    e.write_record({"metrics": {"hpsv2/score": 0.5}}, force=True)
+    assert not e.is_done()  # forced rewrite reopens the entry until mark_done
+    e.mark_done()
+    assert e.read()["metrics"]["hpsv2/score"] == 0.5
+
+
+def test_done_detects_edited_record(tmp_path):
+    e = RunEntry(tmp_path, "e2")
+    e.write_record({"metrics": {"a/b": 1.0}})
+    e.mark_done()
+    e.record_path.write_text(e.record_path.read_text().replace("1.0", "2.0"))
+    with pytest.raises(ValueError, match="changed after it was marked DONE"):
+        e.read()
+
+
+def test_truncated_jsonl_is_tolerated_and_repaired(tmp_path):
+    pd = pytest.importorskip("pandas")
+    path = tmp_path / "samples_x.jsonl"
+    append_jsonl(path, [{"prompt_index": 0, "sample_index": 0, "v": 1}])
+    with open(path, "a") as f:  # a kill in the middle of a write
+        f.write('{"prompt_index": 0, "sample_in')
+    assert read_jsonl(path) == [{"prompt_index": 0, "sample_index": 0, "v": 1}]
+    append_jsonl(path, [{"prompt_index": 0, "sample_index": 1, "v": 2}])
+    assert [r["v"] for r in read_jsonl(path)] == [1, 2]
+    assert pd.read_json(path, lines=True)["v"].tolist() == [1, 2]  # the pandas one-liner works
+    with open(path, "a") as f:
+        f.write("garbage\n{}\n")
+    with pytest.raises(ValueError, match="line 3"):
+        read_jsonl(path)  # corruption that is not a cut-off tail is an error
+
+
+def test_traces_and_lock(tmp_path):
+    e = RunEntry(tmp_path, "e3")
+    row = {"prompt_index": 0, "sample_index": 0, "method": "baseline",
+           "scales": [{"si": 0, "h": 1, "w": 1, "ran": True, "keep_frac": None, "entropy_mean": 0.5, "ms": 1.0}],
+           "stats": {}}
+    e.append_traces([row])
+    assert e.read_traces() == [row]
+    with e.lock():
+        with pytest.raises(EntryLockedError, match="delete"):
+            with RunEntry(tmp_path, "e3").lock():
+                pass
+    with e.lock():  # released
+        pass
+
+
+def test_samples_name_must_be_plain(tmp_path):
+    with pytest.raises(ValueError, match="plain name"):
+        RunEntry(tmp_path, "e4").samples_path("a/b")
