@@ -26,3 +26,6 @@ def build_evaluator(name: str, **kwargs) -> Evaluator:
         raise KeyError(f"Unknown evaluator {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}.")
     module, cls = REGISTRY[name].split(":")
     return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
+register("toy_geneval", "evaluators.toy_geneval:ToyGenEval")

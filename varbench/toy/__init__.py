@@ -1,0 +1,16 @@
+"""A toy world whose text-to-image quality can be measured exactly on a CPU.
+
+`world` draws scenes of flat coloured shapes with GenEval-style captions; the matching exact
+scorer is `evaluators.toy_geneval.ToyGenEval`.
+"""
+from .world import (  # noqa: F401
+    PALETTE,
+    SHAPES,
+    TAGS,
+    WORLD_VERSION,
+    ToyObject,
+    ToyScene,
+    prompt_set,
+    render,
+    sample_scene,
+)

@@ -1,0 +1,337 @@
+"""A procedural world of flat shapes with GenEval-style captions.
+
+Why it exists: real GenEval needs a 68 M-parameter detector, CLIP and a trained 2B text-to-image
+model; none of that is available (or affordable) on a CPU. This world is small enough that a tiny
+model can learn it on a CPU in minutes, and simple enough that its evaluator
+(`evaluators/toy_geneval.py`) is *exact*: quality differences between acceleration methods then
+show up as real, measurable accuracy differences instead of noise.
+
+The world:
+
+* shapes: circle, square, triangle (upright, apex at the top); every shape's box is square
+  (width == height), so shape identity is carried by how much of the box it fills
+  (square 1.0, circle pi/4 ~ 0.785, triangle 0.5) and where the mass sits (triangle: bottom-heavy);
+* colours: red, green, blue, yellow (flat fills, far apart in RGB) on a plain light-grey background;
+* 1 to 4 objects per scene, never overlapping, with a gap between them so that colour
+  segmentation cannot merge two objects;
+* each scene has a caption in one of GenEval's six forms and a metadata dict in GenEval's
+  `evaluation_metadata.jsonl` form (`tag`, `include`, `exclude`, `prompt`), so the official rules apply.
+
+Geometry lives in normalised coordinates ([0, 1] x [0, 1], y grows downwards like image rows), so
+one scene renders at any `image_size`. Everything is a pure function of a seed.
+
+Bump `WORLD_VERSION` whenever anything here changes what a seed renders or captions: evaluator
+`version_info` carries it, and records made with different world versions must not be compared.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Union
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+#: Version of the world (palette, geometry ranges, captions, sampling). See module docstring.
+WORLD_VERSION = "toy-world-1"
+
+#: Shape classes, in a fixed order (the order is part of the world: it fixes what a seed samples).
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+PLURALS = {"circle": "circles", "square": "squares", "triangle": "triangles"}
+
+#: Object colours (names are a subset of GenEval's colour list). Chosen far apart in RGB: the
+#: closest pair (red/yellow) is ~160 apart, so a nearest-colour rule with a tolerance well below
+#: half of that cannot confuse them even on blurry model outputs.
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (220, 40, 40),
+    "green": (40, 170, 60),
+    "blue": (40, 80, 220),
+    "yellow": (235, 200, 30),
+}
+#: Plain background; every palette colour is > 160 away from it.
+BACKGROUND: tuple[int, int, int] = (235, 235, 235)
+
+#: GenEval's six prompt forms, in GenEval's file order.
+TAGS: tuple[str, ...] = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+#: Counts used by counting prompts (GenEval uses 2, 3 and 4).
+COUNTS: tuple[int, ...] = (2, 3, 4)
+NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+#: Relations of GenEval's position prompts, and the relation each one flips to.
+RELATIONS: tuple[str, ...] = ("left of", "right of", "above", "below")
+OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+
+#: Object side length as a fraction of the image side. 0.19 keeps the smallest object at >= 12 px
+#: on a 64x64 image (big enough for a tiny model to draw a recognisable shape); 0.28 still lets
+#: four objects plus gaps fit on the canvas without long rejection loops.
+SIZE_RANGE: tuple[float, float] = (0.19, 0.28)
+#: Minimum empty gap between two objects' boxes (fraction of the side; ~4 px at 64x64).
+GAP = 0.06
+#: Margin between objects and the image border (fraction of the side).
+BORDER = 0.03
+#: Position scenes are accepted only when GenEval's direction score along the named axis is at
+#: least this strong and the other axis at most `POSITION_OFF_AXIS`: the caption's relation then
+#: holds with room to spare and no second relation holds (so a flipped caption is plainly wrong).
+POSITION_MIN_AXIS = 0.65
+POSITION_OFF_AXIS = 0.35
+
+_MAX_PLACEMENT_TRIES = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyObject:
+    """One shape. Box in normalised coordinates: (x0, y0) top-left, side `size`."""
+
+    shape: str
+    color: str
+    x0: float
+    y0: float
+    size: float
+
+    @property
+    def box(self) -> tuple[float, float, float, float]:
+        """(x0, y0, x1, y1), normalised, GenEval's box convention."""
+        return (self.x0, self.y0, self.x0 + self.size, self.y0 + self.size)
+
+    def pixel_box(self, image_size: int) -> tuple[int, int, int]:
+        """(x0, y0, side) in pixels: the exact square `render` fills at `image_size`."""
+        side = max(int(round(self.size * image_size)), 1)
+        return int(round(self.x0 * image_size)), int(round(self.y0 * image_size)), side
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyScene:
+    """A scene: what to draw (`objects`), what it says (`caption`), what GenEval checks (`metadata`)."""
+
+    caption: str
+    metadata: dict
+    objects: tuple[ToyObject, ...]
+    tag: str
+
+
+# ----------------------------------------------------------------------------------------------
+# geometry
+
+
+def relation_scores(box_a, box_b, threshold: float = 0.1) -> tuple[float, float] | None:
+    """GenEval's direction score of box A relative to box B, or None if there is no relation.
+
+    Same formula as GenEval's `relative_position` (evaluate_images.py): centres and sizes of the
+    boxes, offset = cA - cB, each axis shrunk by `threshold * (dimA + dimB)` towards 0, divided by
+    the length of the *unshrunk* offset. dx < -0.5 means "left of", dy < -0.5 means "above".
+    """
+    ax0, ay0, ax1, ay1 = (float(v) for v in box_a[:4])
+    bx0, by0, bx1, by1 = (float(v) for v in box_b[:4])
+    offset = np.array([(ax0 + ax1 - bx0 - bx1) / 2.0, (ay0 + ay1 - by0 - by1) / 2.0])
+    dims = np.array([abs(ax1 - ax0) + abs(bx1 - bx0), abs(ay1 - ay0) + abs(by1 - by0)])
+    revised = np.maximum(np.abs(offset) - threshold * dims, 0.0) * np.sign(offset)
+    if np.all(np.abs(revised) < 1e-3):
+        return None
+    dx, dy = revised / np.linalg.norm(offset)
+    return float(dx), float(dy)
+
+
+def relations(box_a, box_b) -> set[str]:
+    """Set of GenEval relations ("left of", "right of", "above", "below") of box A to box B."""
+    scores = relation_scores(box_a, box_b)
+    if scores is None:
+        return set()
+    dx, dy = scores
+    out = set()
+    if dx < -0.5:
+        out.add("left of")
+    if dx > 0.5:
+        out.add("right of")
+    if dy < -0.5:
+        out.add("above")
+    if dy > 0.5:
+        out.add("below")
+    return out
+
+
+def _clear_relation(box_a, box_b, rel: str) -> bool:
+    """True if `rel` holds strongly and no other relation comes close (see POSITION_* knobs)."""
+    scores = relation_scores(box_a, box_b)
+    if scores is None:
+        return False
+    dx, dy = scores
+    along, across = (dx, dy) if rel in ("left of", "right of") else (dy, dx)
+    sign = -1.0 if rel in ("left of", "above") else 1.0
+    return sign * along >= POSITION_MIN_AXIS and abs(across) <= POSITION_OFF_AXIS
+
+
+def _separated(a: ToyObject, b: ToyObject) -> bool:
+    """Boxes at least GAP apart along some axis (so the shapes can never touch)."""
+    ax0, ay0, ax1, ay1 = a.box
+    bx0, by0, bx1, by1 = b.box
+    return ax1 + GAP <= bx0 or bx1 + GAP <= ax0 or ay1 + GAP <= by0 or by1 + GAP <= ay0
+
+
+def _place(rng: np.random.Generator, specs: list[tuple[str, str]], relation: str | None = None) -> tuple[ToyObject, ...]:
+    """Place objects (shape, colour) at random, non-overlapping; rejection sampling.
+
+    With `relation`, `specs[1]` must stand in `relation` to `specs[0]` (GenEval's position prompts
+    name the target first in `include`). Deterministic given the generator state.
+    """
+    for _ in range(_MAX_PLACEMENT_TRIES):
+        objs: list[ToyObject] = []
+        for shape, color in specs:
+            size = float(rng.uniform(*SIZE_RANGE))
+            hi = 1.0 - BORDER - size
+            obj = ToyObject(shape, color, float(rng.uniform(BORDER, hi)), float(rng.uniform(BORDER, hi)), size)
+            if all(_separated(obj, o) for o in objs):
+                objs.append(obj)
+            else:
+                break
+        if len(objs) != len(specs):
+            continue
+        if relation is not None and not _clear_relation(objs[1].box, objs[0].box, relation):
+            continue
+        return tuple(objs)
+    raise RuntimeError(  # pragma: no cover - the ranges above make this practically impossible
+        f"could not place {len(specs)} objects in {_MAX_PLACEMENT_TRIES} tries; shrink SIZE_RANGE or GAP"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# scenes
+
+
+def _a(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _two(rng: np.random.Generator, pool) -> tuple[str, str]:
+    """Two distinct items of `pool`, in random order (GenEval never pairs a class with itself)."""
+    i, j = rng.choice(len(pool), size=2, replace=False)
+    return pool[int(i)], pool[int(j)]
+
+
+def _pick(rng: np.random.Generator, pool):
+    return pool[int(rng.integers(len(pool)))]
+
+
+def sample_scene(rng: Union[int, np.random.Generator], tag: str | None = None) -> ToyScene:
+    """Sample one scene.
+
+    rng: an int seed (the scene is then a pure function of (seed, tag)) or a numpy Generator
+         (advanced in place; use it to draw training streams).
+    tag: one of TAGS, or None to draw the tag uniformly.
+    """
+    if not isinstance(rng, np.random.Generator):
+        rng = np.random.default_rng(int(rng))
+    if tag is None:
+        tag = _pick(rng, TAGS)
+    if tag not in TAGS:
+        raise ValueError(f"unknown tag {tag!r}; expected one of {', '.join(TAGS)}")
+    colors = tuple(PALETTE)
+
+    if tag == "single_object":
+        shape = _pick(rng, SHAPES)
+        objs = _place(rng, [(shape, _pick(rng, colors))])
+        caption = f"a photo of {_a(shape)} {shape}"
+        include = [{"class": shape, "count": 1}]
+        exclude = None
+    elif tag == "two_object":
+        s1, s2 = _two(rng, SHAPES)
+        objs = _place(rng, [(s1, _pick(rng, colors)), (s2, _pick(rng, colors))])
+        caption = f"a photo of {_a(s1)} {s1} and {_a(s2)} {s2}"
+        include = [{"class": s1, "count": 1}, {"class": s2, "count": 1}]
+        exclude = None
+    elif tag == "counting":
+        shape, n = _pick(rng, SHAPES), _pick(rng, COUNTS)
+        objs = _place(rng, [(shape, _pick(rng, colors)) for _ in range(n)])
+        caption = f"a photo of {NUMBER_WORDS[n]} {PLURALS[shape]}"
+        include = [{"class": shape, "count": n}]
+        exclude = [{"class": shape, "count": n + 1}]  # GenEval: counting excludes count + 1
+    elif tag == "colors":
+        shape, color = _pick(rng, SHAPES), _pick(rng, colors)
+        objs = _place(rng, [(shape, color)])
+        caption = f"a photo of {_a(color)} {color} {shape}"
+        include = [{"class": shape, "count": 1, "color": color}]
+        exclude = None
+    elif tag == "position":
+        target, subject = _two(rng, SHAPES)
+        rel = _pick(rng, RELATIONS)
+        objs = _place(rng, [(target, _pick(rng, colors)), (subject, _pick(rng, colors))], relation=rel)
+        caption = f"a photo of {_a(subject)} {subject} {rel} {_a(target)} {target}"
+        # GenEval lists the target first and points the subject at it with [relation, 0]
+        include = [{"class": target, "count": 1}, {"class": subject, "count": 1, "position": [rel, 0]}]
+        exclude = None
+    else:  # color_attr
+        s1, s2 = _two(rng, SHAPES)
+        c1, c2 = _two(rng, colors)
+        objs = _place(rng, [(s1, c1), (s2, c2)])
+        caption = f"a photo of {_a(c1)} {c1} {s1} and {_a(c2)} {c2} {s2}"
+        include = [{"class": s1, "count": 1, "color": c1}, {"class": s2, "count": 1, "color": c2}]
+        exclude = None
+
+    metadata: dict = {"tag": tag, "include": include}
+    if exclude is not None:
+        metadata["exclude"] = exclude
+    metadata["prompt"] = caption
+    return ToyScene(caption=caption, metadata=metadata, objects=objs, tag=tag)
+
+
+def scene_seed(seed: int, index: int) -> int:
+    """Seed of scene `index` of the prompt set drawn with `seed` (independent of the set's size)."""
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+
+
+def prompt_set(n: int, seed: int = 0) -> list[dict]:
+    """`n` prompts with a balanced mix of the six tags (round robin, in TAGS order).
+
+    Returns dicts {prompt, metadata, scene_seed}: `metadata` is GenEval's record for the prompt;
+    `sample_scene(scene_seed, metadata["tag"])` rebuilds the scene (e.g. to render the ground
+    truth). Prompt i depends only on (seed, i), so a smaller set is a prefix of a larger one.
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    out = []
+    for i in range(n):
+        tag = TAGS[i % len(TAGS)]
+        s = scene_seed(seed, i)
+        scene = sample_scene(s, tag)
+        out.append({"prompt": scene.caption, "metadata": scene.metadata, "scene_seed": s})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# rendering
+
+
+def render(scene: ToyScene, image_size: int = 64) -> Image.Image:
+    """Draw `scene` on an `image_size` x `image_size` RGB canvas.
+
+    Flat colours, no anti-aliasing: every pixel is exactly a palette colour or the background,
+    which makes the image deterministic across platforms and the ground truth exact. 64 suits a
+    tiny model; larger sizes cost quadratically more model compute but change nothing else.
+    """
+    if int(image_size) < 32:
+        raise ValueError(f"image_size must be >= 32 (objects would be < 6 px), got {image_size}")
+    image = Image.new("RGB", (int(image_size), int(image_size)), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    for obj in scene.objects:
+        x, y, s = obj.pixel_box(int(image_size))
+        fill = PALETTE[obj.color]
+        x1, y1 = x + s - 1, y + s - 1  # PIL boxes are inclusive
+        if obj.shape == "square":
+            draw.rectangle([x, y, x1, y1], fill=fill)
+        elif obj.shape == "circle":
+            draw.ellipse([x, y, x1, y1], fill=fill)
+        elif obj.shape == "triangle":
+            draw.polygon([(x + (s - 1) / 2.0, y), (x1, y1), (x, y1)], fill=fill)
+        else:
+            raise ValueError(f"unknown shape {obj.shape!r}; expected one of {', '.join(SHAPES)}")
+    return image
+
+
+def world_info() -> dict:
+    """The world's parameters, for provenance (stored in evaluator `version_info`)."""
+    return {
+        "world_version": WORLD_VERSION,
+        "shapes": list(SHAPES),
+        "palette": {k: list(v) for k, v in PALETTE.items()},
+        "background": list(BACKGROUND),
+        "counts": list(COUNTS),
+        "size_range": list(SIZE_RANGE),
+        "gap": GAP,
+    }
