@@ -157,3 +157,32 @@ def test_official_file_loads_without_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_prompt_set({"loader": "imagereward", "path": DATA / "imagereward" / "benchmark-prompts.json"})
+
+
+def test_registered_loader_gets_selection_applied():
+    def toy(cfg):
+        items = [P.PromptItem(i, f"p{i}", {"tag": "t"}) for i in range(5)]
+        return P.PromptSet(name="toy", items=items, source_path=None, sha256="x" * 64, samples_per_prompt=3)
+
+    P.register_loader("toy_test", toy)
+    try:
+        ps = load_prompt_set({"loader": "toy_test", "limit": 2})
+        assert [it.index for it in ps] == [0, 1] and ps.samples_per_prompt == 3 and ps.full_size == 5
+        assert ps.sha256 == "x" * 64 and ps.loader == "toy_test"
+        P.register_loader("toy_lazy", "varbench.prompts:_load_smoke")  # lazy "module:function"
+        assert len(load_prompt_set({"loader": "toy_lazy"})) == 8
+    finally:
+        P.LOADERS.pop("toy_test", None)
+        P.LOADERS.pop("toy_lazy", None)
+
+
+@needs_data
+@pytest.mark.parametrize("name,count", [("geneval", 553), ("hpsv2", 3200), ("imagereward", 100),
+                                        ("dpgbench", 1065), ("smoke", 8)])
+def test_benchmark_configs_load(name, count):
+    omegaconf = pytest.importorskip("omegaconf")
+    conf = Path(__file__).resolve().parents[1] / "conf" / "benchmark" / f"{name}.yaml"
+    cfg = omegaconf.OmegaConf.create({"paths": {"data_dir": str(DATA)}, "benchmark": omegaconf.OmegaConf.load(conf)})
+    ps = load_prompt_set(cfg.benchmark)
+    assert len(ps) == count and ps.name == name
+    assert ps.describe()["sha256_matches"] in (True, None)  # None: the smoke set has no pin

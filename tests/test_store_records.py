@@ -181,3 +181,26 @@ def test_traces_and_lock(tmp_path):
 def test_samples_name_must_be_plain(tmp_path):
     with pytest.raises(ValueError, match="plain name"):
         RunEntry(tmp_path, "e4").samples_path("a/b")
+
+
+# ---- provenance -----------------------------------------------------------------------------
+
+def test_provenance_degrades_gracefully(tmp_path):
+    from varbench.provenance import git_info, package_versions, sha256_file
+
+    assert git_info(tmp_path) == {"sha": None, "dirty": None, "diff_sha256": None, "root": None}
+    vers = package_versions(("pytest", "surely-not-an-installed-package"))
+    assert vers["pytest"] == pytest.__version__ and vers["surely-not-an-installed-package"] is None
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"abc")
+    # sha256("abc") is the FIPS 180-2 test vector.
+    assert sha256_file(f) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_provenance_of_this_checkout():
+    from varbench.provenance import git_info
+
+    info = git_info()
+    if info["root"] is None:
+        pytest.skip("not running from a git checkout")
+    assert len(info["sha"]) == 40 and isinstance(info["dirty"], bool)

@@ -412,13 +412,35 @@ def _urls(cfg: Any) -> tuple[str, ...] | None:
     return (str(url),) if url else None
 
 
-LOADERS: dict[str, Callable[[Any], tuple[list[PromptItem], dict]]] = {
+#: Built-in loaders return (items, PromptSet keyword arguments). Registered loaders (below)
+#: return a PromptSet; both get ``limit``/``limit_per_tag``/``samples_per_prompt`` applied here.
+LOADERS: dict[str, Callable[[Any], Any] | str] = {
     "geneval": _load_geneval,
     "hpsv2": _load_hpsv2,
     "imagereward": _load_imagereward,
     "dpgbench": _load_dpgbench,
     "smoke": _load_smoke,
 }
+
+
+def register_loader(name: str, fn: Callable[[Any], PromptSet] | str) -> None:
+    """Add a loader: ``fn(cfg) -> PromptSet``, or a lazy ``"module.path:function"`` string that
+    is imported on first use (keeps ``import varbench.prompts`` light).
+
+    Example: ``register_loader("toy", "varbench.toy.world:load_toy_prompts")``.
+    """
+    LOADERS[name] = fn
+
+
+def _resolve_loader(name: str) -> Callable[[Any], Any]:
+    fn = LOADERS[name]
+    if isinstance(fn, str):
+        import importlib
+
+        module, _, attr = fn.partition(":")
+        fn = getattr(importlib.import_module(module), attr)
+        LOADERS[name] = fn
+    return fn
 
 
 def _select(items: list[PromptItem], limit: int | None, limit_per_tag: int | None, loader: str) -> list[PromptItem]:
@@ -442,8 +464,9 @@ def _select(items: list[PromptItem], limit: int | None, limit_per_tag: int | Non
 def load_prompt_set(cfg: Any) -> PromptSet:
     """Load the prompt set a benchmark config describes (dict or OmegaConf node).
 
-    Keys: ``loader`` (required; one of LOADERS), ``name`` (defaults to the loader), ``path``,
-    ``styles`` (hpsv2), ``samples_per_prompt`` (default 1), ``allow_download`` (default false),
+    Keys: ``loader`` (required; one of LOADERS, see :func:`register_loader`), ``name`` (defaults
+    to the loader), ``path``, ``styles`` (hpsv2), ``samples_per_prompt`` (default 1, or the
+    registered loader's), ``allow_download`` (default false),
     ``url`` (optional mirror for the download), ``limit``, ``limit_per_tag``.
     """
     loader = _get(cfg, "loader", None)
@@ -454,14 +477,22 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     if _get(cfg, "rewriter", None):
         raise PromptSetError("benchmark.rewriter is not supported: varbench scores the official prompts "
                              "as written (Infinity's GenEval † numbers used an LLM rewriter). Set it to null.")
-    items, kw = LOADERS[loader](cfg)
-    full_size = len(items)
+    got = _resolve_loader(loader)(cfg)
+    if isinstance(got, PromptSet):  # a registered loader: keep its fingerprint, apply selection here
+        kw = {k: getattr(got, k) for k in ("source_path", "sha256", "source_url", "expected_sha256", "files")}
+        items = list(got.items)
+        full_size = got.full_size or len(items)
+        default_spp = got.samples_per_prompt
+    else:
+        items, kw = got
+        full_size = len(items)
+        default_spp = 1
     limit, per_tag = _get(cfg, "limit", None), _get(cfg, "limit_per_tag", None)
     for key, val in (("limit", limit), ("limit_per_tag", per_tag)):
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
             raise PromptSetError(f"benchmark.{key} must be a positive integer or null, got {val!r}")
     items = _select(items, limit, per_tag, loader)
-    spp = int(_get(cfg, "samples_per_prompt", 1))
+    spp = int(_get(cfg, "samples_per_prompt", default_spp))
     if spp < 1:
         raise PromptSetError(f"benchmark.samples_per_prompt must be >= 1, got {spp}")
     return PromptSet(name=str(_get(cfg, "name", loader)), items=items, samples_per_prompt=spp, loader=loader,
