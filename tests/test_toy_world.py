@@ -338,3 +338,26 @@ def test_bad_metadata_gets_a_clear_error():
         ev.update([Sample(1, 1, "x", img, metadata=sample_scene(0, "counting").metadata)])
     with pytest.raises(ValueError, match="min_iou"):
         ToyGenEval(min_iou=0)
+
+
+def test_component_labeller_matches_flood_fill():
+    """The numpy labeller is exact: same partition as a plain 8-connected flood fill."""
+    from evaluators.toy_geneval import _label_components
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        classes = rng.integers(-1, 3, size=(17, 23))
+        labels = _label_components(classes)
+        ref = -np.ones_like(classes)
+        for y0, x0 in zip(*np.nonzero(classes >= 0)):
+            if ref[y0, x0] >= 0:
+                continue
+            stack, ref[y0, x0] = [(y0, x0)], y0 * 23 + x0
+            while stack:
+                y, x = stack.pop()
+                for dy in (-1, 0, 1):
+                    for dx in (-1, 0, 1):
+                        v, u = y + dy, x + dx
+                        if 0 <= v < 17 and 0 <= u < 23 and ref[v, u] < 0 and classes[v, u] == classes[y, x]:
+                            ref[v, u] = ref[y0, x0]
+                            stack.append((v, u))
+        assert np.array_equal(labels, ref)  # flood fill from the first pixel in scan order = min index
