@@ -157,3 +157,15 @@ def test_cli(store, tmp_path, capsys):
     assert (out / "table.md").is_file() and not list(out.glob("*.png"))
     assert main([str(tmp_path / "nothing_here"), "--out", str(out)]) == 2
     assert "no finished records" in capsys.readouterr().err
+
+
+def test_failed_records_are_skipped_and_unfinished_reported(store, tmp_path, capsys):
+    rec = make_record("fail01", "nova", 1.0, 2.0, 1e9, {"geneval/overall": (0.0, 0.0)})
+    rec["status"] = "failed"
+    write(store, rec)
+    with pytest.warns(UserWarning, match="fail01"):
+        paired = aggregate(store, tmp_path / "o", figures=False)
+    assert "fail01" not in set(paired["entry_id"])
+    with pytest.warns(UserWarning, match="fail01"):
+        assert main([str(store), "--out", str(tmp_path / "o2"), "--no-figures"]) == 0
+    assert "unfinished entry (no DONE) not included: half01" in capsys.readouterr().out

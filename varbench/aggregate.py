@@ -19,7 +19,7 @@ Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
 
 Pairing: a row's baseline is the record with ``method == --baseline`` and the same
 ``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds, image count,
-device). Comparing across any of these would mix effects, so a row without such a baseline is an
+device, dtype). Comparing across any of these would mix effects, so a row without such a baseline is an
 error that names the keys in which the nearest baseline differs (``--allow-unpaired`` keeps the
 row with empty ratios instead). If several baselines match, the most recent one is used (its id
 is in ``baseline_entry``). Evaluator versions (``version_info`` hashes) must agree between a row
@@ -43,7 +43,7 @@ from typing import Sequence
 from varbench.records import find_entries, metric_columns, records_to_frame
 
 PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
-                              "n_images", "device")
+                              "n_images", "device", "dtype")
 GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
 
 
@@ -210,6 +210,12 @@ def write_figures(paired, out: Path) -> list[Path]:
     return written
 
 
+def unfinished_entries(path: str | Path) -> list[Path]:
+    """Entry folders under ``path`` (``entries/<hash>/``) that have no DONE yet."""
+    return sorted(p for p in Path(path).rglob("*") if p.is_dir() and p.parent.name == "entries"
+                  and not (p / "DONE").exists())
+
+
 def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", allow_unpaired: bool = False,
               figures: bool = True):
     """Find records under ``path``, pair them, write tables (and figures) into ``out``; returns
@@ -219,6 +225,11 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
         raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}")
     frame = records_to_frame(entries)
     frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
+    bad = frame[frame["status"].fillna("ok") != "ok"]
+    if not bad.empty:
+        warnings.warn(f"skipping {len(bad)} finished record(s) whose status is not 'ok': "
+                      f"{sorted(bad['entry_id'])}", stacklevel=2)
+        frame = frame[frame["status"].fillna("ok") == "ok"].reset_index(drop=True)
     paired = pair_with_baseline(frame, baseline=baseline, allow_unpaired=allow_unpaired)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -246,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(markdown_table(paired, args.baseline))
+    unfinished = unfinished_entries(args.path)
+    if unfinished:
+        print(f"note: {len(unfinished)} unfinished entr{'y' if len(unfinished) == 1 else 'ies'} (no DONE) "
+              f"not included: {', '.join(p.name for p in unfinished[:10])}{' ...' if len(unfinished) > 10 else ''}")
     print(f"wrote {out}/table.md, table.csv, tidy.csv ({len(paired)} records)")
     return 0
 
