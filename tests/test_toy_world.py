@@ -361,3 +361,27 @@ def test_component_labeller_matches_flood_fill():
                             ref[v, u] = ref[y0, x0]
                             stack.append((v, u))
         assert np.array_equal(labels, ref)  # flood fill from the first pixel in scan order = min index
+
+
+def test_benchmark_config_loads_through_prompt_loader():
+    omegaconf = pytest.importorskip("omegaconf")
+    from pathlib import Path
+
+    from varbench import prompts as P
+
+    cfg = omegaconf.OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "benchmark" / "toy.yaml")
+    added = "toy" not in P.LOADERS
+    if added:  # until varbench.prompts registers it itself
+        P.register_loader("toy", "varbench.toy.world:load_toy_prompts")
+    try:
+        ps = P.load_prompt_set(cfg)
+        assert ps.n_prompts == cfg.n_prompts and ps.samples_per_prompt == cfg.samples_per_prompt
+        assert [it.prompt for it in ps] == [p["prompt"] for p in prompt_set(cfg.n_prompts, cfg.seed)]
+        assert ps.sha256 == P.load_prompt_set(cfg).sha256
+        quick = P.load_prompt_set(omegaconf.OmegaConf.merge(cfg, {"limit_per_tag": 2}))
+        assert len(quick) == 12 and {it.metadata["tag"] for it in quick} == set(world.TAGS)
+        with pytest.raises(P.PromptSetError, match="n_prompts"):
+            P.load_prompt_set(omegaconf.OmegaConf.merge(cfg, {"n_prompts": 0}))
+    finally:
+        if added:
+            P.LOADERS.pop("toy", None)
