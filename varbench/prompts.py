@@ -467,7 +467,8 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     Keys: ``loader`` (required; one of LOADERS, see :func:`register_loader`), ``name`` (defaults
     to the loader), ``path``, ``styles`` (hpsv2), ``samples_per_prompt`` (default 1, or the
     registered loader's), ``allow_download`` (default false),
-    ``url`` (optional mirror for the download), ``limit``, ``limit_per_tag``.
+    ``url`` (optional mirror for the download of a single-file set; still hash-checked),
+    ``limit``, ``limit_per_tag``.
     """
     loader = _get(cfg, "loader", None)
     if loader not in LOADERS:

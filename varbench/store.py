@@ -171,7 +171,10 @@ class ImageStore:
             line = json.dumps(dict(metadata), ensure_ascii=False) + "\n"
             atomic_write_bytes(meta_path, line.encode("utf-8"))
         buf = io.BytesIO()
-        image.save(buf, format="PNG" if self.image_format == "png" else self.image_format.upper())
+        fmt = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}.get(self.image_format)
+        if fmt is None:
+            raise ValueError(f"image_format {self.image_format!r} not supported; use png (lossless), jpg or webp")
+        image.save(buf, format=fmt)
         path = self.path(prompt_index, sample_index)
         atomic_write_bytes(path, buf.getvalue())
         return path
