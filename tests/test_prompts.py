@@ -186,3 +186,9 @@ def test_benchmark_configs_load(name, count):
     ps = load_prompt_set(cfg.benchmark)
     assert len(ps) == count and ps.name == name
     assert ps.describe()["sha256_matches"] in (True, None)  # None: the smoke set has no pin
+
+
+def test_toy_loader_is_registered_lazily():
+    pytest.importorskip("varbench.toy.world")
+    ps = load_prompt_set({"loader": "toy", "n_prompts": 12, "seed": 0, "samples_per_prompt": 2, "limit": 5})
+    assert len(ps) == 5 and ps.full_size == 12 and ps.samples_per_prompt == 2 and ps.loader == "toy"

@@ -25,6 +25,7 @@ hpsv2          folder with ``<style>.json`` files          4 x 800 prompts, styl
 imagereward    ``benchmark-prompts.json`` (100 prompts)    metadata ``{"id"}``
 dpgbench       folder of ``<id>.txt`` files (1,065)        metadata ``{"id"}`` (the file stem)
 smoke          (none: built into this module)              8 GenEval-style prompts with a ``tag``
+toy            (none: generated, varbench.toy.world)       procedural GenEval-style scenes (lazy import)
 =============  ==========================================  ==========================================
 
 Indices are stable: ``PromptItem.index`` is the prompt's position in the *full* official set
@@ -420,6 +421,8 @@ LOADERS: dict[str, Callable[[Any], Any] | str] = {
     "imagereward": _load_imagereward,
     "dpgbench": _load_dpgbench,
     "smoke": _load_smoke,
+    # Lazy entries: imported on first use only.
+    "toy": "varbench.toy.world:load_toy_prompts",
 }
 
 
