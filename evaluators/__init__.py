@@ -29,3 +29,7 @@ def build_evaluator(name: str, **kwargs) -> Evaluator:
 
 
 register("toy_geneval", "evaluators.toy_geneval:ToyGenEval")
+register("hpsv2", "evaluators.hpsv2:HPSv2Evaluator")
+register("imagereward", "evaluators.imagereward:ImageRewardEvaluator")
+register("geneval", "evaluators.geneval:GenEvalEvaluator")
+register("fidelity", "evaluators.fidelity:FidelityEvaluator")
