@@ -9,6 +9,12 @@ from .base import Policy  # noqa: F401
 #: method name -> "module:Class" (imported lazily)
 REGISTRY: dict[str, str] = {
     "baseline": "varbench.policies.baseline:Baseline",
+    "fastvar": "varbench.policies.fastvar:FastVAR",
+    "nova": "varbench.policies.nova:NOVA",
+    "toprovar": "varbench.policies.toprovar:ToProVAR",
+    "skip_last": "varbench.policies.skip:SkipLast",
+    "skipvar_fixed": "varbench.policies.skip:SkipVARFixed",
+    "compose": "varbench.policies.compose:Compose",
 }
 
 

@@ -1,0 +1,130 @@
+"""`compose`: run several policies as one, merging their plans scale by scale.
+
+Method card
+-----------
+Changes: nothing of its own. Each member policy is reset, planned and observed as if alone; their
+         plans merge: a scale runs only if every member runs it; a block skipped by any member is
+         skipped; a block pruned by one member is pruned; residual caching and attention-entropy
+         requests are unions; guidance/temperature overrides must agree; dropping the
+         unconditional branch by any member drops it.
+Typical use: NOVA's schedule on top of FastVAR's cache (the NOVA summary hints NOVA was evaluated
+         over FastVAR): members [fastvar, nova], conflict "last" (NOVA's per-layer plan wins where
+         both prune a block), cache "first" (NOVA's pruned slots are filled from FastVAR's cached
+         scale wherever that scale precedes them; earlier scales keep NOVA's own cache).
+
+Knobs:
+  policies  list of {name: <registry name>, knobs: {...}} (or Policy objects), at least two.
+  conflict  error (default: two members pruning the same block at the same scale is refused) |
+            first | last (that member's BlockPlan wins).
+  cache     own (each member's cache_from stands) | first (cache fills of later members are
+            redirected to the first member's `cache_scale`, e.g. FastVAR's 24² scale).
+
+Refused pairs (a clear error at construction): see INCOMPATIBLE.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence, Union
+
+from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
+from .base import Policy
+
+#: unordered pairs of registry names that must not be composed, with the reason shown to the user
+INCOMPATIBLE: dict[frozenset, str] = {
+    frozenset({"nova", "toprovar"}): (
+        "NOVA keeps high *predictive*-entropy tokens and fills pruned slots from a cache, ToProVAR keeps low "
+        "*attention*-entropy tokens and passes pruned ones through: on a shared block their rankings contradict "
+        "and the result is neither method. Run them as separate arms."),
+    frozenset({"skip_last", "toprovar"}): (
+        "ToProVAR chooses its own exit/depth; a fixed skip_last on top silently overrides it. Use "
+        "toprovar.fixed_exit for a fixed exit instead."),
+}
+
+
+class Compose(Policy):
+    name = "compose"
+
+    def __init__(self, policies: Sequence[Union[Mapping[str, Any], Policy]], conflict: str = "error", cache: str = "own"):
+        from . import build_policy
+
+        if conflict not in ("error", "first", "last"):
+            raise ValueError(f"compose.conflict must be error, first or last; got {conflict!r}")
+        if cache not in ("own", "first"):
+            raise ValueError(f"compose.cache must be own or first; got {cache!r}")
+        members = []
+        for p in policies:
+            if isinstance(p, Policy):
+                members.append(p)
+            else:
+                spec = dict(p)
+                if "name" not in spec:
+                    raise ValueError(f"compose.policies entries need a `name` (and optional `knobs`); got {spec!r}")
+                members.append(build_policy(spec["name"], **dict(spec.get("knobs") or {})))
+        if len(members) < 2:
+            raise ValueError("compose needs at least two policies (a single one: use it directly).")
+        names = [m.name for m in members]
+        for i in range(len(names)):
+            for j in range(i + 1, len(names)):
+                reason = INCOMPATIBLE.get(frozenset({names[i], names[j]}))
+                if reason:
+                    raise ValueError(f"compose: {names[i]} + {names[j]} is refused. {reason}")
+        self.members, self.conflict, self.cache = members, conflict, cache
+
+    def reset(self, ctx: GenerationContext) -> None:
+        super().reset(ctx)
+        for m in self.members:
+            m.reset(ctx)
+        self.shared_cache = None
+        if self.cache == "first":
+            self.shared_cache = getattr(self.members[0], "cache_scale", None)
+            if self.shared_cache is None:
+                raise ValueError(f"compose.cache=first needs the first member ({self.members[0].name}) to keep a "
+                                 "cache scale (e.g. fastvar with fill=cache and a pruned scale); it has none.")
+
+    def _merge_block(self, si: int, bi: int, cands: list[tuple[int, BlockPlan]]) -> BlockPlan:
+        skips = [c for c in cands if c[1].mode == "skip"]
+        if skips:
+            return skips[0][1]
+        if len(cands) > 1 and self.conflict == "error":
+            who = ", ".join(self.members[i].name for i, _ in cands)
+            raise ValueError(f"compose: {who} all prune block {bi} at scale {si}. Set compose.conflict to first or "
+                             "last to let one member's plan win, or narrow the members' scales/blocks.")
+        i, bp = cands[0] if self.conflict in ("error", "first") else cands[-1]
+        if (self.shared_cache is not None and i > 0 and bp.mode == "prune" and bp.fill == "cache"
+                and si > self.shared_cache):
+            bp = dataclasses.replace(bp, cache_from=self.shared_cache)
+        return bp
+
+    def plan(self, si: int) -> ScalePlan:
+        plans = [m.plan(si) for m in self.members]
+        if not all(p.run for p in plans):
+            return ScalePlan(run=False)
+        overrides = {}
+        for field in ("cfg", "tau"):
+            vals = {getattr(p, field) for p in plans if getattr(p, field) is not None}
+            if len(vals) > 1:
+                raise ValueError(f"compose: members set different {field} overrides at scale {si}: {sorted(vals)}")
+            overrides[field] = vals.pop() if vals else None
+        cands: dict[int, list[tuple[int, BlockPlan]]] = {}
+        for i, p in enumerate(plans):
+            for bi, bp in p.blocks.items():
+                if bp.mode != "full":
+                    cands.setdefault(bi, []).append((i, bp))
+        blocks = {bi: self._merge_block(si, bi, c) for bi, c in sorted(cands.items())}
+        att = frozenset().union(*(p.attention_entropy_for for p in plans))
+        qs = [p.attention_entropy_queries for p in plans if p.attention_entropy_for]
+        queries = None if (not qs or any(q is None for q in qs)) else max(qs)
+        return ScalePlan(run=True, blocks=blocks, keep_residuals=any(p.keep_residuals for p in plans)
+                         or (self.shared_cache == si), attention_entropy_for=att, attention_entropy_queries=queries,
+                         cfg=overrides["cfg"], tau=overrides["tau"], drop_uncond=any(p.drop_uncond for p in plans))
+
+    def observe(self, si: int, signals: ScaleSignals) -> None:
+        for m in self.members:
+            m.observe(si, signals)
+
+    def stats(self) -> dict[str, Any]:
+        return {f"{i}:{m.name}": m.stats() for i, m in enumerate(self.members)}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "conflict": self.conflict, "cache": self.cache,
+                "policies": [m.describe() for m in self.members]}

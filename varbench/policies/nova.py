@@ -1,0 +1,377 @@
+"""`nova`: entropy-driven activation scale, scale- and layer-linked ratios, low-entropy pruning with
+cached residual fill.
+
+Method card
+-----------
+Paper:   NOVA: Adaptive Visual Autoregressive Acceleration via Dual-Linkage Entropy Analysis
+         (Zhang et al., arXiv 2602.01345). No public code; only the abstract is primary. The
+         equations come from a secondary (AI-written) summary; everything else is reconstructed
+         (reference notes: nova_toprovar.md §2.5, knobs §6.2). Treat it as "NOVA-like".
+Changes: after each scale the policy reads the predictive entropy of every sampled token; it finds
+         the *activation scale* t* online, where the growth of the mean entropy slows (an
+         inflection); from t*+1 on, every block prunes the tokens whose entropy at the previous
+         scale (upsampled) was lowest, at a ratio linked to the scale (grows with t, shrinks while
+         entropy still grows) and to the layer (less pruning in layers whose attention entropy is
+         above the mean of the layers before them). Pruned slots take the previous scale's
+         residual update of the same block/sublayer, area-upsampled (FastVAR's restoration), and
+         are dropped from the scale's K/V.
+Fact vs reconstruction: FACT (abstract): activation from the inflection of entropy growth,
+         scale- and layer-linked ratios, low-entropy pruning, prior-scale residual cache.
+         2ND (blog): g_t = H_t - H_{t-1}, delta_t = moving average of g, Ratio_t = sigmoid(...).
+         RECON: everything numeric and every choice below.
+
+Online causality: a plan is fixed before its scale runs, so every signal a scale's plan uses
+comes from scales already sampled: the ratio at t uses the last observed growth g_{t-1}; the layer
+entropies come from the previous scale (layer_entropy_lag=1); the token ranking is the previous
+scale's entropy map. lag 0 (the same scale's earlier layer) would need a plan that changes its
+kept count mid-scale; the runtime's static shapes forbid it, so it is refused.
+
+Batch: one plan serves the whole batch (static shapes). Each image detects its own activation;
+`batch_activation` reduces them (earliest: fastest; latest: safest; median; mean_curve: detect once
+on the batch-mean entropy curve). Ratios use batch-mean entropies; the kept *tokens* are chosen
+per image (each prompt's own entropy map; its uncond row reuses the choice).
+
+Knobs (speed <-> quality):
+  entropy_logits  guided | cond: which distribution's entropy (neutral on speed).
+  entropy_temp    tau | 1: entropy of the tempered or untempered logits.
+  entropy_norm    per_bit_mean | per_token_sum (scale of H; matters to beta_baseline and lam).
+  inflection_rule ma_below_baseline (delta_t < beta_baseline * b) | second_diff (g_t - g_{t-1} < 0).
+  ma_window       causal2 (g_{t-1}, g_t) | lookahead2 (the blog's (g_t + g_{t+1})/2; known one
+                  scale later, so pruning starts one scale later: slower, safer).
+  baseline_scales growth indices averaged into the baseline b (default the first four, g_1..g_4).
+  beta_baseline   higher -> activation earlier -> faster.
+  t_min_tokens    never activate before the first scale with this many tokens.
+  t_force         latest activation scale (index, negative from the end; None: never forced).
+                  Earlier -> faster.
+  ratio_form      monotone (r grows with t, shrinks with growth: the blog's prose) |
+                  blog_literal (sigmoid(rho*(t*+1)/t - lam*tanh(g)) as printed).
+  rho, lam, c0    the sigmoid's slope in scale, growth penalty and offset; higher rho / c0 and
+                  lower lam -> more pruning -> faster.
+  r_min, r_max    clip of every ratio (r_max = 0 makes the policy neutral).
+  ratio_is_keep   read the sigmoid as a keep fraction instead (flips the direction).
+  layer_entropy   attn_subsample (exact attention entropy of q_sub queries per block) | none.
+                  (logit_lens would need per-layer hidden states the runtime does not expose.)
+  q_sub           queries sampled for layer entropy (cost O(q_sub * keys) per block; None = all).
+  mu              strength of layer linkage (0 = every layer gets the scale ratio).
+  layer_entropy_lag must be 1 (see above).
+  token_score     prev_scale_pred_entropy (default) | per_layer_attn (each layer ranks by its own
+                  per-query attention entropy at the previous scale; needs every query: slower).
+  upsample        area | nearest | bilinear resize of the previous scale's map.
+  cache_source    prev_scale | activation_scale | fixed (cache_scale; e.g. -5 = FastVAR's 24²).
+                  Closer caches fill better; memory: residuals are kept for every candidate scale.
+  cache_scale     index used by cache_source=fixed.
+  fill            cache (NOVA) | pass (ablation: pruned tokens unchanged).
+  prune_kv        drop pruned tokens from the scale's K/V (faster) or keep them as keys.
+  protect_first, protect_last  blocks never pruned at either end (NOVA: none).
+  min_tokens_to_prune          scales smaller than this never prune (saves nothing there).
+  skip_last_scales             FastVAR-style full skipping of the last scales (NOVA: 0).
+  batch_activation             earliest | median | latest | mean_curve (see Batch).
+  keep_multiple   round kept counts up to a multiple (8/64 help kernels; 1 = exact).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+import torch
+
+from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
+from .base import Policy
+from .common import check_choice, cond_rows, expand_to_rows, n_keep_from_ratio, protected_blocks, resolve_scale
+from .selectors import binary_entropy_from_logits, complete_map, topk_indices, upsample_map
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+class NOVA(Policy):
+    name = "nova"
+
+    def __init__(
+        self,
+        entropy_logits: str = "guided",
+        entropy_temp: str = "tau",
+        entropy_norm: str = "per_bit_mean",
+        inflection_rule: str = "ma_below_baseline",
+        ma_window: str = "causal2",
+        baseline_scales: Sequence[int] = (1, 2, 3, 4),
+        beta_baseline: float = 1.0,
+        t_min_tokens: int = 256,
+        t_force: Optional[int] = -4,
+        ratio_form: str = "monotone",
+        rho: float = 1.0,
+        lam: float = 0.5,
+        c0: float = 0.0,
+        r_min: float = 0.0,
+        r_max: float = 0.9,
+        ratio_is_keep: bool = False,
+        layer_entropy: str = "attn_subsample",
+        q_sub: Optional[int] = 256,
+        mu: float = 0.5,
+        layer_entropy_lag: int = 1,
+        token_score: str = "prev_scale_pred_entropy",
+        upsample: str = "area",
+        cache_source: str = "prev_scale",
+        cache_scale: int = -5,
+        fill: str = "cache",
+        prune_kv: bool = True,
+        protect_first: int = 0,
+        protect_last: int = 0,
+        min_tokens_to_prune: int = 256,
+        skip_last_scales: int = 0,
+        batch_activation: str = "median",
+        keep_multiple: int = 1,
+    ):
+        check_choice("entropy_logits", entropy_logits, ("guided", "cond"))
+        check_choice("entropy_temp", str(entropy_temp), ("tau", "1"))
+        check_choice("entropy_norm", entropy_norm, ("per_bit_mean", "per_token_sum"))
+        check_choice("inflection_rule", inflection_rule, ("ma_below_baseline", "second_diff"))
+        check_choice("ma_window", ma_window, ("causal2", "lookahead2"))
+        check_choice("ratio_form", ratio_form, ("monotone", "blog_literal"))
+        check_choice("token_score", token_score, ("prev_scale_pred_entropy", "per_layer_attn"))
+        check_choice("upsample", upsample, ("area", "nearest", "bilinear"))
+        if cache_source == "fixed_24":
+            cache_source = "fixed"
+        check_choice("cache_source", cache_source, ("prev_scale", "activation_scale", "fixed"))
+        check_choice("fill", fill, ("cache", "pass"))
+        check_choice("batch_activation", batch_activation, ("earliest", "median", "latest", "mean_curve"))
+        if layer_entropy == "logit_lens":
+            raise ValueError("nova.layer_entropy=logit_lens needs per-layer hidden states pushed through the head; the "
+                             "runtime's ScaleSignals do not carry them. Use attn_subsample or none.")
+        check_choice("layer_entropy", layer_entropy, ("attn_subsample", "none"))
+        if layer_entropy_lag != 1:
+            raise ValueError("nova.layer_entropy_lag must be 1: lag 0 (this scale's previous layer) would change a kept "
+                             "count after the scale's plan is fixed, which static-shape plans cannot express.")
+        if not 0.0 <= r_min <= r_max <= 1.0:
+            raise ValueError(f"nova: need 0 <= r_min <= r_max <= 1, got r_min={r_min}, r_max={r_max}")
+        if keep_multiple < 1 or skip_last_scales < 0:
+            raise ValueError("nova: keep_multiple must be >= 1 and skip_last_scales >= 0")
+        self.k = dict(locals())
+        self.k.pop("self")
+        self.k["cache_source"] = cache_source
+        self.k["entropy_temp"] = str(entropy_temp)
+        for key, v in self.k.items():
+            setattr(self, key, v)
+        self.baseline_scales = tuple(int(s) for s in baseline_scales)
+
+    # -- per generation ---------------------------------------------------------------------
+    def reset(self, ctx: GenerationContext) -> None:
+        super().reset(ctx)
+        n = len(ctx.schedule)
+        self.n = n
+        self.skipped = set(range(n - self.skip_last_scales, n))
+        first_big = next((si for si in range(n) if ctx.tokens(si) >= self.t_min_tokens), n)
+        need = max(self.baseline_scales) + 1 if self.inflection_rule == "ma_below_baseline" else 0
+        self.t_min = max(first_big, need, 2)
+        self.t_force_si = None if self.t_force is None else resolve_scale(int(self.t_force), n, what="nova.t_force")
+        self.cache_fixed = resolve_scale(int(self.cache_scale), n, what="nova.cache_scale") if self.cache_source == "fixed" else None
+        self.prunable_blocks = protected_blocks(ctx.depth, self.protect_first, self.protect_last)
+        self.enabled = self.r_max > 0.0 and len(self.prunable_blocks) > 0
+        # per-generation state (nothing survives a reset)
+        self.H: dict[int, torch.Tensor] = {}             # scale -> (B,) mean token entropy per image
+        self.maps: dict[int, torch.Tensor] = {}          # scale -> (B, L) token entropy map
+        self.layer_E: dict[int, dict[int, float]] = {}   # scale -> {block: mean attention entropy}
+        self.layer_maps: dict[int, tuple[int, torch.Tensor]] = {}  # block -> (scale, latest complete map)
+        self.t_star_img: list[Optional[int]] = [None] * ctx.batch
+        self.t_star: Optional[int] = None
+        self.decided_after: Optional[int] = None
+        self.resid_scales: set[int] = set()
+        self.record: dict[int, dict[str, Any]] = {}
+        self.baseline_b: Optional[float] = None
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _could_prune(self, si: int) -> bool:
+        """Whether scale si may still be pruned (before knowing t*)."""
+        return (self.enabled and 0 <= si < self.n and si not in self.skipped and si >= self.t_min + 1
+                and self.ctx.tokens(si) >= self.min_tokens_to_prune
+                and (self.t_star is None or si > self.t_star)
+                and (self.cache_fixed is None or si > self.cache_fixed))
+
+    def _will_prune(self, si: int) -> bool:
+        return self.t_star is not None and self._could_prune(si) and (self.decided_after is None or si > self.decided_after)
+
+    def _growth(self, curve: dict[int, float], t: int) -> Optional[float]:
+        if t in curve and (t - 1) in curve:
+            return curve[t] - curve[t - 1]
+        return None
+
+    def _detect(self, curve: dict[int, float], t: int) -> Optional[int]:
+        """Activation scale decided after observing scale t for one entropy curve, or None."""
+        g = lambda s: self._growth(curve, s)  # noqa: E731
+        c = t if self.ma_window == "causal2" else t - 1
+        if c < self.t_min:
+            return None
+        if self.inflection_rule == "ma_below_baseline":
+            gs = [g(s) for s in self.baseline_scales]
+            if any(v is None for v in gs) or g(t) is None or g(t - 1) is None:
+                return None
+            b = sum(gs) / len(gs)
+            delta = (g(t - 1) + g(t)) / 2.0
+            hit = delta < self.beta_baseline * b
+        else:
+            if g(t) is None or g(t - 1) is None:
+                return None
+            hit = g(t) - g(t - 1) < 0
+        return c if hit else None
+
+    def _baseline(self, curve: dict[int, float]) -> Optional[float]:
+        gs = [self._growth(curve, s) for s in self.baseline_scales]
+        return None if any(v is None for v in gs) else sum(gs) / len(gs)
+
+    def _entropy(self, sig: ScaleSignals) -> torch.Tensor:
+        if (self.entropy_logits, self.entropy_temp, self.entropy_norm) == ("guided", "tau", "per_bit_mean"):
+            return sig.token_entropy.float()
+        logits = sig.cond_logits if (self.entropy_logits == "cond" and sig.cond_logits is not None) else sig.logits
+        if self.entropy_temp == "1":
+            logits = logits.float() * float(sig.tau)  # undo the 1/tau the runtime applied
+        return binary_entropy_from_logits(logits, "mean" if self.entropy_norm == "per_bit_mean" else "sum")
+
+    def _scale_ratio(self, t: int) -> tuple[float, float]:
+        """(scale-linked reduction ratio r_t, the growth used) for scale t from observed scales."""
+        seen = sorted(self.H)
+        curve = {s: float(self.H[s].mean()) for s in seen}
+        g = curve[seen[-1]] - curve[seen[-2]] if len(seen) >= 2 else 0.0
+        ts = self.t_star
+        if self.ratio_form == "blog_literal":
+            r = _sigmoid(self.rho * (ts + 1) / t - self.lam * math.tanh(g))
+        else:
+            b = self.baseline_b if self.baseline_b not in (None, 0.0) else 1.0
+            r = _sigmoid(self.rho * t / (ts + 1) - self.lam * math.tanh(g / abs(b)) + self.c0)
+        if self.ratio_is_keep:
+            r = 1.0 - r
+        return min(self.r_max, max(self.r_min, r)), g
+
+    def _layer_ratios(self, r_t: float, src: Optional[int]) -> dict[int, float]:
+        blocks = list(self.prunable_blocks)
+        E = self.layer_E.get(src, {}) if src is not None else {}
+        if self.layer_entropy == "none" or self.mu == 0.0 or not E:
+            return {l: r_t for l in blocks}
+        out = {}
+        for l in blocks:
+            prev = [E[j] for j in range(l) if j in E]
+            if l not in E or not prev:
+                out[l] = r_t
+                continue
+            mean_prev = sum(prev) / len(prev)
+            rel = (E[l] - mean_prev) / (abs(mean_prev) + 1e-8)
+            out[l] = min(self.r_max, max(self.r_min, r_t * math.exp(-self.mu * rel)))
+        return out
+
+    # -- the policy ---------------------------------------------------------------------------
+    def plan(self, si: int) -> ScalePlan:
+        if si in self.skipped:
+            return ScalePlan(run=False)
+        if not self.enabled:
+            return ScalePlan()
+        nxt_could = any(self._could_prune(s) for s in range(si + 1, self.n))
+        keep_res = False
+        if self.fill == "cache" and nxt_could:
+            if self.cache_source == "prev_scale":
+                keep_res = si >= self.t_min and self._could_prune(si + 1)
+            elif self.cache_source == "activation_scale":
+                keep_res = self.t_star is None and si >= self.t_min
+            else:
+                keep_res = si == self.cache_fixed
+        want_E = nxt_could and si >= self.t_min and (
+            self.layer_entropy == "attn_subsample" or self.token_score == "per_layer_attn")
+        att_for = frozenset(range(self.ctx.depth)) if want_E else frozenset()
+        att_q = None if self.token_score == "per_layer_attn" else self.q_sub
+        if keep_res:
+            self.resid_scales.add(si)
+
+        blocks: dict[int, BlockPlan] = {}
+        if self._will_prune(si):
+            src = max(s for s in self.maps if s < si)  # the last sampled scale
+            r_t, g = self._scale_ratio(si)
+            r_l = self._layer_ratios(r_t, src)
+            L = self.ctx.tokens(si)
+            h, w = self.ctx.schedule[si]
+            if self.fill == "cache":
+                cache_from = {"prev_scale": src, "activation_scale": self.t_star, "fixed": self.cache_fixed}[self.cache_source]
+                if cache_from not in self.resid_scales:
+                    raise RuntimeError(f"nova: scale {cache_from} did not keep residuals; cannot fill scale {si} from it.")
+            else:
+                cache_from = None
+            score = upsample_map(self.maps[src], self.ctx.schedule[src], (h, w), self.upsample)
+            order = torch.argsort(score, dim=-1, descending=True, stable=True)
+            n_keeps = {}
+            for l, r in r_l.items():
+                k = n_keep_from_ratio(L, r)
+                if self.keep_multiple > 1:
+                    k = min(L, -(-k // self.keep_multiple) * self.keep_multiple)
+                if k >= L:
+                    continue
+                if self.token_score == "per_layer_attn" and l in self.layer_maps:
+                    s_l, m = self.layer_maps[l]
+                    idx = topk_indices(upsample_map(m, self.ctx.schedule[s_l], (h, w), self.upsample), k)
+                else:  # the predictive-entropy ranking (also the fallback before a layer's map exists)
+                    idx = order[:, :k].sort(dim=-1).values
+                blocks[l] = BlockPlan(mode="prune", keep=expand_to_rows(idx, self.ctx).to(self.ctx.device),
+                                      n_keep=k, fill=self.fill, cache_from=cache_from, prune_kv=self.prune_kv)
+                n_keeps[l] = k
+            self.record[si] = {"scale_ratio": r_t, "growth_used": g, "layer_ratios": {int(l): r_l[l] for l in r_l},
+                               "n_keep": n_keeps, "tokens": L, "cache_from": cache_from}
+        return ScalePlan(blocks=blocks, keep_residuals=keep_res, attention_entropy_for=att_for,
+                         attention_entropy_queries=att_q if want_E else None)
+
+    def observe(self, si: int, signals: ScaleSignals) -> None:
+        if not self.enabled:
+            return
+        ent = self._entropy(signals).detach().to("cpu")
+        self.maps = {s: m for s, m in self.maps.items() if s >= si - 1}  # keep memory bounded
+        self.maps[si] = ent
+        self.H[si] = ent.mean(dim=-1)
+        if signals.attention_entropy:
+            self.layer_E[si] = {int(b): float(cond_rows(e, self.ctx).float().mean()) for b, e in signals.attention_entropy.items()}
+            if self.token_score == "per_layer_attn":
+                pos = signals.attention_query_index or {}
+                for b, e in signals.attention_entropy.items():
+                    b, e = int(b), cond_rows(e, self.ctx)
+                    prev = None
+                    if b in self.layer_maps:  # a pruned block measured only its kept queries
+                        s0, m0 = self.layer_maps[b]
+                        prev = upsample_map(m0, self.ctx.schedule[s0], self.ctx.schedule[si], self.upsample)
+                    p = pos.get(b) if isinstance(pos, dict) else pos
+                    p = None if p is None else cond_rows(p, self.ctx)
+                    self.layer_maps[b] = (si, complete_map(e, p, self.ctx.tokens(si), prev))
+        if self.t_star is not None:
+            return
+        # per-image activation, then one batch decision
+        curves = [{s: float(self.H[s][i]) for s in self.H} for i in range(self.ctx.batch)]
+        mean_curve = {s: float(self.H[s].mean()) for s in self.H}
+        if self.baseline_b is None:
+            self.baseline_b = self._baseline(mean_curve)
+        forced = self.t_force_si is not None and si >= self.t_force_si
+        if self.batch_activation == "mean_curve":
+            t = self._detect(mean_curve, si)
+            if t is None and forced:
+                t = si
+            if t is not None:
+                self.t_star_img = [t] * self.ctx.batch
+                self.t_star, self.decided_after = t, si
+            return
+        for i, curve in enumerate(curves):
+            if self.t_star_img[i] is None:
+                t = self._detect(curve, si)
+                self.t_star_img[i] = si if (t is None and forced) else t
+        done = sorted(t for t in self.t_star_img if t is not None)
+        need = {"earliest": 1, "median": (self.ctx.batch - 1) // 2 + 1, "latest": self.ctx.batch}[self.batch_activation]
+        if len(done) >= need:
+            self.t_star, self.decided_after = done[need - 1], si
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "activation_scale": self.t_star,
+            "activation_decided_after": self.decided_after,
+            "activation_per_image": list(self.t_star_img),
+            "scale_entropy": {int(s): [float(v) for v in h] for s, h in sorted(self.H.items())},
+            "baseline_growth": self.baseline_b,
+            "ratios": {int(s): r for s, r in sorted(self.record.items())},
+            "skipped": sorted(self.skipped),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        d = {"name": self.name}
+        d.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in self.k.items()})
+        return d
