@@ -123,9 +123,10 @@ class ScaleSignals:
                         logits, before top-k/top-p), in nats.
     logits:             (B, h*w, d, 2) those guided, tempered logits (for other entropy variants).
     cond_logits:        (B, h*w, d, 2) the conditional rows' logits (tempered), or None without CFG.
-    attention_entropy:  {block: (rows, n_queries) per-query entropy averaged over heads}, for the
-                        blocks the plan asked for; with a subsample, `attention_query_index` holds
-                        the query positions.
+    attention_entropy:  {block: (rows, n_queries) per-query self-attention entropy (nats, mean
+                        over heads)} for the blocks the plan asked for, computed on the queries
+                        that block executed (all, a pruned subset, or the requested subsample);
+    attention_query_index: {block: (rows, n_queries) long} their positions in the h*w grid.
     executed_tokens:    {block: {sublayer: tokens executed per row}} at this scale.
     """
 
@@ -136,7 +137,7 @@ class ScaleSignals:
     logits: torch.Tensor
     cond_logits: Optional[torch.Tensor]
     attention_entropy: dict[int, torch.Tensor]
-    attention_query_index: Optional[torch.Tensor]
+    attention_query_index: dict[int, torch.Tensor]
     executed_tokens: dict[int, dict[str, int]]
     tau: float
     cfg: float

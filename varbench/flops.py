@@ -1,0 +1,81 @@
+"""Analytic FLOPs from what the runtime executed (a multiply-add counts 2).
+
+Counted per scale from its trace entry (rows = 2B with CFG, executed tokens per block/sublayer):
+  self-attention  qkv projection 2*rows*n_qkv*C*3C, scores and weighted sum 2*2*rows*n_q*n_kv*C,
+                  output projection 2*rows*n_q*C^2
+  cross-attention q projection 2*rows*n_q*C^2, scores and sum 2*2*n_q*(text tokens over rows)*C,
+                  output projection 2*rows*n_q*C^2
+  FFN             2*2*rows*n_q*C*hidden
+  head            2*rows*L*C*(2d)      next-scale word embedding 2*B*L*d*C
+Per generation (`text_flops`): the pooled SOS, the text projection for cross-attention and each
+block's text K/V projection (computed once per generation by this runtime). Norms, RoPE,
+softmax exponentials, AdaLN vectors and the VAE are not counted: they are O(L*C), not O(L*C^2).
+These are hardware-independent numbers CI can gate on.
+"""
+from __future__ import annotations
+
+
+def scale_flops(cfg, tr: dict) -> float:
+    """FLOPs of one scale from its trace entry (0 for a skipped scale)."""
+    if not tr.get("ran"):
+        return 0.0
+    c, hid, d = cfg.embed_dim, cfg.ffn_hidden, cfg.codebook_dim
+    rows, n = tr["rows"], tr["tokens"]
+    text = tr["text_tokens"]
+    total = 0.0
+    for b in tr["blocks"]:
+        if b["mode"] == "skip":
+            continue
+        total += 2 * rows * b["qkv"] * c * 3 * c
+        total += 4 * rows * b["sa"] * b["kv"] * c
+        total += 2 * rows * b["sa"] * c * c
+        total += 2 * rows * b["ca"] * c * c * 2 + 4 * b["ca"] * text * c
+        total += 4 * rows * b["ffn"] * c * hid
+    total += 2 * rows * n * c * 2 * d
+    if tr["si"] > 0:
+        total += 2 * tr["batch"] * n * d * c
+    return float(total)
+
+
+def text_flops(cfg, text_tokens: int, rows: int) -> float:
+    """Per-generation text-side FLOPs over `text_tokens` tokens summed over the rows."""
+    c, ct5 = cfg.embed_dim, cfg.text_channels
+    pool = 2 * text_tokens * ct5 * 2 * c + 2 * rows * c * c
+    proj = 2 * text_tokens * (ct5 * c + c * c)
+    per_block_kv = 2 * text_tokens * c * 2 * c * cfg.depth
+    return float(pool + proj + per_block_kv)
+
+
+def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tokens: dict[int, int]) -> list[dict]:
+    """The trace the runtime records for `plans`, derived from the plans alone (no model run).
+
+    Valid for plans whose shapes do not depend on signals (static `n_keep`); lets CI count the
+    FLOPs of a 2B/8B configuration without running it. `text_tokens` maps a row count to the text
+    tokens summed over those rows. `tests/test_runtime.py` checks it against real runtime traces.
+    """
+    rows_full = 2 * batch if cfg_rows else batch
+    rows = rows_full
+    kv = [0] * depth
+    out = []
+    for si, ((h, w), plan) in enumerate(zip(schedule, plans)):
+        n = h * w
+        if not plan.run:
+            out.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": batch, "tokens": n, "blocks": []})
+            continue
+        if plan.drop_uncond and cfg_rows:
+            rows = batch
+        blocks = []
+        for bi in range(depth):
+            bp = plan.blocks.get(bi)
+            mode = bp.mode if bp else "full"
+            c = {"mode": mode, "sa": 0, "kv": kv[bi], "qkv": 0, "ca": 0, "ffn": 0}
+            if mode != "skip":
+                k = {sub: (bp.n_keep if (mode == "prune" and sub in bp.sublayers) else n) for sub in ("sa", "ca", "ffn")}
+                c.update(k)
+                c["qkv"] = k["sa"] if (mode == "prune" and bp.prune_kv) else n
+                kv[bi] += c["qkv"]
+                c["kv"] = kv[bi]
+            blocks.append(c)
+        out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
+                    "text_tokens": text_tokens[rows], "blocks": blocks})
+    return out

@@ -1,0 +1,112 @@
+"""Strict loading of the released checkpoint files, unchanged.
+
+Layouts handled (facts from the released repositories):
+- Infinity-2B `infinity_2b_reg.pth`: a flat state dict (fp32 pickle).
+- Infinity-8B `infinity_8b_weights/`: sharded safetensors `model-0000K-of-0000N.safetensors` plus
+  `model.safetensors.index.json` (its `weight_map` names the shard of every key).
+- Training checkpoints `ar-ckpt-*.pth`: weights nested under ['trainer']['gpt_fsdp'].
+- VAE files: weights under 'vae' (see `bsq_vae.load_vae`).
+
+Every load is strict: a mismatch raises one `CheckpointMismatch` naming every missing and
+unexpected key (and shape mismatches). `torch.load` always runs with weights_only=True.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+import torch
+import torch.nn as nn
+
+PUBLISHED_AT = {
+    "infinity_2b_reg.pth": "https://huggingface.co/FoundationVision/Infinity (file infinity_2b_reg.pth)",
+    "infinity_8b_weights": "https://huggingface.co/FoundationVision/Infinity (folder infinity_8b_weights/)",
+    "infinity_vae_d32reg.pth": "https://huggingface.co/FoundationVision/Infinity (file infinity_vae_d32reg.pth)",
+    "infinity_vae_d56_f8_14_patchify.pth": "https://huggingface.co/FoundationVision/Infinity (file infinity_vae_d56_f8_14_patchify.pth)",
+    "flan-t5-xl": "https://huggingface.co/google/flan-t5-xl (download the folder; only the encoder is used)",
+}
+
+#: buffers the released training model registered that inference does not use (dropped on load,
+#: as the released `Infinity.load_state_dict` does)
+_IGNORED_KEYS = ("lvl_1L", "attn_bias_for_masking", "Infinity_visible_kvlen", "Infinity_invisible_qlen")
+
+
+class CheckpointMismatch(RuntimeError):
+    pass
+
+
+class WeightsNotFound(FileNotFoundError):
+    pass
+
+
+def require_file(path: str | os.PathLike, what: str, setting: str = "paths.weights_dir") -> Path:
+    """Return `path` if it exists; otherwise raise one error saying what, where, and where to get it."""
+    p = Path(path)
+    if p.exists():
+        return p
+    published = PUBLISHED_AT.get(p.name, "see README.md, 'Running with the released weights'")
+    raise WeightsNotFound(
+        f"{what} not found: {p.name}\n  searched: {p.resolve()}\n  published at: {published}\n"
+        f"  fix: put the file there, or point `{setting}` (env VARBENCH_WEIGHTS) at the folder holding it."
+    )
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a .pth file, a .safetensors file, or a sharded safetensors folder (with its index)."""
+    p = Path(path)
+    if p.is_dir():
+        index = p / "model.safetensors.index.json"
+        if not index.exists():
+            raise CheckpointMismatch(f"{p} is a folder but has no model.safetensors.index.json (expected the sharded 8B layout)")
+        from safetensors.torch import load_file
+
+        weight_map = json.loads(index.read_text())["weight_map"]
+        sd: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            sd.update(load_file(str(require_file(p / shard, "checkpoint shard"))))
+        missing_in_shards = sorted(set(weight_map) - set(sd))
+        if missing_in_shards:
+            raise CheckpointMismatch(f"index lists keys absent from the shards: {missing_in_shards[:20]}")
+        return sd
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(p))
+    obj = torch.load(p, map_location="cpu", weights_only=True)
+    return unwrap_state_dict(obj)
+
+
+def unwrap_state_dict(obj: Mapping) -> dict[str, torch.Tensor]:
+    """Find the model weights in a released or training checkpoint object."""
+    if "trainer" in obj and isinstance(obj["trainer"], Mapping) and "gpt_fsdp" in obj["trainer"]:
+        obj = obj["trainer"]["gpt_fsdp"]
+    for key in ("state_dict", "model"):
+        if key in obj and isinstance(obj[key], Mapping) and not isinstance(obj[key], torch.Tensor):
+            obj = obj[key]
+    return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+
+
+def load_strict(module: nn.Module, sd: Mapping[str, torch.Tensor], source: str) -> None:
+    """load_state_dict(strict=True) with one error listing every missing/unexpected/mis-shaped key."""
+    sd = {k.removeprefix("module."): v for k, v in sd.items() if k not in _IGNORED_KEYS}
+    own = module.state_dict()
+    missing = sorted(set(own) - set(sd))
+    unexpected = sorted(set(sd) - set(own))
+    shapes = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+                    for k in set(own) & set(sd) if tuple(own[k].shape) != tuple(sd[k].shape))
+    if missing or unexpected or shapes:
+        def block(title, items):
+            return f"  {title} ({len(items)}): " + (", ".join(items[:40]) + (" ..." if len(items) > 40 else "") if items else "none")
+        raise CheckpointMismatch(
+            f"checkpoint {source} does not match the model {type(module).__name__}:\n"
+            + "\n".join([block("missing", missing), block("unexpected", unexpected), block("shape mismatch", shapes)])
+            + "\n  fix: check that the model preset matches the file (e.g. infinity_2b with infinity_2b_reg.pth)."
+        )
+    module.load_state_dict(sd, strict=True)
+
+
+def load_infinity_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    p = require_file(path, "Infinity transformer weights")
+    load_strict(model, read_state_dict(p), str(p))

@@ -1,0 +1,481 @@
+"""The Infinity next-scale loop: the one mechanism every method runs on.
+
+    rt = InfinityRuntime(model, vae, text_encoder)
+    out = rt.generate(["a red circle"], seeds=[0], policy=Baseline(), cfg=4.0, tau=1.0)
+
+Per scale: ask the policy for a `ScalePlan`; run the blocks under it (full / skip / prune with a
+cached-residual or pass-through fill); compute logits, temper, guide, sample bits per image;
+accumulate codes with the VAE's trilinear interpolation; hand `ScaleSignals` to the policy.
+
+Design rules (for later CUDA-graph capture): nothing inside a scale step reads GPU values on the
+host; every shape inside a step follows from the schedule and the plan (`n_keep` is static).
+Host reads happen between steps (policy.observe) and after the loop (traces).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from contextlib import nullcontext
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .flops import scale_flops, text_flops
+from .models.infinity import CrossAttnBlock, Infinity
+from .models.schedules import apply_rope, rope_reference_grid, rope_table, scale_schedule
+from .models.text import TextBatch
+from .plan import SUBLAYERS, BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
+from .policies.base import Policy
+from .sampling import bit_entropy, guided_logits, sample_bits
+
+_FULL = BlockPlan()
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    images: Optional[torch.Tensor]          # (B, H, W, 3) uint8 RGB, None if decode=False
+    summed_codes: torch.Tensor              # (B, d_vae, 1, H_lat, W_lat) before decode
+    bits: list[Optional[torch.Tensor]]      # per scale (B, h, w, d) int64 on the transformer grid; None if skipped
+    schedule: list[tuple[int, int]]
+    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms
+    flops: dict                             # {"total", "text", "per_scale": [...]}
+    timings_ms: dict                        # {"text", "ar", "decode", "per_scale": [...]}
+    policy_stats: dict
+    token_entropy: list[Optional[torch.Tensor]]  # per scale (B, h*w) predictive entropy
+
+
+class _Timer:
+    """Wall-clock marks; CUDA events on GPU so nothing synchronises inside the loop."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def intervals_ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
+
+class _KVCache:
+    """Per-block K/V buffers preallocated for the whole schedule; blocks may hold different lengths
+    (pruned K/V, skipped blocks). Static capacity keeps shapes per step static."""
+
+    def __init__(self, depth: int):
+        self.k: list[Optional[torch.Tensor]] = [None] * depth
+        self.v: list[Optional[torch.Tensor]] = [None] * depth
+        self.len = [0] * depth
+        self.capacity = 0
+
+    def append(self, bi: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows, heads, n, c = k.shape
+        if self.k[bi] is None:
+            self.k[bi] = k.new_empty(rows, heads, self.capacity, c)
+            self.v[bi] = v.new_empty(rows, heads, self.capacity, c)
+        kb, vb = self.k[bi][:rows], self.v[bi][:rows]
+        end = self.len[bi] + n
+        kb[:, :, self.len[bi]:end] = k
+        vb[:, :, self.len[bi]:end] = v
+        self.len[bi] = end
+        return kb[:, :, :end], vb[:, :, :end]
+
+    def drop_uncond(self, batch: int) -> None:
+        self.k = [None if t is None else t[:batch] for t in self.k]
+        self.v = [None if t is None else t[:batch] for t in self.v]
+
+
+def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x (rows, L, C), idx (rows, K) -> (rows, K, C)."""
+    return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def attention_entropy(q: torch.Tensor, k: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Exact per-query entropy of softmax(q k^T) (scale 1: q carries the cosine scale), mean over heads.
+
+    H = logsumexp(s) - sum softmax(s) * s, evaluated in query chunks so the full L x L attention
+    matrix is never held; (rows, H, Lq, c) x (rows, H, Lk, c) -> (rows, Lq).
+    """
+    out = []
+    for s0 in range(0, q.shape[2], chunk):
+        s = q[:, :, s0:s0 + chunk].float() @ k.float().transpose(-1, -2)
+        lse = s.logsumexp(-1)
+        out.append(lse - (s - lse.unsqueeze(-1)).exp().mul(s).sum(-1))
+    return torch.cat(out, dim=2).mean(1)
+
+
+class InfinityRuntime:
+    """Holds the transformer, VAE and text encoder; runs generations under a policy."""
+
+    def __init__(self, model: Infinity, vae, text_encoder, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, ca_bf16: bool = True):
+        """`dtype=torch.bfloat16` casts the blocks to bf16 and runs them under autocast, as the
+        released inference does (embeddings, text projections and head stay fp32). `ca_bf16`
+        rounds cross-attention through bf16 like the released flash-attn call even in fp32 runs."""
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.vae = vae.to(self.device).eval() if vae is not None else None
+        self.text_encoder = text_encoder.to(self.device).eval() if text_encoder is not None else None
+        self.dtype = dtype
+        self.ca_bf16 = ca_bf16
+        if dtype != torch.float32:
+            for b in self.model.blocks:
+                b.to(dtype)
+        self.cfg = model.cfg
+
+    # ------------------------------------------------------------------ text
+    @torch.no_grad()
+    def encode_text(self, prompts: Sequence[str]) -> TextBatch:
+        return self.text_encoder(list(prompts)).to(self.device)
+
+    def _condition(self, text: TextBatch, negative: Optional[TextBatch], cfg_rows: bool):
+        """Normalised text for cross-attention, the pooled SOS/condition, and the shared AdaLN."""
+        m = self.model
+        feats, mask = text.features, text.mask
+        if cfg_rows:
+            if negative is not None:
+                un_f, un_m = negative.features, negative.mask
+                if un_f.shape[0] == 1 and feats.shape[0] > 1:
+                    un_f, un_m = un_f.expand(feats.shape[0], -1, -1), un_m.expand(feats.shape[0], -1)
+            else:
+                # the learned placeholder replaces the prompt's tokens, same length as the prompt
+                un_f = m.cfg_uncond[: feats.shape[1]].to(feats.dtype).unsqueeze(0).expand(feats.shape[0], -1, -1) * mask.unsqueeze(-1)
+                un_m = mask
+            lmax = max(feats.shape[1], un_f.shape[1])
+            feats = torch.cat([F.pad(feats, (0, 0, 0, lmax - feats.shape[1])), F.pad(un_f, (0, 0, 0, lmax - un_f.shape[1]))])
+            mask = torch.cat([F.pad(mask, (0, lmax - mask.shape[1])), F.pad(un_m, (0, lmax - un_m.shape[1]))])
+        feats = m.text_norm(feats)
+        cond = m.text_proj_for_sos(feats, mask, self.ca_bf16)
+        ca_text = m.text_proj_for_ca(feats)
+        shared_gss = m.shared_ada_lin(cond.float()).float()
+        return ca_text, mask, cond, shared_gss
+
+    # ------------------------------------------------------------------ generate
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        policy: Optional[Policy] = None,
+        *,
+        h_div_w: float = 1.0,
+        pn: str = "1M",
+        cfg: float | Sequence[float] = 4.0,
+        tau: float | Sequence[float] = 1.0,
+        top_k: int = 900,
+        top_p: float = 0.97,
+        negative_prompt: Optional[str] = None,
+        decode: bool = True,
+        text: Optional[TextBatch] = None,
+        schedule: Optional[Sequence[tuple[int, int]]] = None,
+    ) -> GenerationOutput:
+        """Generate one image per prompt; image i draws from a generator seeded with seeds[i].
+
+        cfg / tau: a number, or one value per scale. top_k / top_p act per bit (top_k >= 2 is a no-op).
+        """
+        from .policies.baseline import Baseline
+
+        policy = policy or Baseline()
+        batch = len(prompts)
+        if len(seeds) != batch:
+            raise ValueError(f"got {batch} prompts but {len(seeds)} seeds; pass one seed per prompt")
+        sched = [tuple(s) for s in (schedule or scale_schedule(h_div_w, pn))]
+        n_scales = len(sched)
+        if n_scales > self.cfg.num_levels:
+            raise ValueError(f"schedule has {n_scales} scales but the model has {self.cfg.num_levels} level embeddings")
+        cfgs = _per_scale(cfg, n_scales, "cfg")
+        taus = _per_scale(tau, n_scales, "tau")
+        cfg_rows = any(c != 1 for c in cfgs)
+        dev = self.device
+        timer = _Timer(dev)
+
+        timer.mark()
+        if text is None:
+            text = self.encode_text(prompts)
+        negative = self.encode_text([negative_prompt]) if (negative_prompt and cfg_rows) else None
+        timer.mark()
+
+        ctx = GenerationContext(schedule=tuple(sched), depth=self.cfg.depth, embed_dim=self.cfg.embed_dim,
+                                num_heads=self.cfg.num_heads, batch=batch, cfg_rows=cfg_rows,
+                                cfg=tuple(cfgs), tau=tuple(taus), device=str(dev))
+        policy.reset(ctx)
+        state = _GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+        autocast = torch.autocast(dev.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
+        scale_marks = _Timer(dev)
+        with autocast:
+            for si in range(n_scales):
+                scale_marks.mark()
+                plan = policy.plan(si)
+                signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
+                                     taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+                if signals is not None:
+                    policy.observe(si, signals)
+            scale_marks.mark()
+        timer.mark()
+        images = None
+        if decode:
+            images = self.decode(state.summed_codes)
+        timer.mark()
+
+        text_ms, ar_ms, decode_ms = timer.intervals_ms()
+        per_scale_ms = scale_marks.intervals_ms()
+        for tr, ms in zip(state.trace, per_scale_ms):
+            tr["ms"] = ms
+        per_scale_flops = [scale_flops(self.cfg, tr) for tr in state.trace]
+        tflops = text_flops(self.cfg, state.text_tokens[state.rows0], state.rows0)
+        return GenerationOutput(
+            images=images, summed_codes=state.summed_codes, bits=state.bits, schedule=sched, trace=state.trace,
+            flops={"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops},
+            timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
+            policy_stats=policy.stats(), token_entropy=state.entropies,
+        )
+
+    @torch.no_grad()
+    def decode(self, summed_codes: torch.Tensor) -> torch.Tensor:
+        """Codes -> uint8 RGB (B, H, W, 3): (x + 1) / 2 * 255, truncated as released (clamped first).
+
+        Images decode one at a time so an image's pixels do not depend on its batch neighbours
+        (batched convolutions may pick other kernels)."""
+        img = torch.cat([self.vae.decode(c.squeeze(-3).float()) for c in summed_codes.split(1)])
+        img = ((img + 1) / 2).clamp_(0, 1)
+        return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
+
+
+def _per_scale(v, n: int, name: str) -> list[float]:
+    if isinstance(v, (int, float)):
+        return [float(v)] * n
+    v = [float(x) for x in v]
+    if len(v) < n:
+        raise ValueError(f"{name} has {len(v)} values but the schedule has {n} scales; give one per scale or a single number")
+    return v[:n]
+
+
+class _GenState:
+    """Mutable state of one generation: residual stream input, KV cache, codes, residual caches."""
+
+    def __init__(self, rt: InfinityRuntime, ctx: GenerationContext, text: TextBatch, negative: Optional[TextBatch],
+                 sched: list[tuple[int, int]], h_div_w: float, seeds: Sequence[int]):
+        self.rt, self.m, self.ctx, self.sched = rt, rt.model, ctx, sched
+        self.batch = ctx.batch
+        self.rows = self.rows0 = ctx.rows
+        self.ca_text, self.ca_mask, self.cond, self.shared_gss = rt._condition(text, negative, ctx.cfg_rows)
+        # text tokens summed over rows, for FLOPs; host reads once, before the loop
+        self.text_tokens = {self.rows0: int(self.ca_mask.sum()), self.batch: int(self.ca_mask[: self.batch].sum())}
+        self.blocks: list[CrossAttnBlock] = self.m.blocks
+        # text K/V per block are constant over the generation: project once
+        self.text_kv = [b.ca.text_kv(self.ca_text.to(next(b.parameters()).dtype), self.ca_mask) for b in self.blocks]
+        self.kv = _KVCache(len(self.blocks))
+        self.kv.capacity = sum(h * w for h, w in sched)
+        self.rope_ref = rope_reference_grid(h_div_w)
+        self.patch = 2 if rt.cfg.patchify else 1
+        hl, wl = sched[-1]
+        self.latent_size = (1, hl * self.patch, wl * self.patch)
+        d_vae = rt.cfg.vae_codebook_dim
+        self.summed_codes = torch.zeros(self.batch, d_vae, *self.latent_size, device=rt.device)
+        self.generators = []
+        for s in seeds:
+            g = torch.Generator(device=rt.device)
+            g.manual_seed(int(s))
+            self.generators.append(g)
+        self.residuals: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
+        self.bits: list[Optional[torch.Tensor]] = []
+        self.entropies: list[Optional[torch.Tensor]] = []
+        self.trace: list[dict] = []
+        self.dropped_uncond = False
+
+    # -------------------------------------------------------------- input of scale si
+    def _scale_input(self, si: int) -> torch.Tensor:
+        m = self.m
+        if si == 0:
+            x = self.cond.unsqueeze(1) + m.pos_start.expand(self.rows0, 1, -1)
+            return x[: self.rows]
+        h, w = self.sched[si]
+        nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
+        if self.patch > 1:
+            nxt = F.pixel_unshuffle(nxt, 2)
+        nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
+        x = m.word_embed(nxt)
+        return x.repeat(self.rows // self.batch, 1, 1)
+
+    # -------------------------------------------------------------- one scale
+    def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> Optional[ScaleSignals]:
+        h, w = self.sched[si]
+        n = h * w
+        if not plan.run:
+            self.bits.append(None)
+            self.entropies.append(None)
+            self.trace.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": self.batch, "tokens": n, "blocks": []})
+            return None
+        if plan.drop_uncond and self.ctx.cfg_rows and not self.dropped_uncond:
+            self.dropped_uncond = True
+            self.rows = self.batch
+            self.kv.drop_uncond(self.batch)
+        elif self.dropped_uncond and not plan.drop_uncond:
+            raise ValueError(f"scale {si}: the unconditional branch was dropped at an earlier scale and cannot return")
+        for bi, bp in plan.blocks.items():
+            if not 0 <= bi < len(self.blocks):
+                raise ValueError(f"plan for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
+            bp.validate(n)
+        rows = self.rows
+        x = self._scale_input(si)
+        x = x + self.m.lvl_embed.weight[si]
+        rope = rope_table(self.rt.cfg.head_dim, (h, w), self.rope_ref).to(x.device)
+        gss = self.shared_gss[:rows]
+        block_counts, attn_ent, attn_idx = [], {}, {}
+        residual_store = {} if plan.keep_residuals else None
+        for bi, block in enumerate(self.blocks):
+            bp = plan.blocks.get(bi, _FULL)
+            counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0}
+            if bp.mode != "skip":
+                x = self._block(si, bi, block, x, bp, gss, rope, counts, residual_store,
+                                bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx)
+            block_counts.append(counts)
+        if residual_store is not None:
+            self.residuals[si] = residual_store
+
+        # logits -> guided -> bits
+        cond_rows_logits = self.m.logits(x, self.cond[:rows])
+        cfg_active = self.rows == 2 * self.batch
+        guided = guided_logits(cond_rows_logits, self.batch, cfg, tau, cfg_active)
+        bits = sample_bits(guided, self.generators, top_k, top_p)            # (B, n, d)
+        entropy = bit_entropy(guided)
+        self.entropies.append(entropy)
+        bits_grid = bits.view(self.batch, h, w, -1)
+        self.bits.append(bits_grid)
+        self._accumulate(si, bits_grid)
+
+        self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": self.batch, "tokens": n,
+                           "text_tokens": self.text_tokens[rows], "blocks": block_counts})
+        d = guided.shape[-1] // 2
+        return ScaleSignals(
+            scale=si, h=h, w=w, token_entropy=entropy, logits=guided.view(self.batch, n, d, 2),
+            cond_logits=(cond_rows_logits[: self.batch].mul(1 / tau).view(self.batch, n, d, 2) if cfg_active else None),
+            attention_entropy=attn_ent, attention_query_index=attn_idx,
+            executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(block_counts)},
+            tau=tau, cfg=cfg,
+        )
+
+    def _accumulate(self, si: int, bits_grid: torch.Tensor) -> None:
+        """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released."""
+        b = bits_grid
+        if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d)
+            b = F.pixel_shuffle(b.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
+        d = b.shape[-1]
+        s = 1 / math.sqrt(d)
+        codes = F.normalize(b.unsqueeze(1) * s * 2 - s, dim=-1)                 # (B, 1, H, W, d)
+        codes = codes.permute(0, 4, 1, 2, 3)                                     # (B, d, 1, H, W)
+        if si != len(self.sched) - 1:
+            self.summed_codes += F.interpolate(codes, size=self.latent_size, mode="trilinear")
+        else:
+            self.summed_codes += codes
+
+    # -------------------------------------------------------------- one block under a plan
+    def _block(self, si, bi, block: CrossAttnBlock, x, bp: BlockPlan, gss, rope, counts, residual_store,
+               want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict):
+        g1, g2, s1, s2, sh1, sh2 = block.modulation(gss)
+        h, w = self.sched[si]
+        rows, n, _ = x.shape
+        pruned = bp.mode == "prune"
+        sel_ctx = lambda sub: SelectorContext(scale=si, block=bi, sublayer=sub, h=h, w=w, batch=self.batch,
+                                              cfg_rows=rows == 2 * self.batch)
+
+        def indices(sub):
+            if not pruned or sub not in bp.sublayers:
+                return None
+            idx = bp.keep if bp.keep is not None else bp.selector(x, sel_ctx(sub))
+            return idx.to(x.device)[:rows] if idx.shape[0] >= rows else idx.to(x.device).repeat(rows // idx.shape[0], 1)
+
+        # --- self-attention
+        idx = indices("sa")
+        xin = block.modulated_norm(x, s1, sh1)
+        dtype = block.sa.mat_qkv.weight.dtype
+        if idx is None:
+            q, k, v = block.sa.qkv(xin.to(dtype) if dtype != torch.float32 else xin)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+            qpos = None
+            counts["qkv"] = n
+        else:
+            table = rope[:, idx]                                                 # (2, rows, K, half)
+            table = table.unsqueeze(2)                                           # (2, rows, 1, K, half)
+            if bp.prune_kv:
+                q, k, v = block.sa.qkv(_gather_rows(xin, idx))
+                q, k = apply_rope(q, table), apply_rope(k, table)
+                counts["qkv"] = idx.shape[1]
+            else:
+                q_all, k, v = block.sa.qkv(xin)
+                k = apply_rope(k, rope)
+                q = apply_rope(q_all.gather(2, idx[:, None, :, None].expand(-1, q_all.shape[1], -1, q_all.shape[3])), table)
+                counts["qkv"] = n
+            qpos = idx
+        kk, vv = self.kv.append(bi, k, v)
+        counts["kv"] = kk.shape[2]
+        attn = F.scaled_dot_product_attention(q, kk.to(q.dtype) if q.dtype != kk.dtype else kk, vv.to(q.dtype), scale=1.0)
+        if want_entropy:
+            sub_q, sub_pos = q, qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
+            if entropy_queries is not None and entropy_queries < sub_q.shape[2]:
+                pick = torch.linspace(0, sub_q.shape[2] - 1, entropy_queries, device=x.device).round().long()
+                sub_q, sub_pos = sub_q[:, :, pick], sub_pos[:, pick]
+            attn_ent[bi] = attention_entropy(sub_q, kk)
+            attn_idx[bi] = sub_pos
+        branch = block.sa.out(attn).float().mul(g1)
+        counts["sa"] = q.shape[2]
+        x = self._apply_branch(si, bi, "sa", x, branch, idx, bp, residual_store)
+
+        # --- cross-attention
+        idx = indices("ca")
+        xq = x if idx is None else _gather_rows(x, idx)
+        tk, tv = self.text_kv[bi]
+        branch = block.ca.attend(block.ca_norm(xq), tk[:rows], tv[:rows], self.ca_mask[:rows], self.rt.ca_bf16).float()
+        counts["ca"] = xq.shape[1]
+        x = self._apply_branch(si, bi, "ca", x, branch, idx, bp, residual_store)
+
+        # --- FFN
+        idx = indices("ffn")
+        xq = x if idx is None else _gather_rows(x, idx)
+        branch = block.ffn(block.modulated_norm(xq, s2, sh2)).float().mul(g2)
+        counts["ffn"] = xq.shape[1]
+        return self._apply_branch(si, bi, "ffn", x, branch, idx, bp, residual_store)
+
+    def _apply_branch(self, si, bi, sub, x, branch, idx, bp: BlockPlan, residual_store):
+        """x + branch for full sublayers; for pruned ones, fill the pruned positions first."""
+        if idx is None:
+            if residual_store is not None:
+                residual_store[(bi, sub)] = branch
+            return x + branch
+        rows, n, c = x.shape
+        if bp.fill == "pass":
+            return x.scatter_add(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
+        base = self._cached_branch(si, bi, sub, rows, bp.cache_from)
+        full = base.scatter(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
+        if residual_store is not None:
+            residual_store[(bi, sub)] = full
+        return x + full
+
+    def _cached_branch(self, si, bi, sub, rows, cache_from) -> torch.Tensor:
+        """The branch output cached at `cache_from` (default: the nearest earlier scale that kept
+        residuals), area-resized to this scale's grid."""
+        src = cache_from
+        if src is None:
+            src = next((c for c in sorted(self.residuals, reverse=True) if c < si and (bi, sub) in self.residuals[c]), None)
+        return self._resize_cached(si, bi, sub, rows, src)
+
+    def _resize_cached(self, si, bi, sub, rows, src) -> torch.Tensor:
+        if src is None or (bi, sub) not in self.residuals.get(src, {}):
+            raise ValueError(f"scale {si} block {bi}: fill='cache' needs an earlier scale run with keep_residuals=True "
+                             f"(none found for sublayer {sub}); set keep_residuals on the cache scale or use fill='pass'")
+        cached = self.residuals[src][(bi, sub)][:rows]
+        hs, ws = self.sched[src]
+        h, w = self.sched[si]
+        c = cached.shape[-1]
+        grid = cached.transpose(1, 2).reshape(rows, c, hs, ws)
+        return F.interpolate(grid, size=(h, w), mode="area").reshape(rows, c, h * w).transpose(1, 2)
