@@ -335,19 +335,18 @@ class NOVA(Policy):
                     p = pos.get(b) if isinstance(pos, dict) else pos
                     p = None if p is None else cond_rows(p, self.ctx)
                     self.layer_maps[b] = (si, complete_map(e, p, self.ctx.tokens(si), prev))
-        if self.t_star is not None:
-            return
-        # per-image activation, then one batch decision
+        # per-image activation (tracked for the stats even after the batch decision), then one
+        # batch decision
         curves = [{s: float(self.H[s][i]) for s in self.H} for i in range(self.ctx.batch)]
         mean_curve = {s: float(self.H[s].mean()) for s in self.H}
         if self.baseline_b is None:
             self.baseline_b = self._baseline(mean_curve)
-        forced = self.t_force_si is not None and si >= self.t_force_si
+        forced = self.t_force_si is not None and si >= self.t_force_si and self.t_star is None
         if self.batch_activation == "mean_curve":
             t = self._detect(mean_curve, si)
             if t is None and forced:
                 t = si
-            if t is not None:
+            if t is not None and self.t_star is None:
                 self.t_star_img = [t] * self.ctx.batch
                 self.t_star, self.decided_after = t, si
             return
@@ -357,7 +356,7 @@ class NOVA(Policy):
                 self.t_star_img[i] = si if (t is None and forced) else t
         done = sorted(t for t in self.t_star_img if t is not None)
         need = {"earliest": 1, "median": (self.ctx.batch - 1) // 2 + 1, "latest": self.ctx.batch}[self.batch_activation]
-        if len(done) >= need:
+        if len(done) >= need and self.t_star is None:
             self.t_star, self.decided_after = done[need - 1], si
 
     def stats(self) -> dict[str, Any]:
