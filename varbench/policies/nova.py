@@ -176,7 +176,8 @@ class NOVA(Policy):
         self.t_star_img: list[Optional[int]] = [None] * ctx.batch
         self.t_star: Optional[int] = None
         self.decided_after: Optional[int] = None
-        self.resid_scales: set[int] = set()
+        self.resid_scales: set[int] = set()   # scales whose residuals exist (they ran with keep_residuals)
+        self._pending_resid: Optional[int] = None
         self.record: dict[int, dict[str, Any]] = {}
         self.baseline_b: Optional[float] = None
 
@@ -277,8 +278,7 @@ class NOVA(Policy):
             self.layer_entropy == "attn_subsample" or self.token_score == "per_layer_attn")
         att_for = frozenset(range(self.ctx.depth)) if want_E else frozenset()
         att_q = None if self.token_score == "per_layer_attn" else self.q_sub
-        if keep_res:
-            self.resid_scales.add(si)
+        self._pending_resid = si if keep_res else None  # counted once the scale has actually run
 
         blocks: dict[int, BlockPlan] = {}
         if self._will_prune(si):
@@ -288,9 +288,14 @@ class NOVA(Policy):
             L = self.ctx.tokens(si)
             h, w = self.ctx.schedule[si]
             if self.fill == "cache":
-                cache_from = {"prev_scale": src, "activation_scale": self.t_star, "fixed": self.cache_fixed}[self.cache_source]
-                if cache_from not in self.resid_scales:
-                    raise RuntimeError(f"nova: scale {cache_from} did not keep residuals; cannot fill scale {si} from it.")
+                want = {"prev_scale": src, "activation_scale": self.t_star, "fixed": self.cache_fixed}[self.cache_source]
+                # under composition a scale this policy planned may not have run: fall back to the
+                # nearest earlier scale whose residuals exist, or leave this scale unpruned
+                cache_from = want if want in self.resid_scales else max((s for s in self.resid_scales if s <= want), default=None)
+                if cache_from is None:
+                    self.record[si] = {"unpruned": f"no residual cache at or before scale {want}"}
+                    return ScalePlan(keep_residuals=keep_res, attention_entropy_for=att_for,
+                                     attention_entropy_queries=att_q if want_E else None)
             else:
                 cache_from = None
             score = upsample_map(self.maps[src], self.ctx.schedule[src], (h, w), self.upsample)
@@ -318,6 +323,8 @@ class NOVA(Policy):
     def observe(self, si: int, signals: ScaleSignals) -> None:
         if not self.enabled:
             return
+        if getattr(self, "_pending_resid", None) == si:
+            self.resid_scales.add(si)
         ent = self._entropy(signals).detach().to("cpu")
         self.maps = {s: m for s, m in self.maps.items() if s >= si - 1}  # keep memory bounded
         self.maps[si] = ent
