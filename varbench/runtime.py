@@ -177,11 +177,14 @@ class InfinityRuntime:
         negative_prompt: Optional[str] = None,
         decode: bool = True,
         text: Optional[TextBatch] = None,
+        negative_text: Optional[TextBatch] = None,
         schedule: Optional[Sequence[tuple[int, int]]] = None,
     ) -> GenerationOutput:
         """Generate one image per prompt; image i draws from a generator seeded with seeds[i].
 
         cfg / tau: a number, or one value per scale. top_k / top_p act per bit (top_k >= 2 is a no-op).
+        text / negative_text: pre-encoded text features (skip the text encoder); a negative prompt
+        replaces the learned unconditional placeholder in the CFG branch.
         """
         from .policies.baseline import Baseline
 
@@ -202,7 +205,9 @@ class InfinityRuntime:
         timer.mark()
         if text is None:
             text = self.encode_text(prompts)
-        negative = self.encode_text([negative_prompt]) if (negative_prompt and cfg_rows) else None
+        negative = negative_text if negative_text is not None else (
+            self.encode_text([negative_prompt]) if negative_prompt else None)
+        negative = negative if cfg_rows else None
         timer.mark()
 
         ctx = GenerationContext(schedule=tuple(sched), depth=self.cfg.depth, embed_dim=self.cfg.embed_dim,
@@ -246,7 +251,10 @@ class InfinityRuntime:
 
         Images decode one at a time so an image's pixels do not depend on its batch neighbours
         (batched convolutions may pick other kernels)."""
-        img = torch.cat([self.vae.decode(c.squeeze(-3).float()) for c in summed_codes.split(1)])
+        # channels-last, the layout the released loop leaves its summed codes in: the decoder's
+        # convolutions round differently per layout (about 1e-5, enough to flip uint8 pixels)
+        img = torch.cat([self.vae.decode(c.squeeze(-3).float().contiguous(memory_format=torch.channels_last))
+                         for c in summed_codes.split(1)])
         img = ((img + 1) / 2).clamp_(0, 1)
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
 
