@@ -157,7 +157,7 @@ def test_nova_activation_ratio_and_token_choice():
     """Baseline growth b = mean(g_1..g_4) = 0.1; delta_6 = (g_5 + g_6)/2 = (0.1 + 0.05)/2 = 0.075 < b,
     and 6 is the first scale with >= 256 tokens (16²), so t* = 6 and pruning starts at 7."""
     ctx = ctx_for()
-    pol = build_policy("nova", layer_entropy="none")
+    pol = build_policy("nova", layer_entropy="none", c0=0.0)
     plans = run_plans(pol, ctx, entropy_fn=lambda si, L: nova_curve(si, L))
     st = pol.stats()
     assert st["activation_scale"] == 6 and st["activation_decided_after"] == 6
@@ -267,7 +267,7 @@ def test_toprovar_svd_split_and_token_gate():
             m = torch.arange(L, dtype=torch.float32).reshape(1, L) / L
         return m.expand(2, L).clone()
 
-    pol = build_policy("toprovar")
+    pol = build_policy("toprovar", alpha_min=0.2, alpha_max=0.9)
     plans = run_plans(pol, ctx, attn_fn=attn)
     st = pol.stats()
     assert st["layer_varrho"][0] > 10 and st["layer_varrho"][1] < 2.0
@@ -346,3 +346,28 @@ def test_complete_map_fills_unmeasured_queries():
     out = complete_map(torch.tensor([[9.0]]), torch.tensor([[2]]), 4, prev)
     assert out.tolist() == [[1.0, 2.0, 9.0, 4.0]]
     assert complete_map(torch.tensor([[5.0, 7.0]]), torch.tensor([[0, 3]]), 4, None).tolist() == [[5.0, 6.0, 6.0, 7.0]]
+
+
+# ------------------------------------------------------------------------------ configs and FLOPs
+def test_every_method_config_builds_its_policy():
+    from pathlib import Path
+
+    from experiments.flops_table import load_method
+
+    confs = sorted((Path(__file__).resolve().parents[1] / "conf" / "method").glob("*.yaml"))
+    assert len(confs) >= 20
+    for c in confs:
+        name, label, knobs = load_method(c.stem)
+        pol = build_policy(name, **knobs)
+        pol.reset(ctx_for())
+        assert label and pol.describe()["name"] == name
+
+
+def test_flops_table_orders_the_static_methods():
+    """FastVAR = skipping the last two scales + pruning 32²/40², so it must cost less than skipping
+    alone, and pruning alone must cost less than the baseline but more than skipping."""
+    from experiments.flops_table import load_method, method_flops
+
+    f = {m: method_flops(*load_method(m)[::2], "infinity_2b", 1.0, "1M", 1, 32, 6, 9)[0]
+         for m in ("baseline", "fastvar", "skip_last_2", "fastvar_no_skip")}
+    assert f["fastvar"] < f["skip_last_2"] < f["fastvar_no_skip"] < f["baseline"]

@@ -1,0 +1,118 @@
+"""Analytic FLOPs of every method config relative to the baseline, from plans alone (no weights).
+
+    python -m experiments.flops_table                    # Infinity-2B, 1024², batch 1, CFG on
+    python -m experiments.flops_table --model infinity_8b --methods fastvar nova
+
+Static methods (baseline, fastvar, skip baselines) have exact counts. Adaptive methods (NOVA,
+ToProVAR) depend on what the model's entropies do, so this script drives them with a stated
+synthetic scenario (below) and the numbers are "FLOPs under that scenario", not predictions:
+
+  NOVA      mean predictive entropy grows by 0.1 per scale until the activation scale, by 0.05 at
+            it, then 0.01 per scale (so the moving-average rule fires there; default: 16², the
+            earliest it may); per-layer attention entropies equal (no layer-linkage effect).
+  ToProVAR  the low-entropy fraction rho crosses tau = 0.4 at D (default: 32², where the paper's
+            scale-only speed-up implies it lands); at the SVD scale, the first 3 and last 4 blocks
+            look Global (a dominant component), the rest Detail (the paper's HART observation);
+            token entropy maps are ramps, i.e. uniformly spread normalised entropies.
+
+FLOPs count what flops.py counts (linear layers, attention products, head, word embedding, text
+projections); attention-entropy measurement and the VAE are not included.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from varbench.flops import plan_trace, scale_flops, text_flops
+from varbench.models.infinity import PRESETS
+from varbench.models.schedules import scale_schedule
+from varbench.plan import GenerationContext, ScaleSignals
+from varbench.policies import build_policy
+
+CONF = Path(__file__).resolve().parents[1] / "conf" / "method"
+DEFAULT_METHODS = ["baseline", "fastvar", "fastvar_2b_paper", "fastvar_no_skip", "skip_last_2", "skip_last_1",
+                   "skipvar_skip2", "skipvar_uncond3", "skipvar_hybrid", "nova", "nova_fast", "nova_safe",
+                   "nova_on_fastvar", "toprovar", "toprovar_fixed_exit", "toprovar_scale_only", "toprovar_scale_token",
+                   "toprovar_scale_layer"]
+
+
+def load_method(name: str) -> tuple[str, str, dict]:
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        c = compose(config_name=name)
+    return c.name, c.label, OmegaConf.to_container(c.knobs, resolve=True)
+
+
+def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int, topro_D: int, svd_scale: int):
+    h, w = ctx.schedule[si]
+    L = h * w
+    growth = lambda s: 0.1 if s < nova_act else (0.05 if s == nova_act else 0.01)  # noqa: E731
+    H = sum(growth(s) for s in range(1, si + 1))
+    ramp = torch.linspace(-0.01, 0.01, L)
+    ent = (H + ramp).expand(ctx.batch, L).clone()
+    attn = {}
+    for b in attn_blocks:
+        if si == svd_scale and (b < 3 or b >= ctx.depth - 4):
+            m = torch.outer(torch.linspace(-1, 1, h), torch.linspace(-1, 1, w)).reshape(L)  # one dominant component
+        else:
+            m = torch.linspace(0, 1, L)
+            m = m[torch.randperm(L, generator=torch.Generator().manual_seed(si * 1000 + b))]
+            # rho = fraction below the mean: 0.3 before D, 0.5 from D on
+            if si < topro_D and si != svd_scale:
+                m = torch.where(torch.arange(L) < int(0.3 * L), torch.zeros(L), torch.ones(L))
+        attn[b] = m.expand(ctx.rows, L).clone()
+    return ScaleSignals(scale=si, h=h, w=w, token_entropy=ent, logits=torch.zeros(ctx.batch, L, 1, 2), cond_logits=None,
+                        attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=4.0)
+
+
+def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
+                 nova_act: int, topro_D: int) -> tuple[float, dict]:
+    cfg = PRESETS[model]
+    sched = tuple(scale_schedule(h_div_w, pn))
+    ctx = GenerationContext(schedule=sched, depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+                            batch=batch, cfg_rows=True, cfg=(4.0,) * len(sched), tau=(1.0,) * len(sched))
+    pol = build_policy(name, **knobs)
+    pol.reset(ctx)
+    svd_scale = getattr(pol, "svd_si", 5) if name == "toprovar" else 5
+    plans = []
+    for si in range(len(sched)):
+        p = pol.plan(si)
+        plans.append(p)
+        if p.run:
+            pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale))
+    tt = {2 * batch: 2 * batch * text_len, batch: batch * text_len}
+    trace = plan_trace(sched, plans, cfg.depth, batch, True, tt)
+    total = text_flops(cfg, tt[2 * batch], 2 * batch) + sum(scale_flops(cfg, tr) for tr in trace)
+    return total, pol.stats()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="infinity_2b", choices=["infinity_2b", "infinity_8b"])
+    ap.add_argument("--pn", default="1M")
+    ap.add_argument("--h-div-w", type=float, default=1.0)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--text-len", type=int, default=32, help="T5 tokens per prompt (cross-attention keys)")
+    ap.add_argument("--nova-activation", type=int, default=6, help="scenario: NOVA's activation scale index")
+    ap.add_argument("--toprovar-depth", type=int, default=9, help="scenario: the scale where rho crosses tau")
+    ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
+    a = ap.parse_args(argv)
+    rows = []
+    base = None
+    for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
+        name, label, knobs = load_method(m)
+        f, st = method_flops(name, knobs, a.model, a.h_div_w, a.pn, a.batch, a.text_len, a.nova_activation, a.toprovar_depth)
+        base = f if m == "baseline" else base
+        rows.append((m, label, f))
+    print(f"# analytic FLOPs, {a.model}, pn={a.pn}, h/w={a.h_div_w}, batch {a.batch}, CFG on; "
+          f"scenario: NOVA activation {a.nova_activation}, ToProVAR D {a.toprovar_depth}")
+    print(f"{'config':24s} {'label':36s} {'TFLOPs':>8s} {'ratio':>7s} {'x fewer':>8s}")
+    for m, label, f in rows:
+        print(f"{m:24s} {label:36s} {f / 1e12:8.2f} {f / base:7.3f} {base / f:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
