@@ -1,0 +1,68 @@
+"""The job runner end to end on the tiny model: record, skip on relaunch, image reuse, resume."""
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from varbench.job import run_job
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def _cfg(tmp_path, *extra):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            "+experiment=smoke", "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
+            "runtime.progress=false", "timing.repeats=2", "timing.warmup=0",
+            f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results", *extra])
+
+
+def test_record_then_skip_then_reuse_then_resume(tmp_path, capsys):
+    cfg = _cfg(tmp_path)
+    entry = run_job(cfg)
+    rec = json.loads((entry / "record.json").read_text())
+    assert (entry / "DONE").exists()
+    assert rec["metrics"]["fidelity/ssim"] == pytest.approx(1.0)          # baseline vs itself
+    assert rec["benchmark"]["n_prompts"] == 3 and len(rec["benchmark"]["sha256"]) == 64
+    assert rec["timing"]["repeats"] == 2 and rec["timing"]["by_batch"]["1"]["ar_ms"]["median"] > 0
+    assert len(rec["flops"]["per_scale"]) == 10 and rec["flops"]["total"] > rec["flops"]["ar"] > 0
+    assert rec["provenance"]["git"] is not None
+    traces = [json.loads(line) for line in (entry / "traces.jsonl").read_text().splitlines()]
+    assert len(traces) == 3 and len(traces[0]["scales"]) == 10
+    out = capsys.readouterr().out
+    assert "images: 3 generated" in out
+
+    before = (entry / "record.json").stat().st_mtime_ns
+    assert run_job(cfg) == entry                                           # finished: skipped
+    assert (entry / "record.json").stat().st_mtime_ns == before
+    assert "skip (finished)" in capsys.readouterr().out
+
+    # another experiment with the same generation settings reuses the stored images
+    other = run_job(_cfg(tmp_path, "experiment_name=other"))
+    assert other != entry and "images: 0 generated" in capsys.readouterr().out
+
+    # a crash before DONE: the entry resumes, generating only what is missing
+    (other / "DONE").unlink()
+    (other / "record.json").unlink()
+    rec_images = Path(tmp_path / "store" / "images" / rec["generation_id"])
+    (rec_images / "00001" / "samples" / "0000.png").unlink()
+    run_job(_cfg(tmp_path, "experiment_name=other"))
+    assert "images: 1 generated" in capsys.readouterr().out
+    assert (other / "DONE").exists()
+
+
+def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
+    from varbench.callbacks import aggregate_experiment
+
+    run_job(_cfg(tmp_path, "experiment_name=pair"))
+    run_job(_cfg(tmp_path, "experiment_name=pair", "method=skip_last_2"))
+    out = aggregate_experiment(_cfg(tmp_path, "experiment_name=pair"))
+    table = (out / "table.md").read_text()
+    assert "Baseline" in table and "speed-up" in table
+    import pandas as pd
+
+    tidy = pd.read_csv(out / "tidy.csv")
+    row = tidy[tidy["method"] == "skip_last"].iloc[0]
+    assert row["flops_x"] > 1.0                    # skipping the last scales saves FLOPs
+    assert row["fidelity/ssim"] < 1.0              # and changes the image
