@@ -150,6 +150,21 @@ def test_bad_plans_get_one_clear_error(tiny_rt):
         gen(tiny_rt, ScriptedPolicy(lambda si, ctx: ScalePlan(blocks={99: BlockPlan()})))
 
 
+def test_released_residuals_cannot_be_filled_from(tiny_rt):
+    idx = lambda ctx, si: torch.arange(4).expand(ctx.rows, 4)
+
+    def plan(si, ctx, release):
+        if si in (3, 4):
+            return ScalePlan(keep_residuals=True, release_residuals=frozenset({3}) if (si == 4 and release) else frozenset())
+        if si == 5:
+            return ScalePlan(blocks={0: BlockPlan(mode="prune", keep=idx(ctx, si), n_keep=4, cache_from=3)})
+        return ScalePlan()
+
+    gen(tiny_rt, ScriptedPolicy(lambda si, ctx: plan(si, ctx, False)))
+    with pytest.raises(ValueError, match="keep_residuals"):
+        gen(tiny_rt, ScriptedPolicy(lambda si, ctx: plan(si, ctx, True)))
+
+
 def test_predictive_entropy_signal_is_binary_entropy_of_sampled_distribution(tiny_rt):
     pol = ScriptedPolicy(lambda si, ctx: ScalePlan())
     gen(tiny_rt, pol, seeds=[0])
@@ -207,7 +222,8 @@ def test_plan_trace_matches_runtime_trace(tiny_rt):
     def plan(si, ctx):
         n = ctx.tokens(si)
         if si in (8, 9):
-            return ScalePlan(run=si == 8, blocks={1: BlockPlan(mode="skip"),
+            return ScalePlan(run=si == 8, attention_entropy_for=frozenset({0, 2}), attention_entropy_queries=7,
+                             blocks={1: BlockPlan(mode="skip"),
                                                   2: BlockPlan(mode="prune", keep=torch.arange(n // 3).expand(ctx.rows, -1), n_keep=n // 3, fill="pass"),
                                                   3: BlockPlan(mode="prune", keep=torch.arange(n // 2).expand(ctx.rows, -1), n_keep=n // 2, fill="pass", prune_kv=False, sublayers=("sa", "ffn"))})
         return ScalePlan()

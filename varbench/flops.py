@@ -7,6 +7,7 @@ Counted per scale from its trace entry (rows = 2B with CFG, executed tokens per 
                   output projection 2*rows*n_q*C^2
   FFN             2*2*rows*n_q*C*hidden
   head            2*rows*L*C*(2d)      next-scale word embedding 2*B*L*d*C
+  entropy signal  2*rows*n_ent*n_kv*C (the extra score pass for requested attention entropies)
 Per generation (`text_flops`): the pooled SOS, the text projection for cross-attention and each
 block's text K/V projection (computed once per generation by this runtime). Norms, RoPE,
 softmax exponentials, AdaLN vectors and the VAE are not counted: they are O(L*C), not O(L*C^2).
@@ -31,6 +32,7 @@ def scale_flops(cfg, tr: dict) -> float:
         total += 2 * rows * b["sa"] * c * c
         total += 2 * rows * b["ca"] * c * c * 2 + 4 * b["ca"] * text * c
         total += 4 * rows * b["ffn"] * c * hid
+        total += 2 * rows * b.get("ent_q", 0) * b["kv"] * c
     total += 2 * rows * n * c * 2 * d
     if tr["si"] > 0:
         total += 2 * tr["batch"] * n * d * c
@@ -68,13 +70,16 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
         for bi in range(depth):
             bp = plan.blocks.get(bi)
             mode = bp.mode if bp else "full"
-            c = {"mode": mode, "sa": 0, "kv": kv[bi], "qkv": 0, "ca": 0, "ffn": 0}
+            c = {"mode": mode, "sa": 0, "kv": kv[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
             if mode != "skip":
                 k = {sub: (bp.n_keep if (mode == "prune" and sub in bp.sublayers) else n) for sub in ("sa", "ca", "ffn")}
                 c.update(k)
                 c["qkv"] = k["sa"] if (mode == "prune" and bp.prune_kv) else n
                 kv[bi] += c["qkv"]
                 c["kv"] = kv[bi]
+                if bi in plan.attention_entropy_for:
+                    q = c["sa"]
+                    c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
             blocks.append(c)
         out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
                     "text_tokens": text_tokens[rows], "blocks": blocks})

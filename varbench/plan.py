@@ -99,6 +99,8 @@ class ScalePlan:
     attention_entropy_for: blocks whose per-query self-attention entropy is wanted in the signals
                     (exact; costs one extra pass over the attention logits of those blocks).
     attention_entropy_queries: None = every query; k = an evenly spaced subsample of k queries.
+    release_residuals: scales whose kept residuals no later plan will read; freed after this
+                    scale runs (a 2B at 1024² holds ~1.6 GB per cached 40x40 scale with CFG).
     cfg / tau:      override the configured guidance scale / temperature at this scale.
     drop_uncond:    run only the conditional rows at this scale (logits become cond-only); the
                     unconditional K/V are not extended at this scale (SkipVAR-style).
@@ -109,6 +111,7 @@ class ScalePlan:
     keep_residuals: bool = False
     attention_entropy_for: frozenset[int] = frozenset()
     attention_entropy_queries: Optional[int] = None
+    release_residuals: frozenset[int] = frozenset()
     cfg: Optional[float] = None
     tau: Optional[float] = None
     drop_uncond: bool = False

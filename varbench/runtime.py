@@ -343,13 +343,15 @@ class _GenState:
         residual_store = {} if plan.keep_residuals else None
         for bi, block in enumerate(self.blocks):
             bp = plan.blocks.get(bi, _FULL)
-            counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0}
+            counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
             if bp.mode != "skip":
                 x = self._block(si, bi, block, x, bp, gss, rope, counts, residual_store,
                                 bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx)
             block_counts.append(counts)
         if residual_store is not None:
             self.residuals[si] = residual_store
+        for s in plan.release_residuals:
+            self.residuals.pop(s, None)
 
         # logits -> guided -> bits
         cond_rows_logits = self.m.logits(x, self.cond[:rows])
@@ -435,6 +437,7 @@ class _GenState:
                 sub_q, sub_pos = sub_q[:, :, pick], sub_pos[:, pick]
             attn_ent[bi] = attention_entropy(sub_q, kk)
             attn_idx[bi] = sub_pos
+            counts["ent_q"] = sub_q.shape[2]
         branch = block.sa.out(attn).float().mul(g1)
         counts["sa"] = q.shape[2]
         x = self._apply_branch(si, bi, "sa", x, branch, idx, bp, residual_store)

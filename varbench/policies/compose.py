@@ -116,7 +116,9 @@ class Compose(Policy):
         queries = None if (not qs or any(q is None for q in qs)) else max(qs)
         return ScalePlan(run=True, blocks=blocks, keep_residuals=any(p.keep_residuals for p in plans)
                          or (self.shared_cache == si), attention_entropy_for=att, attention_entropy_queries=queries,
-                         cfg=overrides["cfg"], tau=overrides["tau"], drop_uncond=any(p.drop_uncond for p in plans))
+                         cfg=overrides["cfg"], tau=overrides["tau"], drop_uncond=any(p.drop_uncond for p in plans),
+                         # free a cache only if no member still keeps it (a shared cache is never freed)
+                         release_residuals=frozenset.intersection(*(p.release_residuals for p in plans)) - {self.shared_cache})
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
         for m in self.members:

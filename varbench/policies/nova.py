@@ -320,8 +320,11 @@ class NOVA(Policy):
                 n_keeps[l] = k
             self.record[si] = {"scale_ratio": r_t, "growth_used": g, "layer_ratios": {int(l): r_l[l] for l in r_l},
                                "n_keep": n_keeps, "tokens": L, "cache_from": cache_from}
+        # prev_scale: once this scale has run, only its own residuals can be read again
+        release = frozenset(s for s in self.resid_scales if s < si) if self.cache_source == "prev_scale" else frozenset()
+        self.resid_scales -= release
         return ScalePlan(blocks=blocks, keep_residuals=keep_res, attention_entropy_for=att_for,
-                         attention_entropy_queries=att_q if want_E else None)
+                         attention_entropy_queries=att_q if want_E else None, release_residuals=release)
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
         if not self.enabled:
