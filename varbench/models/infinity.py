@@ -59,6 +59,9 @@ PRESETS: dict[str, InfinityConfig] = {
     # A tiny random model for CPU tests: same classes, same code paths.
     "tiny": InfinityConfig(depth=4, embed_dim=64, num_heads=2, codebook_dim=16, text_channels=64, text_maxlen=16,
                            block_chunks=2, pool_head_dim=32, vae="toy"),
+    # The trained toy-world model (varbench/toy: weights shipped in-repo, schedule TOY_SCHEDULE to 16x16).
+    "toy": InfinityConfig(depth=6, embed_dim=128, num_heads=4, codebook_dim=16, text_channels=64, text_maxlen=16,
+                          block_chunks=2, pool_head_dim=32, vae="toy"),
 }
 
 

@@ -1,0 +1,347 @@
+"""Train the toy-world model on a CPU: the BSQ-VAE, then the tiny Infinity on its multi-scale bits.
+
+    python -m varbench.toy.train                      # all stages, writes varbench/toy/weights/
+    python -m varbench.toy.train --stage eval         # re-measure the shipped weights
+    python -m varbench.toy.train --vae-steps 20 --steps 20 --out /tmp/toy   # smoke run
+
+Stages (each deterministic given `--seed` and the thread count):
+1. vae: encoder -> multi-scale BSQ (straight-through) over TOY_SCHEDULE -> decoder on fresh world
+   renders every step, L1 + L2 reconstruction loss. Checked by toy GenEval of reconstructed
+   ground-truth renders.
+2. infinity: VAE frozen; each step renders fresh scenes, encodes them to per-scale bits (the
+   released training labels) and trains the 'toy' Infinity + word encoder with per-bit cross
+   entropy on all scales, teacher-forced (`varbench.toy.forward`), with caption dropout to the
+   learned `cfg_uncond` rows so classifier-free guidance works. Every `prefix_every`-th step trains
+   only the first `prefix_scales` scales (about a quarter of the compute): the coarse scales fix
+   layout, colour and count, i.e. what GenEval measures, so they get more updates per CPU second.
+3. eval: generate with `InfinityRuntime` for a fixed prompt set, score with `ToyGenEval`, for a few
+   sampling settings; the best becomes the default recorded in the manifest. A random-weight model
+   of the same size is scored too.
+
+Fresh scenes every step mean no data set is stored and nothing is seen twice; the scene stream is
+a numpy generator seeded from `--seed`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..models.bsq_vae import BSQVAE
+from ..models.infinity import PRESETS, Infinity
+from . import world
+from .forward import bit_targets, per_token_bit_ce, teacher_forced_logits
+from .load import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,
+                   WEIGHTS_DIR, build_toy_text_encoder, sha256)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Knobs. Sizes were chosen for ~1 hour on 2 shared CPU cores (see the manifest's wall times)."""
+
+    seed: int = 0
+    threads: int = 2
+    # VAE: more steps = sharper reconstructions (the decoder must keep shapes' outlines crisp)
+    vae_steps: int = 300
+    vae_batch: int = 8
+    vae_lr: float = 2e-3
+    # Infinity: steps x batch = scenes seen; lr with linear warmup then cosine to 10%
+    steps: int = 900
+    batch: int = 16
+    lr: float = 1.5e-3
+    warmup: int = 40
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    caption_dropout: float = 0.1     # share of rows trained unconditional (CFG needs > 0)
+    prefix_every: int = 2            # every k-th step trains only the coarse prefix; 0 = never
+    prefix_scales: int = 7           # scales in the prefix (7 = up to 10x10 of TOY_SCHEDULE)
+    scale_weighting: str = "sqrt"    # per-scale loss weight ~ tokens^p: "tokens" (p=1), "sqrt", "uniform"
+    log_every: int = 25
+    max_minutes: float = 0.0         # >0: stop a stage early after this wall time (recorded; breaks determinism)
+    # eval
+    eval_prompts: int = 60
+    eval_samples: int = 2
+    eval_prompt_seed: int = 0
+    # sampling settings are chosen on a separate prompt set (seed eval_prompt_seed + 1), so the
+    # reported score is not selected on its own prompts
+    sweep_prompts: int = 36
+    sweep: str = "cfg=3,tau=1.0,top_p=0.97;cfg=3,tau=0.5,top_p=0.97;cfg=5,tau=0.5,top_p=0.97;cfg=1,tau=0.5,top_p=0.97"
+
+
+def image_batch(scenes: Sequence[world.ToyScene], size: int = TOY_IMAGE_SIZE) -> torch.Tensor:
+    """Renders as (B, 3, H, W) float in [-1, 1] (the VAE's input convention)."""
+    arr = np.stack([np.array(world.render(s, size)) for s in scenes])
+    return torch.from_numpy(arr).permute(0, 3, 1, 2).float().div(127.5).sub(1)
+
+
+def _lr(step: int, total: int, base: float, warmup: int) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = (step - warmup) / max(1, total - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def scale_weights(schedule, mode: str) -> torch.Tensor:
+    p = {"tokens": 1.0, "sqrt": 0.5, "uniform": 0.0}[mode]
+    w = torch.tensor([float(h * w) ** p for h, w in schedule])
+    return w / w.sum()
+
+
+# ------------------------------------------------------------------------------------------- VAE
+def train_vae(cfg: TrainConfig, log=print) -> tuple[BSQVAE, dict]:
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng([cfg.seed, 1])
+    vae = BSQVAE(TOY_VAE_PRESET)
+    opt = torch.optim.Adam(vae.parameters(), lr=cfg.vae_lr, betas=(0.9, 0.99))
+    curve, t0, ema = [], time.time(), None
+    vae.train()
+    for step in range(cfg.vae_steps):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, cfg.vae_steps, cfg.vae_lr, 20)
+        imgs = image_batch([world.sample_scene(rng) for _ in range(cfg.vae_batch)])
+        _, summed = vae.quantize_latent(vae.encode(imgs), TOY_SCHEDULE)
+        rec = vae.decoder(summed)
+        l1 = (rec - imgs).abs().mean()
+        loss = l1 + (rec - imgs).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
+        if step % cfg.log_every == 0 or step == cfg.vae_steps - 1:
+            curve.append({"step": step, "loss": round(ema, 5), "l1": round(l1.item(), 5), "s": round(time.time() - t0, 1)})
+            log(f"vae {step:5d} loss {ema:.4f} l1 {l1.item():.4f} {time.time() - t0:.0f}s")
+        if cfg.max_minutes and time.time() - t0 > cfg.max_minutes * 60:
+            log(f"vae: stopping at step {step} (max_minutes)")
+            break
+    vae.eval().requires_grad_(False)
+    return vae, {"curve": curve, "steps_done": step + 1, "wall_s": round(time.time() - t0, 1), "final_loss": ema}
+
+
+@torch.no_grad()
+def vae_recon_geneval(vae: BSQVAE, n: int, seed: int) -> dict:
+    """ToyGenEval of ground-truth renders after encode -> bits -> summed codes -> decode."""
+    from evaluators.toy_geneval import ToyGenEval
+    from PIL import Image
+
+    ev = ToyGenEval()
+    items = world.prompt_set(n, seed)
+    scenes = [world.sample_scene(it["scene_seed"], it["metadata"]["tag"]) for it in items]
+    imgs = image_batch(scenes)
+    bits = vae.encode_to_bits(imgs, TOY_SCHEDULE)
+    summed = vae.bits_to_summed_codes(bits)
+    rec = ((vae.decode(summed) + 1) / 2).clamp(0, 1).permute(0, 2, 3, 1).mul(255).to(torch.uint8).numpy()
+    ok = [ev.score_image(Image.fromarray(r), it["metadata"])[0] for r, it in zip(rec, items)]
+    gt_ok = [ev.score_image(world.render(s), it["metadata"])[0] for s, it in zip(scenes, items)]
+    l1 = (torch.from_numpy(rec).float() - imgs.add(1).mul(127.5).permute(0, 2, 3, 1)).abs().mean().item()
+    return {"recon_accuracy": float(np.mean(ok)), "ground_truth_accuracy": float(np.mean(gt_ok)),
+            "recon_l1_uint8": round(l1, 3), "n": n}
+
+
+# -------------------------------------------------------------------------------------- Infinity
+def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print):
+    torch.manual_seed(cfg.seed + 2)
+    rng = np.random.default_rng([cfg.seed, 2])
+    gen = torch.Generator().manual_seed(cfg.seed + 3)
+    mcfg = PRESETS[TOY_MODEL_PRESET]
+    model = Infinity(mcfg)
+    text_enc = build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen)
+    params = list(model.parameters()) + list(text_enc.parameters())
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=(0.9, 0.97))
+    sched = list(TOY_SCHEDULE)
+    sizes = [h * w for h, w in sched]
+    curve, t0 = [], time.time()
+    ema, ema_scale = None, torch.zeros(len(sched))
+    model.train()
+    text_enc.train()
+    for step in range(cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, cfg.steps, cfg.lr, cfg.warmup)
+        scenes = [world.sample_scene(rng) for _ in range(cfg.batch)]
+        with torch.no_grad():
+            bits = vae.encode_to_bits(image_batch(scenes), sched)
+        k = cfg.prefix_scales if (cfg.prefix_every and step % cfg.prefix_every == cfg.prefix_every - 1) else len(sched)
+        text = text_enc([s.caption for s in scenes])
+        drop = torch.rand(cfg.batch, generator=gen) < cfg.caption_dropout
+        logits = teacher_forced_logits(model, text, bits[:k], sched[:k], h_div_w=TOY_H_DIV_W, drop=drop,
+                                       latent_hw=sched[-1])
+        ce = per_token_bit_ce(logits, bit_targets(bits[:k]))                    # (B, L)
+        per_scale = torch.stack([c.mean() for c in ce.split(sizes[:k], dim=1)])
+        w = scale_weights(sched[:k], cfg.scale_weighting)
+        loss = (per_scale * w).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        with torch.no_grad():
+            ema_scale[:k] = torch.where(ema_scale[:k] == 0, per_scale, 0.9 * ema_scale[:k] + 0.1 * per_scale)
+            if k == len(sched):
+                ema = loss.item() if ema is None else 0.9 * ema + 0.1 * loss.item()
+        if step % cfg.log_every == 0 or step == cfg.steps - 1:
+            row = {"step": step, "loss_full": None if ema is None else round(ema, 5),
+                   "ce_per_scale": [round(v, 4) for v in ema_scale.tolist()], "s": round(time.time() - t0, 1)}
+            curve.append(row)
+            log(f"inf {step:5d} loss {row['loss_full']} ce/scale {row['ce_per_scale']} {row['s']:.0f}s")
+        if cfg.max_minutes and time.time() - t0 > cfg.max_minutes * 60:
+            log(f"infinity: stopping at step {step} (max_minutes)")
+            break
+    model.eval().requires_grad_(False)
+    text_enc.eval().requires_grad_(False)
+    return model, text_enc, {"curve": curve, "steps_done": step + 1, "wall_s": round(time.time() - t0, 1),
+                             "final_loss_full": ema, "final_ce_per_scale": ema_scale.tolist()}
+
+
+# ------------------------------------------------------------------------------------------ eval
+def parse_sweep(text: str) -> list[dict]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        d = {"top_k": 900}
+        for kv in part.split(","):
+            k, v = kv.split("=")
+            d[k.strip()] = float(v) if k.strip() != "top_k" else int(v)
+        out.append(d)
+    return out
+
+
+@torch.no_grad()
+def evaluate_runtime(rt, n_prompts: int, n_samples: int, prompt_seed: int, sampling: dict, batch: int = 24) -> dict:
+    """Toy GenEval of `rt` on prompt_set(n_prompts, prompt_seed), `n_samples` seeds per prompt.
+
+    Sample j of prompt i uses seed 1000 * j + i."""
+    from evaluators.base import Sample
+    from evaluators.toy_geneval import ToyGenEval
+    from PIL import Image
+
+    items = world.prompt_set(n_prompts, prompt_seed)
+    jobs = [(i, j) for j in range(n_samples) for i in range(n_prompts)]
+    ev = ToyGenEval(n_boot=200)
+    t0 = time.time()
+    for b0 in range(0, len(jobs), batch):
+        chunk = jobs[b0:b0 + batch]
+        out = rt.generate([items[i]["prompt"] for i, _ in chunk], [1000 * j + i for i, j in chunk],
+                          schedule=TOY_SCHEDULE, h_div_w=TOY_H_DIV_W, **sampling)
+        ev.update([Sample(prompt_index=i, sample_index=j, prompt=items[i]["prompt"], image=Image.fromarray(img.numpy()),
+                          seed=1000 * j + i, metadata=items[i]["metadata"]) for (i, j), img in zip(chunk, out.images)])
+    res = ev.compute()
+    return {"metrics": {k: round(v, 4) for k, v in res.metrics.items()},
+            "uncertainty": {k: round(v, 4) for k, v in res.uncertainty.items()},
+            "n_prompts": n_prompts, "n_samples": n_samples, "prompt_seed": prompt_seed, "sampling": sampling,
+            "wall_s": round(time.time() - t0, 1)}
+
+
+def random_runtime(seed: int = 0):
+    """A same-size toy model with random weights (and the trained... nothing): the floor."""
+    from ..runtime import InfinityRuntime
+
+    torch.manual_seed(seed)
+    mcfg = PRESETS[TOY_MODEL_PRESET]
+    return InfinityRuntime(Infinity(mcfg), BSQVAE(TOY_VAE_PRESET), build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen))
+
+
+# ---------------------------------------------------------------------------------------- driver
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              check=True).stdout.strip()
+    except Exception:  # pragma: no cover - not a git checkout
+        return "unknown"
+
+
+def _machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+def write_manifest(out: Path, info: dict) -> None:
+    files = {}
+    for name in FILES.values():
+        p = out / name
+        if p.is_file():
+            files[name] = {"sha256": sha256(p), "bytes": p.stat().st_size}
+    info = {**info, "files": files}
+    (out / MANIFEST).write_text(json.dumps(info, indent=1) + "\n")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stage", choices=["all", "vae", "infinity", "eval"], default="all")
+    ap.add_argument("--out", default=str(WEIGHTS_DIR), help="weights folder (read by later stages, written by all)")
+    for f in dataclasses.fields(TrainConfig):
+        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+    args = ap.parse_args(argv)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    torch.set_num_threads(cfg.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out.parent / (out.name + "_train.log") if out == WEIGHTS_DIR else out / "train.log"
+
+    def log(msg):
+        print(msg, flush=True)
+        with open(log_path, "a") as f:
+            f.write(msg + "\n")
+
+    man_path = out / MANIFEST
+    info = json.loads(man_path.read_text()) if man_path.is_file() else {}
+    info.update({"world_version": world.WORLD_VERSION, "schedule": [list(s) for s in TOY_SCHEDULE], "h_div_w": TOY_H_DIV_W,
+                 "image_size": TOY_IMAGE_SIZE, "model_preset": dataclasses.asdict(PRESETS[TOY_MODEL_PRESET]),
+                 "vae_preset": TOY_VAE_PRESET, "machine": _machine()})
+    info.setdefault("config", {}).update(dataclasses.asdict(cfg))
+    info.setdefault("stages", {})
+
+    if args.stage in ("all", "vae"):
+        vae, st = train_vae(cfg, log)
+        torch.save(vae.state_dict(), out / FILES["vae"])
+        st["recon_geneval"] = vae_recon_geneval(vae, cfg.eval_prompts, cfg.eval_prompt_seed)
+        log(f"vae recon geneval {st['recon_geneval']}")
+        info["stages"]["vae"] = {**st, "git_commit": _git_commit()}
+        write_manifest(out, info)
+    else:
+        vae = BSQVAE(TOY_VAE_PRESET)
+        vae.load_state_dict(torch.load(out / FILES["vae"], map_location="cpu", weights_only=True), strict=True)
+        vae.eval().requires_grad_(False)
+
+    if args.stage in ("all", "infinity"):
+        model, text_enc, st = train_infinity(cfg, vae, log)
+        torch.save(model.state_dict(), out / FILES["infinity"])
+        mcfg = PRESETS[TOY_MODEL_PRESET]
+        torch.save({"dim": mcfg.text_channels, "vocab": list(text_enc.vocab), "n_hash": text_enc.n_hash,
+                    "max_len": text_enc.max_len, "state_dict": text_enc.state_dict()}, out / FILES["text"])
+        info["stages"]["infinity"] = {**st, "git_commit": _git_commit()}
+        write_manifest(out, info)
+
+    if args.stage in ("all", "eval"):
+        from .load import load_toy_runtime
+
+        rt = load_toy_runtime(weights_dir=out)
+        results = []
+        for s in parse_sweep(cfg.sweep):
+            r = evaluate_runtime(rt, cfg.sweep_prompts, 1, cfg.eval_prompt_seed + 1, s)
+            log(f"sweep {s}: {r['metrics']} ({r['wall_s']}s)")
+            results.append(r)
+        chosen = max(results, key=lambda r: r["metrics"]["overall"])["sampling"]
+        best = evaluate_runtime(rt, cfg.eval_prompts, cfg.eval_samples, cfg.eval_prompt_seed, chosen)
+        log(f"eval trained {chosen}: {best['metrics']} +- {best['uncertainty']}")
+        rnd = evaluate_runtime(random_runtime(cfg.seed), cfg.eval_prompts, cfg.eval_samples, cfg.eval_prompt_seed, chosen)
+        log(f"eval random model: {rnd['metrics']}")
+        info["sampling"] = best["sampling"]
+        info["eval"] = {"sweep": results, "trained": best, "random": rnd, "git_commit": _git_commit()}
+        write_manifest(out, info)
+    log(f"done; manifest at {man_path}")
+
+
+if __name__ == "__main__":
+    main()
