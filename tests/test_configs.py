@@ -46,6 +46,22 @@ def test_every_experiment_composes_and_sweeps_real_options(exp):
                 assert v.strip() in options(key), f"{exp}: sweep names {key}={v} but conf/{key}/{v}.yaml does not exist"
 
 
+@pytest.mark.parametrize("exp", [e for e in options("experiment") if e != "smoke"])
+@pytest.mark.parametrize("model", options("model"))
+def test_experiments_pick_the_models_protocol(exp, model):
+    cfg = _compose([f"+experiment={exp}", f"model={model}"])
+    expected = {"infinity_2b": ("geneval", {"geneval"}), "infinity_8b": ("geneval", {"geneval"}),
+                "tiny": ("smoke", {"fidelity"}), "toy": ("toy", {"toy_geneval", "fidelity"})}
+    if exp == "baseline_table" or model not in expected:
+        return
+    bench, evs = expected[model]
+    assert cfg.benchmark.name == bench
+    assert set(cfg.evaluator) == evs
+    # an explicit benchmark replaces the protocol (and its evaluators); evaluators can be added
+    cfg = _compose([f"+experiment={exp}", f"model={model}", "benchmark=smoke", "evaluator=[fidelity]"])
+    assert cfg.benchmark.name == "smoke" and set(cfg.evaluator) == {"fidelity"}
+
+
 def test_every_method_builds_its_policy():
     from varbench.build import build_policy_from_cfg
 
