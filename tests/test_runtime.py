@@ -264,3 +264,20 @@ def test_flops_of_2b_at_1024_match_a_hand_count():
     assert ours == hand
     assert 1.0e14 < ours < 1.3e14   # ~112 TFLOPs per 1024² image with CFG
     assert text_flops(cfg, 2 * T, 2) > 0
+
+
+def test_spatial_patchify_path_like_8b():
+    """8B layout: the transformer predicts 4d bits per token, unpatchified 2x2 onto the VAE grid."""
+    from varbench.models.bsq_vae import unpatchify_bits
+    from varbench.testing import tiny_runtime
+
+    rt = tiny_runtime(seed=3, codebook_dim=64, patchify=True)       # toy VAE has 16 bits -> 4 x 16
+    out = rt.generate(["a red circle"], [0], pn="0.06M", cfg=3.0)
+    h, w = out.schedule[-1]
+    assert out.bits[-1].shape == (1, h, w, 64)
+    assert out.summed_codes.shape == (1, 16, 1, 2 * h, 2 * w)
+    assert out.images.shape[1:3] == (2 * h * 4, 2 * w * 4)
+    # the summed codes are the VAE-grid codes of the unpatchified bits, accumulated as released
+    vae_bits = [unpatchify_bits(b) for b in out.bits]
+    ref = rt.vae.bits_to_summed_codes(vae_bits, size=(2 * h, 2 * w))
+    torch.testing.assert_close(out.summed_codes.squeeze(2), ref, rtol=0, atol=1e-6)

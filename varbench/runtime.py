@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .flops import scale_flops, text_flops
+from .models.bsq_vae import patchify_codes, unpatchify_bits
 from .models.infinity import CrossAttnBlock, Infinity
 from .models.schedules import apply_rope, rope_reference_grid, rope_table, scale_schedule
 from .models.text import TextBatch
@@ -310,7 +311,7 @@ class _GenState:
         h, w = self.sched[si]
         nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
         if self.patch > 1:
-            nxt = F.pixel_unshuffle(nxt, 2)
+            nxt = patchify_codes(nxt)
         nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
         x = m.word_embed(nxt)
         return x.repeat(self.rows // self.batch, 1, 1)
@@ -378,8 +379,8 @@ class _GenState:
     def _accumulate(self, si: int, bits_grid: torch.Tensor) -> None:
         """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released."""
         b = bits_grid
-        if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d)
-            b = F.pixel_shuffle(b.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
+        if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d), the released pixel_shuffle order
+            b = unpatchify_bits(b)
         d = b.shape[-1]
         s = 1 / math.sqrt(d)
         codes = F.normalize(b.unsqueeze(1) * s * 2 - s, dim=-1)                 # (B, 1, H, W, d)
