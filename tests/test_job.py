@@ -66,3 +66,11 @@ def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
     row = tidy[tidy["method"] == "skip_last"].iloc[0]
     assert row["flops_x"] > 1.0                    # skipping the last scales saves FLOPs
     assert row["fidelity/ssim"] < 1.0              # and changes the image
+
+
+def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    entry = run_job(_cfg(tmp_path, "logger=wandb", f"logger.dir={tmp_path}/wb", "evaluator=[]", "timing=none"))
+    runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert (entry / "DONE").exists() and len(runs) == 1
+    assert list(runs[0].glob("run-*.wandb"))
