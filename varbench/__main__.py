@@ -1,8 +1,10 @@
 """`python -m varbench [+experiment=NAME] [group=option ...] [key=value ...]` (Hydra)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import traceback
 from pathlib import Path
 
 import hydra
@@ -10,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
+log = logging.getLogger("varbench")
 
 
 @hydra.main(version_base="1.3", config_path=CONF, config_name="config")
@@ -17,13 +20,26 @@ def main(cfg: DictConfig) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")         # weights come from local paths only
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     logging.getLogger("varbench").setLevel(logging.INFO)
-    from .callbacks import aggregate_experiment
+    from .callbacks import aggregate_experiment, failures_path
     from .job import run_job
 
-    run_job(cfg)
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
-    if cfg.get("aggregate", True) and not multirun:
-        aggregate_experiment(cfg)
+    if not multirun:
+        run_job(cfg)
+        if cfg.get("aggregate", True):
+            aggregate_experiment(cfg)
+        return
+    # in a sweep, one failing job must not cost the others (or the table): record it and go on
+    try:
+        run_job(cfg)
+    except Exception as e:  # noqa: BLE001 - reported below and again at the end of the sweep
+        overrides = list(HydraConfig.get().overrides.task)
+        print(f"[varbench] job failed ({' '.join(overrides)}): {type(e).__name__}: {e}")
+        log.error("job failed:\n%s", traceback.format_exc())
+        path = failures_path(cfg)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(json.dumps({"overrides": overrides, "error": f"{type(e).__name__}: {e}"}) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
 """Hydra callbacks: aggregate a whole sweep into one table when the multirun ends."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+
+def failures_path(cfg: DictConfig) -> Path:
+    """Where the jobs of the current sweep note their failures (one JSON line each)."""
+    return Path(cfg.hydra.sweep.dir if "hydra" in cfg else cfg.paths.output_dir) / "failed_jobs.jsonl"
 
 
 def aggregate_experiment(cfg: DictConfig) -> Path | None:
@@ -28,3 +34,10 @@ class AggregateOnMultirunEnd(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("aggregate", True):
             aggregate_experiment(config)
+        path = Path(config.hydra.sweep.dir) / "failed_jobs.jsonl"
+        if path.exists():
+            failed = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            print(f"[varbench] {len(failed)} job(s) of this sweep failed (details in the job logs):")
+            for f in failed:
+                print(f"  {' '.join(f['overrides'])}: {f['error']}")
+            raise SystemExit(1)

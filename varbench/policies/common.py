@@ -52,11 +52,24 @@ def block_range(depth: int, first_frac: float, last_frac: float) -> range:
     return range(half_up(depth * first_frac), half_up(depth * last_frac))
 
 
-def protected_blocks(depth: int, protect_first: int, protect_last: int) -> range:
-    """Blocks left unpruned at both ends of the stack."""
-    if protect_first < 0 or protect_last < 0 or protect_first + protect_last > depth:
-        raise ValueError(f"protect_first={protect_first}, protect_last={protect_last} invalid for depth {depth}")
-    return range(protect_first, depth - protect_last)
+def protected_blocks(depth: int, protect_first: float, protect_last: float) -> range:
+    """Blocks left unpruned at both ends of the stack.
+
+    Each protection is a block count (int >= 1, or 0) or a fraction of depth (0 < float < 1, rounded
+    half-up), so one config works on 32-, 40- and 4-block models: FastVAR's 3 of 32 is 0.09375.
+    """
+    def count(v):
+        if 0 < v < 1:
+            return int(math.floor(depth * v + 0.5))
+        if v < 0 or v != int(v):
+            raise ValueError(f"block protection must be a count (0, 1, 2, ...) or a fraction in (0, 1), got {v}")
+        return int(v)
+
+    first, last = count(protect_first), count(protect_last)
+    if first + last >= depth:
+        raise ValueError(f"protect_first={protect_first}, protect_last={protect_last} leave no prunable block on a "
+                         f"{depth}-block model; use fractions of depth (e.g. 0.09375 = 3/32) or smaller counts")
+    return range(first, depth - last)
 
 
 def n_keep_from_ratio(n_tokens: int, ratio: float) -> int:

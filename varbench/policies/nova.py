@@ -65,7 +65,7 @@ Knobs (speed <-> quality):
   cache_scale     index used by cache_source=fixed.
   fill            cache (NOVA) | pass (ablation: pruned tokens unchanged).
   prune_kv        drop pruned tokens from the scale's K/V (faster) or keep them as keys.
-  protect_first, protect_last  blocks never pruned at either end (NOVA: none).
+  protect_first, protect_last  blocks never pruned at either end (NOVA: none); counts or fractions of depth.
   min_tokens_to_prune          scales smaller than this never prune (saves nothing there).
   skip_last_scales             FastVAR-style full skipping of the last scales (NOVA: 0).
   batch_activation             earliest | median | latest | mean_curve (see Batch).
@@ -119,8 +119,8 @@ class NOVA(Policy):
         cache_scale: int = -5,
         fill: str = "cache",
         prune_kv: bool = True,
-        protect_first: int = 0,
-        protect_last: int = 0,
+        protect_first: float = 0,
+        protect_last: float = 0,
         min_tokens_to_prune: int = 256,
         skip_last_scales: int = 0,
         batch_activation: str = "median",

@@ -106,8 +106,8 @@ class ToProVAR(Policy):
         batch_depth: str = "median",
         share_mask_cfg: bool = True,
         prune_kv: bool = True,
-        protect_first: int = 0,
-        protect_last: int = 0,
+        protect_first: float = 0,
+        protect_last: float = 0,
         min_tokens_to_prune: int = 256,
         seed: int = 0,
     ):
