@@ -371,3 +371,13 @@ def test_flops_table_orders_the_static_methods():
     f = {m: method_flops(*load_method(m)[::2], "infinity_2b", 1.0, "1M", 1, 32, 6, 9)[0]
          for m in ("baseline", "fastvar", "skip_last_2", "fastvar_no_skip")}
     assert f["fastvar"] < f["skip_last_2"] < f["fastvar_no_skip"] < f["baseline"]
+
+
+def test_block_protections_are_counts_or_fractions_of_depth():
+    from varbench.policies.common import protected_blocks
+
+    assert protected_blocks(32, 3, 4) == range(3, 28)
+    assert protected_blocks(32, 0.09375, 0.125) == range(3, 28)        # the same as fractions
+    assert protected_blocks(4, 0.09375, 0.125) == range(0, 3)          # and they scale to small models
+    with pytest.raises(ValueError, match="no prunable block"):
+        protected_blocks(4, 3, 4)
