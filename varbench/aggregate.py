@@ -155,7 +155,8 @@ def _fmt(v, spec: str = ".3f", signed: bool = False) -> str:
 def markdown_table(paired, baseline: str = "baseline") -> str:
     """Formatted table (``table.md``): one section per model/resolution/benchmark/device group."""
     table = wide_table(paired, baseline)
-    metrics = [c for c in table.columns if c + "_delta" in table.columns]
+    # counts such as `<evaluator>/n_images` stay in table.csv but are not quality columns
+    metrics = [c for c in table.columns if c + "_delta" in table.columns and not c.rsplit("/", 1)[-1].startswith("n_")]
     group = [k for k in GROUP_KEYS if k in table.columns]
     header = ["method", "AR ms", "speed-up", "e2e speed-up", "FLOPs ×"]
     for m in metrics:
