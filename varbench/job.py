@@ -49,9 +49,9 @@ def _gen_kwargs(cfg: DictConfig, rt) -> dict:
               cfg=OmegaConf.to_object(g.cfg) if OmegaConf.is_list(g.cfg) else float(g.cfg),
               tau=OmegaConf.to_object(g.tau) if OmegaConf.is_list(g.tau) else float(g.tau),
               negative_prompt=g.negative_prompt)
-    schedule = getattr(rt, "default_schedule", None)
+    schedule = cfg.model.get("schedule")
     if schedule is not None:
-        kw["schedule"] = schedule
+        kw["schedule"] = [tuple(hw) for hw in schedule]
     return kw
 
 
@@ -221,7 +221,7 @@ def run_job(cfg: DictConfig) -> Path:
             "config": resolved,
             "model": {"name": cfg.model.name, "preset": cfg.model.preset,
                       "resolution": generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
-                                                          getattr(rt, "default_schedule", None)),
+                                                          kw.get("schedule")),
                       "h_div_w": float(cfg.generation.h_div_w), "dtype": str(dtype).replace("torch.", ""),
                       "weights": _weight_hashes(cfg.model)},
             "method": {"name": cfg.method.name, "label": cfg.method.get("label"),
