@@ -34,6 +34,7 @@ import numpy as np
 
 from varbench.toy import world
 
+from . import geneval_rules as rules
 from .base import EvalResult, Evaluator, Sample, bootstrap_std
 
 #: Bump when detection or rules change what an image scores.
@@ -173,48 +174,14 @@ def group_detections(detections: Sequence[Detection], max_objects: int = 16) -> 
 
 
 def geneval_rules(objects: dict[str, list[Detection]], metadata: dict) -> tuple[bool, str]:
-    """GenEval's `evaluate()` on toy detections: (correct, reason). Mirrors the official control flow."""
-    correct = True
-    reason: list[str] = []
-    matched_groups: list[list[Detection] | None] = []
-    for req in metadata.get("include", []):
-        cls, count = req["class"], req["count"]
-        matched = True
-        found = objects.get(cls, [])[:count]
-        if len(found) < count:
-            correct = matched = False
-            reason.append(f"expected {cls}>={count}, found {len(found)}")
-        else:
-            if "color" in req:
-                colors = [d.color for d in found]
-                if colors.count(req["color"]) < count:
-                    correct = matched = False
-                    seen = ", ".join(f"{colors.count(c)} {c}" for c in world.PALETTE if c in colors)
-                    reason.append(f"expected {req['color']} {cls}>={count}, found "
-                                  f"{colors.count(req['color'])} {req['color']}; and {seen}")
-            if "position" in req and matched:
-                rel, target = req["position"]
-                if matched_groups[target] is None:
-                    correct = matched = False
-                    reason.append(f"no target for {cls} to be {rel}")
-                else:
-                    for obj in found:
-                        for tgt in matched_groups[target]:
-                            true_rels = world.relations(obj.box, tgt.box)
-                            if rel not in true_rels:
-                                correct = matched = False
-                                reason.append(f"expected {cls} {rel} target, found "
-                                              f"{' and '.join(sorted(true_rels))} target")
-                                break
-                        if not matched:
-                            break
-        matched_groups.append(found if matched else None)
-    for req in metadata.get("exclude", []):
-        cls = req["class"]
-        if len(objects.get(cls, [])) >= req["count"]:
-            correct = False
-            reason.append(f"expected {cls}<{req['count']}, found {len(objects[cls])}")
-    return correct, "\n".join(reason)
+    """GenEval's `evaluate()` on toy detections: (correct, reason).
+
+    The same rule engine the real GenEval evaluator uses (`evaluators.geneval_rules.evaluate`), fed
+    toy detections as (box, detection) objects; colours come from the detector's palette reading
+    instead of CLIP.
+    """
+    objs = {cls: [(np.array(d.box, dtype=float), d) for d in dets] for cls, dets in objects.items()}
+    return rules.evaluate(objs, metadata, classify_colors=lambda found, cls: [o[1].color for o in found])
 
 
 def _check_metadata(metadata: dict, where: str) -> None:
