@@ -6,8 +6,7 @@ name on a typo.
 """
 from __future__ import annotations
 
-import difflib
-import importlib
+from varbench.registry import resolve
 
 from .base import EvalResult, Evaluator, Sample  # noqa: F401
 
@@ -20,12 +19,7 @@ def register(name: str, target: str) -> None:
 
 
 def build_evaluator(name: str, **kwargs) -> Evaluator:
-    if name not in REGISTRY:
-        close = difflib.get_close_matches(name, REGISTRY, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise KeyError(f"Unknown evaluator {name!r}.{hint} Known: {', '.join(sorted(REGISTRY))}.")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**kwargs)
+    return resolve(REGISTRY, name, "evaluator")(**kwargs)
 
 
 register("toy_geneval", "evaluators.toy_geneval:ToyGenEval")

@@ -19,7 +19,7 @@ GenEval takes the `count` most confident), ties by area, and capped at `max_obje
 
 Rules (`geneval_rules`): per include clause, the `count` first detections must exist, match the
 colour if one is named, and stand in the named relation to every object of the target group
-(GenEval's box-centre rule, `varbench.toy.world.relations`); per exclude clause, fewer than
+(GenEval's box-centre rule, `evaluators.geneval_rules.relative_position`); per exclude clause, fewer than
 `count` detections. Per tag accuracy = mean over images; overall = unweighted mean of tag means.
 There are no confidence thresholds: GenEval's 0.3 / 0.9 (counting) tune a learnt detector's scores,
 and this detector has none.

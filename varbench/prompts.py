@@ -67,9 +67,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import os
 import re
-import tempfile
 import urllib.error
 import urllib.request
 import warnings
@@ -77,6 +75,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from varbench.provenance import sha256_file
+from varbench.store import atomic_write_bytes
 
 
 class PromptSetError(RuntimeError):
@@ -234,17 +233,7 @@ def download_file(pin: PinnedFile, dest: Path, urls: Sequence[str] | None = None
         if got != pin.sha256:
             failures.append(f"{url}: sha256 mismatch (expected {pin.sha256}, got {got}; {len(data)} bytes)")
             continue
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(dest, data)
         return dest
     raise PromptSetError(
         f"could not download {pin.name} into {dest}; nothing was written.\n  "
