@@ -94,7 +94,7 @@ def keep_ratio_heatmap(traces: Iterable[Mapping], out_path: str | Path, title: s
     ax.set_yticks(range(mat.shape[0]))
     if layer_labels is not None and len(layer_labels) == mat.shape[1]:
         ax.set_xticks(range(mat.shape[1]), labels=list(layer_labels), rotation=90, fontsize=6)
-    ax.set_title(f"kept token fraction{': ' + title if title else ''}")
+    ax.set_title(f"kept token fraction{chr(10) + title if title else ''}", fontsize=9)
     fig.colorbar(im, ax=ax, label="keep fraction")
     fig.tight_layout()
     out_path = Path(out_path)
@@ -132,7 +132,8 @@ def speed_quality_scatter(frame, out_dir: str | Path, metrics: Sequence[str] | N
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = list(metrics) if metrics is not None else metric_columns(frame)
+    metrics = list(metrics) if metrics is not None else [
+        m for m in metric_columns(frame) if not m.rsplit("/", 1)[-1].startswith("n_")]  # counts are not quality
     group_cols = [c for c in ("model", "resolution", "benchmark") if c in frame.columns]
     paths = []
     for m in metrics:
