@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "curated" / "toy_regression.json"
-METHODS = ["baseline", "fastvar", "nova", "toprovar", "skip_last_2", "skipvar_hybrid"]
+METHODS = ["baseline", "fastvar", "nova_toy", "toprovar_toy", "skip_last_2", "skipvar_hybrid"]  # *_toy: thresholds scaled to the toy schedule
 N_PROMPTS = 24           # 4 per GenEval tag
 QUALITY_TOL = 0.10       # absolute, on toy GenEval overall (24 prompts: one prompt = 1/24 of a tag mean)
 FLOPS_REL_TOL = 0.02     # relative, on the FLOPs ratio
