@@ -76,3 +76,11 @@ def test_unknown_method_suggests_the_closest_name():
 
     with pytest.raises(KeyError, match="Did you mean fastvar"):
         build_policy("fastvra")
+
+
+def test_toy_model_config_matches_the_shipped_manifest():
+    from varbench.toy.load import TOY_SCHEDULE, toy_sampling
+
+    cfg = _compose(["model=toy"])
+    assert [tuple(hw) for hw in cfg.model.schedule] == list(TOY_SCHEDULE)
+    assert dict(cfg.model.sampling) == toy_sampling()

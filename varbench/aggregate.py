@@ -157,6 +157,9 @@ def markdown_table(paired, baseline: str = "baseline") -> str:
     table = wide_table(paired, baseline)
     # counts such as `<evaluator>/n_images` stay in table.csv but are not quality columns
     metrics = [c for c in table.columns if c + "_delta" in table.columns and not c.rsplit("/", 1)[-1].startswith("n_")]
+    # an evaluator with an `overall` metric shows only that here (its parts stay in table.csv)
+    with_overall = {m.split("/", 1)[0] for m in metrics if m.endswith("/overall")}
+    metrics = [m for m in metrics if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
     group = [k for k in GROUP_KEYS if k in table.columns]
     header = ["method", "AR ms", "speed-up", "e2e speed-up", "FLOPs ×"]
     for m in metrics:

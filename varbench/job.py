@@ -121,7 +121,7 @@ def score(entry: RunEntry, evaluators_cfg, prompt_set, store: ImageStore, ref_st
             continue
         kwargs = OmegaConf.to_container(ecfg, resolve=True)
         kwargs.pop("name", None)
-        if kwargs.get("device") in (None, "auto"):
+        if "device" in kwargs and kwargs["device"] in (None, "auto"):
             kwargs["device"] = str(device)
         ev = build_evaluator(ecfg.name, **kwargs)
         ev.setup(str(device))
