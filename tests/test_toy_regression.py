@@ -1,0 +1,32 @@
+"""CI gate: toy-model quality and FLOPs of each method's default against committed references.
+
+The reference (results/curated/toy_regression.json) was written by
+`python -m experiments.toy_regression --write` on the shipped toy weights; FLOPs ratios are exact
+counts, toy GenEval scores are deterministic on the CPU (fixed prompts and seeds), and the stored
+tolerances absorb a couple of flipped prompts on another machine.
+"""
+import json
+
+import pytest
+
+from experiments import toy_regression as tr
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return json.loads(tr.REFERENCE.read_text())
+
+
+def test_every_method_default_stays_within_its_reference(reference):
+    measured = tr.measure(methods=list(reference["methods"]), n_prompts=reference["n_prompts"])
+    assert tr.check(measured, reference) == []
+
+
+def test_a_much_more_aggressive_default_is_caught(reference):
+    """FastVAR pruning 90% at its two pruned scales instead of 40/50%: the gate must fail."""
+    measured = tr.measure(methods=["baseline", "fastvar"], n_prompts=reference["n_prompts"],
+                          knob_overrides={"fastvar": {"prune": {-4: 0.9, -3: 0.9}}})
+    ref = {**reference, "methods": {k: reference["methods"][k] for k in ("baseline", "fastvar")}}
+    problems = tr.check(measured, ref)
+    assert any(p.startswith("fastvar: FLOPs ratio") for p in problems)
+    assert all(not p.startswith("baseline") for p in problems)
