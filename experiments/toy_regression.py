@@ -93,8 +93,13 @@ def main(argv=None) -> int:
     print(table)
     if args.write:
         REFERENCE.parent.mkdir(parents=True, exist_ok=True)
+        from varbench.provenance import git_info
+        from varbench.toy.load import WEIGHTS_DIR, sha256
+
+        provenance = {"command": "python -m experiments.toy_regression --write", "git": git_info(),
+                      "toy_manifest_sha256": sha256(WEIGHTS_DIR / "manifest.json")}
         REFERENCE.write_text(json.dumps({"n_prompts": N_PROMPTS, "quality_tol": QUALITY_TOL, "flops_rel_tol": FLOPS_REL_TOL,
-                                         "methods": measured}, indent=1) + "\n")
+                                         "provenance": provenance, "methods": measured}, indent=1) + "\n")
         print(f"wrote {REFERENCE}")
         return 0
     problems = check(measured, json.loads(REFERENCE.read_text()))
