@@ -65,6 +65,7 @@ def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
     tidy = pd.read_csv(out / "tidy.csv")
     row = tidy[tidy["method"] == "skip_last"].iloc[0]
     assert row["flops_x"] > 1.0                    # skipping the last scales saves FLOPs
+    assert row["paired_speedup"] > 0 and "paired speed-up" in table   # baseline timed inside the job too
     assert row["fidelity/ssim"] < 1.0              # and changes the image
 
 

@@ -25,7 +25,9 @@ row with empty ratios instead). If several baselines match, the most recent one 
 is in ``baseline_entry``). Evaluator versions (``version_info`` hashes) must agree between a row
 and its baseline for every evaluator both report; otherwise the error names the evaluator.
 
-Columns added: ``speedup`` = baseline ar_ms / ar_ms (the AR loop), ``e2e_speedup`` = baseline
+Columns added: ``speedup`` = baseline ar_ms / ar_ms (the AR loop), ``paired_speedup`` (from the
+record: the same ratio with the baseline timed interleaved inside the method's own job, immune to
+drift between jobs), ``e2e_speedup`` = baseline
 total_ms / total_ms (text + AR + decode), ``flops_x`` = baseline flops_total / flops_total
 (shown as "FLOPs ×"), and ``<metric>_delta`` = value - baseline value. Deltas carry no ±: both
 runs use the same prompts and seeds, so their errors are correlated and adding them in
@@ -139,7 +141,7 @@ def _order(paired, baseline: str):
 def wide_table(paired, baseline: str = "baseline"):
     """The numeric wide table (``table.csv``)."""
     metrics = metric_columns(paired)
-    cols = [k for k in GROUP_KEYS if k in paired.columns] + ["method_label", "entry_id", "ar_ms", "speedup",
+    cols = [k for k in GROUP_KEYS if k in paired.columns] + ["method_label", "entry_id", "ar_ms", "speedup", "paired_speedup",
                                                             "total_ms", "e2e_speedup", "flops_x"]
     for m in metrics:
         cols += [m, f"{m}_err", f"{m}_delta"]
@@ -161,7 +163,7 @@ def markdown_table(paired, baseline: str = "baseline") -> str:
     with_overall = {m.split("/", 1)[0] for m in metrics if m.endswith("/overall")}
     metrics = [m for m in metrics if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
     group = [k for k in GROUP_KEYS if k in table.columns]
-    header = ["method", "AR ms", "speed-up", "e2e speed-up", "FLOPs ×"]
+    header = ["method", "AR ms", "speed-up", "paired speed-up", "e2e speed-up", "FLOPs ×"]
     for m in metrics:
         header += [m, f"Δ {m}"]
     parts = []
@@ -171,6 +173,7 @@ def markdown_table(paired, baseline: str = "baseline") -> str:
         lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
         for _, r in g.iterrows():
             cells = [str(r["method_label"]), _fmt(r.get("ar_ms"), ".1f"), _fmt(r.get("speedup"), ".2f") + "×",
+                     (_fmt(1.0, ".2f") if r.get("method") == baseline else _fmt(r.get("paired_speedup"), ".2f")) + "×",
                      _fmt(r.get("e2e_speedup"), ".2f") + "×", _fmt(r.get("flops_x"), ".2f") + "×"]
             for m in metrics:
                 err = r.get(f"{m}_err")

@@ -199,9 +199,15 @@ def run_job(cfg: DictConfig) -> Path:
             from .timing import timed_pass
 
             bar = _tqdm(int(cfg.timing.repeats) * len(cfg.timing.batch_sizes), "timing", cfg.runtime.progress)
-            by_batch = timed_pass(lambda bs: rt.generate([item.prompt] * bs, [image_seed(cfg.generation.seed, item.index, k) for k in range(bs)],
-                                                         policy, **kw),
-                                  list(cfg.timing.batch_sizes), int(cfg.timing.warmup), int(cfg.timing.repeats), device, bar)
+            def run(p):
+                return lambda bs: rt.generate([item.prompt] * bs,
+                                              [image_seed(cfg.generation.seed, item.index, k) for k in range(bs)], p, **kw)
+
+            from .policies.baseline import Baseline
+
+            paired = cfg.timing.get("paired_baseline", True) and cfg.method.name != "baseline"
+            by_batch = timed_pass(run(policy), list(cfg.timing.batch_sizes), int(cfg.timing.warmup),
+                                  int(cfg.timing.repeats), device, bar, reference=run(Baseline()) if paired else None)
             bar.close()
             timing = {"device": _device_name(device), "dtype": str(dtype).replace("torch.", ""),
                       "warmup": int(cfg.timing.warmup), "repeats": int(cfg.timing.repeats), "by_batch": by_batch}

@@ -395,6 +395,8 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "decode_ms": _median(tb.get("decode_ms")),
         "total_ms": _median(tb.get("total_ms")),
         "images_per_s": float(tb["images_per_s"]) if tb.get("images_per_s") is not None else nan,
+        # in-process ratio against the baseline timed interleaved in the same job (timing.paired_baseline)
+        "paired_speedup": float((tb.get("paired") or {}).get("ar_speedup", nan)),
         "peak_mem_gb": peak / 2**30 if peak is not None else nan,  # GiB
         "flops_total": float(flops["total"]) if flops.get("total") is not None else nan,
         "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,

@@ -29,19 +29,29 @@ def _stats(xs: list[float]) -> dict:
 
 
 def timed_pass(generate: Callable[[int], object], batch_sizes, warmup: int, repeats: int,
-               device: torch.device, progress=None) -> dict:
-    """`generate(bs)` runs one generation of `bs` images and returns a GenerationOutput."""
+               device: torch.device, progress=None, reference: Callable[[int], object] | None = None) -> dict:
+    """`generate(bs)` runs one generation of `bs` images and returns a GenerationOutput.
+
+    With `reference` (the baseline policy's generate), each timed repeat of the method is followed by
+    one of the reference, interleaved, so both see the same machine state; the record then carries
+    the in-process ratios under `by_batch[bs]["paired"]` (median reference / median method), the
+    number that survives noisy or shared machines.
+    """
     by_batch = {}
     for bs in batch_sizes:
         for _ in range(warmup):
             generate(bs)
+            if reference is not None:
+                reference(bs)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        runs = []
+        runs, ref_runs = [], []
         for _ in range(repeats):
             out = generate(bs)
             runs.append(out.timings_ms)
+            if reference is not None:
+                ref_runs.append(reference(bs).timings_ms)
             if progress is not None:
                 progress.update(1)
         text = [r["text"] for r in runs]
@@ -56,4 +66,10 @@ def timed_pass(generate: Callable[[int], object], batch_sizes, warmup: int, repe
             "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "per_scale_ms": per_scale,
         }
+        if ref_runs:
+            ref_ar = statistics.median(r["ar"] for r in ref_runs)
+            ref_tot = statistics.median(r["text"] + r["ar"] + r["decode"] for r in ref_runs)
+            by_batch[str(bs)]["paired"] = {"reference_ar_ms": ref_ar, "reference_total_ms": ref_tot,
+                                           "ar_speedup": ref_ar / statistics.median(ar),
+                                           "e2e_speedup": ref_tot / med_total}
     return by_batch
