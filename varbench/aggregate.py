@@ -141,7 +141,7 @@ def _order(paired, baseline: str):
 def wide_table(paired, baseline: str = "baseline"):
     """The numeric wide table (``table.csv``)."""
     metrics = metric_columns(paired)
-    cols = [k for k in GROUP_KEYS if k in paired.columns] + ["method_label", "entry_id", "ar_ms", "speedup", "paired_speedup",
+    cols = [k for k in GROUP_KEYS if k in paired.columns] + ["method", "method_label", "entry_id", "ar_ms", "speedup", "paired_speedup",
                                                             "total_ms", "e2e_speedup", "flops_x"]
     for m in metrics:
         cols += [m, f"{m}_err", f"{m}_delta"]
