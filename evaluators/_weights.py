@@ -5,14 +5,14 @@ fails with one error that names the file, the path searched and where the file i
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Optional
 
 import torch
 
-_SHA_CACHE: dict[tuple, str] = {}
+from varbench.provenance import sha256_file  # noqa: F401  (re-exported for the evaluators)
+
 
 
 class WeightsNotFoundError(FileNotFoundError):
@@ -42,20 +42,6 @@ def resolve_file(path: Optional[str], weights_dir: Optional[str], filename: str,
             f"(set `weights`/`weights_dir`, usually via paths.weights_dir)."
         )
     return candidate
-
-
-def sha256_file(path: Path | str) -> str:
-    """SHA-256 of a file, cached by (path, size, mtime) so a multi-GB checkpoint is hashed once."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _SHA_CACHE:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        _SHA_CACHE[key] = h.hexdigest()
-    return _SHA_CACHE[key]
 
 
 def check_sha256(path: Path, expected: Optional[str], *, what: str, known: Optional[dict[str, str]] = None) -> str:

@@ -43,19 +43,25 @@ PACKAGES = (
     "torchmetrics", "pandas", "wandb", "numpy", "torchvision", "safetensors", "pillow",
 )
 
+_SHA_CACHE: dict = {}
 _CHUNK = 4 << 20
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file's bytes, read in 4 MiB chunks (fine for multi-GB weights)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(_CHUNK)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
+    """Hex sha256 of a file's bytes, read in 4 MiB chunks; cached by (path, size, mtime) so a
+    multi-GB checkpoint is hashed once per process."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(_CHUNK)
+                if not block:
+                    break
+                h.update(block)
+        _SHA_CACHE[key] = h.hexdigest()
+    return _SHA_CACHE[key]
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -10,7 +10,6 @@ GenEval. Loading checks every hash first, so a stale or hand-edited file fails l
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -20,6 +19,7 @@ import torch
 from ..models.bsq_vae import BSQVAE, load_vae_state_dict
 from ..models.infinity import PRESETS, Infinity
 from ..models.text import WordTextEncoder
+from ..provenance import sha256_file as sha256
 from . import world
 
 #: Token grids of the toy model, coarse to fine: 9 scales ending at the VAE's 16x16 latent of a
@@ -56,14 +56,6 @@ def build_toy_text_encoder(dim: int, max_len: int) -> WordTextEncoder:
     """The word encoder the toy model trains: the world's vocabulary, a few hash buckets for
     unknown words (they then encode, but meaninglessly)."""
     return WordTextEncoder(dim=dim, vocab=toy_vocab(), n_hash=8, max_len=max_len)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_manifest(weights_dir: Optional[Path] = None) -> dict:
