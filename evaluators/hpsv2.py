@@ -18,7 +18,6 @@ images (the benchmark has 800); we report the plain mean.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
 

@@ -17,7 +17,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf

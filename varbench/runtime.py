@@ -17,7 +17,7 @@ import dataclasses
 import math
 import time
 from contextlib import nullcontext
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ from .models.bsq_vae import patchify_codes, unpatchify_bits
 from .models.infinity import CrossAttnBlock, Infinity
 from .models.schedules import apply_rope, rope_reference_grid, rope_table, scale_schedule
 from .models.text import TextBatch
-from .plan import SUBLAYERS, BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
+from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
 from .policies.base import Policy
 from .sampling import bit_entropy, guided_logits, sample_bits
 
