@@ -130,21 +130,11 @@ def relation_scores(box_a, box_b, threshold: float = 0.1) -> tuple[float, float]
 
 
 def relations(box_a, box_b) -> set[str]:
-    """Set of GenEval relations ("left of", "right of", "above", "below") of box A to box B."""
-    scores = relation_scores(box_a, box_b)
-    if scores is None:
-        return set()
-    dx, dy = scores
-    out = set()
-    if dx < -0.5:
-        out.add("left of")
-    if dx > 0.5:
-        out.add("right of")
-    if dy < -0.5:
-        out.add("above")
-    if dy > 0.5:
-        out.add("below")
-    return out
+    """Set of GenEval relations ("left of", "right of", "above", "below") of box A to box B:
+    GenEval's own rule (`evaluators.geneval_rules.relative_position`)."""
+    from evaluators.geneval_rules import relative_position
+
+    return relative_position((np.asarray(box_a, dtype=float),), (np.asarray(box_b, dtype=float),), 0.1)
 
 
 def _clear_relation(box_a, box_b, rel: str) -> bool:
