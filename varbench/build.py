@@ -1,7 +1,6 @@
 """Build the runtime (model, VAE, text encoder) and the policy from a resolved config."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -71,10 +70,6 @@ def build_policy_from_cfg(method_cfg: Any):
     return build_policy(method_cfg.name, **knobs)
 
 
-def model_weight_files(model_cfg: Any) -> list[str]:
-    return [p for p in (model_cfg.get("weights"), model_cfg.get("vae")) if p]
-
-
 def generation_resolution(rt: InfinityRuntime, h_div_w: float, pn: str, schedule=None) -> list[int]:
     from .models.schedules import scale_schedule
 
@@ -82,6 +77,3 @@ def generation_resolution(rt: InfinityRuntime, h_div_w: float, pn: str, schedule
     stride = rt.vae.cfg.patch_size * (2 if rt.cfg.patchify else 1) if hasattr(rt.vae, "cfg") else 16
     return [h * stride, w * stride]
 
-
-def describe_model(rt: InfinityRuntime) -> dict:
-    return {"config": dataclasses.asdict(rt.cfg), "params": sum(p.numel() for p in rt.model.parameters())}

@@ -17,9 +17,6 @@ from .models.infinity import PRESETS, Infinity, InfinityConfig
 from .models.text import WordTextEncoder
 from .runtime import InfinityRuntime
 
-TINY_PN = "0.25M"  # 10 scales up to 32x32: room for methods to act, cheap on a CPU
-
-
 def perturb_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
