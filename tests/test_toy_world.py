@@ -127,6 +127,37 @@ def test_world_scenes_are_well_formed(prompts):
             assert world.relations(scene.objects[1].box, scene.objects[0].box) == {rel}
 
 
+def test_layout_follows_the_caption(prompts):
+    """toy-world-2: objects sit within JITTER of their layout's slots, in caption order (first
+    named object left / on top), and a counting group shares one colour; colours the caption
+    leaves open still vary across scenes (the model must choose, not memorise)."""
+    def centre(o):
+        return o.x0 + o.size / 2, o.y0 + o.size / 2
+
+    open_colours = set()
+    for p in prompts:
+        scene = sample_scene(p["scene_seed"], p["metadata"]["tag"])
+        objs, tag = scene.objects, scene.tag
+        if tag == "position":
+            rel = scene.metadata["include"][1]["position"][0]
+            first_is_subject = rel in ("left of", "above")
+            objs = objs[::-1] if first_is_subject else objs  # slot order: subject first iff left/above
+            layout = "row" if rel in ("left of", "right of") else "column"
+        else:
+            layout = {1: "single", 2: "row", 3: "triangle", 4: "grid"}[len(objs)]
+        for o, (sx, sy) in zip(objs, world.LAYOUTS[layout], strict=True):
+            cx, cy = centre(o)
+            assert abs(cx - sx) <= world.JITTER + 1e-9 and abs(cy - sy) <= world.JITTER + 1e-9, (p["prompt"], o)
+        if tag in ("two_object", "color_attr"):
+            named = [r["class"] for r in scene.metadata["include"]]
+            assert [o.shape for o in scene.objects] == named  # first named is on the left
+        if tag == "counting":
+            assert len({o.color for o in scene.objects}) == 1
+        if tag in ("single_object", "two_object", "counting"):
+            open_colours.update(o.color for o in scene.objects)
+    assert open_colours == set(world.PALETTE)
+
+
 def test_render_rejects_tiny_canvas():
     with pytest.raises(ValueError, match="image_size"):
         render(sample_scene(0), 16)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from varbench.models.bsq_vae import (
     BSQVAE,
@@ -234,6 +235,31 @@ def test_quantising_codes_returns_their_bits():
     bits = torch.randint(0, 2, (2, 3, 5, 16))
     q, again = vae.lfq(vae.bits_to_codes(bits).unsqueeze(2))
     assert torch.equal(again[:, 0], bits)
+
+
+def test_bitwise_self_correction_flips_inputs_and_relabels_later_scales():
+    """Infinity's BSC (upstream BitwiseSelfCorrection.flip_requant): strength 0 is plain residual
+    quantisation; otherwise inputs differ from labels only on the flipped scales, and each later
+    label is the quantised residual left by the *flipped* earlier codes (so it corrects them)."""
+    torch.manual_seed(0)
+    vae = BSQVAE("toy").eval()
+    sched = [(1, 1), (2, 2), (4, 4), (8, 8)]
+    latent = torch.randn(3, 16, 8, 8)
+    plain, _ = vae.quantize_latent(latent, sched)
+    labels, inputs = vae.self_correction_bits(latent, sched, 0.0, 4)
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(plain, labels, inputs))
+
+    gen = torch.Generator().manual_seed(1)
+    labels, inputs = vae.self_correction_bits(latent, sched, 0.5, 2, gen)  # flip scales 0 and 1 only
+    assert torch.equal(labels[0], plain[0])                       # nothing before scale 0 to correct
+    flipped = [(l != i).float().mean().item() for l, i in zip(labels, inputs)]
+    assert all(f <= 0.5 + 0.1 for f in flipped[:2]) and flipped[2:] == [0.0, 0.0]
+    # relabelling: scale 2's label is the residual left by the flipped codes of scales 0-1
+    summed = vae.bits_to_summed_codes(inputs[:2], size=(8, 8))
+    expect = vae.lfq(F.interpolate((latent - summed).unsqueeze(2), size=(1, 4, 4), mode="area"))[1][:, 0]
+    assert torch.equal(labels[2], expect)
+    if not torch.equal(inputs[1], plain[1]) or not torch.equal(inputs[0], plain[0]):
+        assert not torch.equal(labels[2], plain[2])               # a flip upstream changes what follows
 
 
 @pytest.mark.parametrize("preset,grid", [("d32reg", (4, 6)), ("d56_f8_14_patchify", (6, 4))])

@@ -438,6 +438,34 @@ class BSQVAE(nn.Module):
 
     def quantize_latent(self, latent: torch.Tensor, scale_schedule: ScaleSchedule) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Continuous latent (B, d, H, W) -> (per-scale bits, summed quantised codes (B, d, H, W))."""
+        labels, _, summed = self._residual_quantize(latent, scale_schedule)
+        return labels, summed
+
+    def self_correction_bits(self, latent: torch.Tensor, scale_schedule: ScaleSchedule, strength: float,
+                             num_scales: int, generator: torch.Generator | None = None
+                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Infinity's Bitwise Self-Correction (upstream `BitwiseSelfCorrection.flip_requant`):
+        (labels, inputs), both per-scale bits.
+
+        At each of the first `num_scales` scales a flip rate p is drawn uniformly from
+        {0, 0.01, ..., strength} (one p per scale, shared by the batch, as upstream), each bit of
+        that scale is flipped with probability p, and the *flipped* codes are what later scales'
+        residuals are computed from and what the transformer sees as input. The labels of later
+        scales therefore teach the model to correct earlier mistakes, which is what it has to do
+        at sampling time. strength 0 gives labels == inputs == `quantize_latent`'s bits.
+        """
+        def flip(k: int, bits: torch.Tensor) -> torch.Tensor:
+            if k >= num_scales or strength <= 0:
+                return bits
+            steps = int(round(100 * strength))
+            p = int(torch.randint(0, steps + 1, (), generator=generator)) * 0.01
+            mask = torch.rand(bits.shape, generator=generator) < p
+            return torch.where(mask.to(bits.device), 1 - bits, bits)
+
+        labels, inputs, _ = self._residual_quantize(latent, scale_schedule, flip)
+        return labels, inputs
+
+    def _residual_quantize(self, latent, scale_schedule, flip=None):
         sched = normalize_scale_schedule(scale_schedule)
         B, d, H, W = latent.shape
         if d != self.codebook_dim:
@@ -446,15 +474,19 @@ class BSQVAE(nn.Module):
             raise ValueError(f"scale schedule must end at the latent size {(H, W)}, ends at {sched[-1]}.")
         full = latent.float().unsqueeze(2)  # (B, d, 1, H, W): upstream works on 5-D tensors
         summed = torch.zeros_like(full)
-        all_bits = []
+        labels, inputs = [], []
         for k, (h, w) in enumerate(sched):
             residual = full - summed
             if k != len(sched) - 1:
                 residual = F.interpolate(residual, size=(1, h, w), mode=Z_INTERPOLATE_DOWN)
             q, bits = self.lfq(residual)
-            all_bits.append(bits[:, 0])
+            labels.append(bits[:, 0])
+            used = bits if flip is None else flip(k, bits)
+            inputs.append(used[:, 0])
+            if used is not bits:  # requantise from the flipped bits (upstream `noise_apply_requant`)
+                q = self.lfq.bits_to_codes(used).permute(0, 4, 1, 2, 3)
             summed = summed + F.interpolate(q, size=(1, H, W), mode=Z_INTERPOLATE_UP)
-        return all_bits, summed.squeeze(2)
+        return labels, inputs, summed.squeeze(2)
 
     def bits_to_codes(self, bits: torch.Tensor) -> torch.Tensor:
         """Bits (B, h, w, d) in {0,1} -> codes (B, d, h, w): +-1/sqrt(d), L2-normalised per token."""

@@ -10,7 +10,8 @@ Stages (each deterministic given `--seed` and the thread count):
    ground-truth renders.
 2. infinity: VAE frozen; each step renders fresh scenes, encodes them to per-scale bits (the
    released training labels) and trains the 'toy' Infinity + word encoder with per-bit cross
-   entropy on all scales, teacher-forced (`varbench.toy.forward`), with caption dropout to the
+   entropy on all scales, teacher-forced (`varbench.toy.forward`) on inputs perturbed by Infinity's
+   Bitwise Self-Correction (`BSQVAE.self_correction_bits`), with caption dropout to the
    learned `cfg_uncond` rows so classifier-free guidance works. Every `prefix_every`-th step trains
    only the first `prefix_scales` scales (about a quarter of the compute): the coarse scales fix
    layout, colour and count, i.e. what GenEval measures, so they get more updates per CPU second.
@@ -70,6 +71,10 @@ class TrainConfig:
     prefix_every: int = 2            # every k-th step trains only the coarse prefix; 0 = never
     prefix_scales: int = 7           # scales in the prefix (7 = up to 10x10 of TOY_SCHEDULE)
     scale_weighting: str = "sqrt"    # per-scale loss weight ~ tokens^p: "tokens" (p=1), "sqrt", "uniform"
+    bsc_strength: float = 0.2        # Bitwise Self-Correction: max bit-flip rate of the inputs (0 = pure
+                                     # teacher forcing). Higher = more robust to the model's own sampling
+                                     # errors at inference, but noisier inputs to learn from
+    bsc_scales: int = 8              # BSC flips the first this many scales (upstream 2B: 13 of 13)
     log_every: int = 25
     max_minutes: float = 0.0         # >0: a stage's wall budget: its lr schedule runs on
                                      # max(step / steps, elapsed / budget) and it stops at the budget,
@@ -200,13 +205,14 @@ def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Option
             g["lr"] = _lr(step, cfg.steps, cfg.lr, cfg.warmup, _time_frac(t0, cfg))
         scenes = [world.sample_scene(rng) for _ in range(cfg.batch)]
         with torch.no_grad():
-            bits = vae.encode_to_bits(image_batch(scenes), sched)
+            labels, inputs = vae.self_correction_bits(vae.encode(image_batch(scenes)), sched, cfg.bsc_strength,
+                                                      cfg.bsc_scales, gen)
         k = cfg.prefix_scales if (cfg.prefix_every and step % cfg.prefix_every == cfg.prefix_every - 1) else len(sched)
         text = text_enc([s.caption for s in scenes])
         drop = torch.rand(cfg.batch, generator=gen) < cfg.caption_dropout
-        logits = teacher_forced_logits(model, text, bits[:k], sched[:k], h_div_w=TOY_H_DIV_W, drop=drop,
+        logits = teacher_forced_logits(model, text, inputs[:k], sched[:k], h_div_w=TOY_H_DIV_W, drop=drop,
                                        latent_hw=sched[-1])
-        ce = per_token_bit_ce(logits, bit_targets(bits[:k]))                    # (B, L)
+        ce = per_token_bit_ce(logits, bit_targets(labels[:k]))                  # (B, L)
         per_scale = torch.stack([c.mean() for c in ce.split(sizes[:k], dim=1)])
         w = scale_weights(sched[:k], cfg.scale_weighting)
         loss = (per_scale * w).sum()
@@ -380,9 +386,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         # the quality test's subset (sample 0 of the first 12 prompts), measured here for its threshold
         sub = evaluate_runtime(rt, 12, 1, cfg.eval_prompt_seed, chosen)
         log(f"eval random model: {rnd['metrics']}")
+        recon = vae_recon_geneval(rt.vae, cfg.eval_prompts, cfg.eval_prompt_seed)  # on this world version
+        log(f"vae recon geneval ({world.WORLD_VERSION}) {recon}")
         info["sampling"] = best["sampling"]
         info["eval"] = {"sweep": results, "trained": best, "random": rnd, "subset12": sub["metrics"],
-                        "git_commit": _git_commit()}
+                        "vae_recon": recon, "git_commit": _git_commit()}
         write_manifest(out, info)
     log(f"done; manifest at {man_path}")
 
