@@ -356,6 +356,7 @@ def convert_state_dict(mmdet_sd: Mapping[str, torch.Tensor], config=None) -> dic
     _check_supported(config)
     expected = expected_hf_shapes(config)
     out: dict[str, torch.Tensor] = {}
+    origin: dict[str, str] = {}  # HF key -> source key, for error messages
     unmapped, bad_buffers, dup = [], [], []
     for key, tensor in mmdet_sd.items():
         if any(p.match(key) for p in _SOURCE_ONLY):
@@ -369,17 +370,17 @@ def convert_state_dict(mmdet_sd: Mapping[str, torch.Tensor], config=None) -> dic
             if m:
                 for hk, ht in fn(m, tensor):
                     if hk in out:
-                        dup.append(hk)
-                    out[hk] = ht
+                        dup.append(f"{origin[hk]} and {key} -> {hk}")
+                    out[hk], origin[hk] = ht, key
                 break
         else:
             unmapped.append(key)
     for hk in HF_ONLY:
         if hk in expected and hk not in out:
             out[hk] = _hf_only_value(hk, expected[hk], config)
-    produced_unknown = sorted(k for k in out if k not in expected)
+    produced_unknown = sorted(f"{origin[k]} -> {k}" for k in out if k not in expected)
     missing = sorted(k for k in expected if k not in out)
-    mismatched = sorted(f"{k}: got {tuple(out[k].shape)}, HF expects {expected[k]}"
+    mismatched = sorted(f"{origin.get(k, '(HF-only)')} -> {k}: got {tuple(out[k].shape)}, HF expects {expected[k]}"
                         for k in out if k in expected and tuple(out[k].shape) != expected[k])
     problems = []
     if unmapped:
@@ -395,7 +396,7 @@ def convert_state_dict(mmdet_sd: Mapping[str, torch.Tensor], config=None) -> dic
         problems.append(f"relative_position_index differs from the standard Swin index (not the expected "
                         f"backbone): {sorted(bad_buffers)}")
     if dup:
-        problems.append(f"HF key(s) written twice: {sorted(set(dup))}")
+        problems.append(f"HF key(s) written twice: {sorted(dup)}")
     if problems:
         raise ConversionError("mmdet -> HF Mask2Former conversion failed; " + " | ".join(problems) +
                               f". Expected source: {MMDET_CHECKPOINT} ({MMDET_CONFIG}); for another size pass a "
