@@ -161,9 +161,13 @@ def _split3(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 Rule = tuple["re.Pattern[str]", Callable[[re.Match, torch.Tensor], Iterator[tuple[str, torch.Tensor]]]]
 
 
-def _rename(template: str):
+def _rename(template: str, first: Optional[Callable[[int], int]] = None):
+    """Rename by `template.format(*groups)`; `first` re-numbers the first group (e.g. norm0 -> stage1)."""
     def f(m: re.Match, t: torch.Tensor):
-        yield template.format(*m.groups()), t
+        g = list(m.groups())
+        if first is not None:
+            g[0] = str(first(int(g[0])))
+        yield template.format(*g), t
     return f
 
 
@@ -205,9 +209,10 @@ def _rules() -> list[Rule]:
          _rename(hblk + "attention.relative_position_bias.relative_position_bias_table")),
         (blk + r"ffn\.layers\.0\.0\." + wb, _rename(hblk + "mlp.fc1.{2}")),
         (blk + r"ffn\.layers\.1\." + wb, _rename(hblk + "mlp.fc2.{2}")),
-        (r"backbone\.stages\.(\d+)\.downsample\.reduction\.weight", _merge(_BB + "swin.encoder.layers.{0}.downsample.reduction.weight")),
+        (r"backbone\.stages\.(\d+)\.downsample\.reduction\.weight",
+         _merge(_BB + "swin.encoder.layers.{0}.downsample.reduction.weight")),
         (r"backbone\.stages\.(\d+)\.downsample\.norm\." + wb, _merge(_BB + "swin.encoder.layers.{0}.downsample.norm.{1}")),
-        (r"backbone\.norm(\d)\." + wb, lambda m, t: iter([(f"{_BB}hidden_states_norms.stage{int(m.group(1)) + 1}.{m.group(2)}", t)])),
+        (r"backbone\.norm(\d)\." + wb, _rename(_BB + "hidden_states_norms.stage{0}.{1}", first=lambda i: i + 1)),
         # --- pixel decoder (input_convs[i] is encoder level i, lowest resolution first, as HF input_projections)
         (r"panoptic_head\.pixel_decoder\.input_convs\.(\d+)\.conv\." + wb, _rename(_PD + "input_projections.{0}.0.{1}")),
         (r"panoptic_head\.pixel_decoder\.input_convs\.(\d+)\.gn\." + wb, _rename(_PD + "input_projections.{0}.1.{1}")),
@@ -220,13 +225,13 @@ def _rules() -> list[Rule]:
         (r"panoptic_head\.pixel_decoder\.level_encoding\.weight", _rename(_PD + "level_embed")),
         # mmdet's forward applies lateral_convs[i]/output_convs[i] to backbone level i -> HF adapter_{i+1}/layer_{i+1}
         (r"panoptic_head\.pixel_decoder\.lateral_convs\.(\d+)\.conv\.weight",
-         lambda m, t: iter([(f"{_PD}adapter_{int(m.group(1)) + 1}.0.weight", t)])),
+         _rename(_PD + "adapter_{0}.0.weight", first=lambda i: i + 1)),
         (r"panoptic_head\.pixel_decoder\.lateral_convs\.(\d+)\.gn\." + wb,
-         lambda m, t: iter([(f"{_PD}adapter_{int(m.group(1)) + 1}.1.{m.group(2)}", t)])),
+         _rename(_PD + "adapter_{0}.1.{1}", first=lambda i: i + 1)),
         (r"panoptic_head\.pixel_decoder\.output_convs\.(\d+)\.conv\.weight",
-         lambda m, t: iter([(f"{_PD}layer_{int(m.group(1)) + 1}.0.weight", t)])),
+         _rename(_PD + "layer_{0}.0.weight", first=lambda i: i + 1)),
         (r"panoptic_head\.pixel_decoder\.output_convs\.(\d+)\.gn\." + wb,
-         lambda m, t: iter([(f"{_PD}layer_{int(m.group(1)) + 1}.1.{m.group(2)}", t)])),
+         _rename(_PD + "layer_{0}.1.{1}", first=lambda i: i + 1)),
         (r"panoptic_head\.pixel_decoder\.mask_feature\." + wb, _rename(_PD + "mask_projection.{0}")),
         # --- masked-attention decoder: attentions.0 = cross (fused in HF too), attentions.1 = self (split)
         (dec + r"attentions\.0\.attn\.in_proj_(weight|bias)", _rename(hdec + "cross_attn.in_proj_{1}")),
@@ -242,8 +247,8 @@ def _rules() -> list[Rule]:
         (r"panoptic_head\.query_embed\.weight", _rename(_TM + "queries_embedder.weight")),
         (r"panoptic_head\.query_feat\.weight", _rename(_TM + "queries_features.weight")),
         (r"panoptic_head\.level_embed\.weight", _rename(_TM + "level_embed.weight")),
-        (r"panoptic_head\.mask_embed\.([024])\." + wb,
-         lambda m, t: iter([(f"{_TM}decoder.mask_predictor.mask_embedder.{int(m.group(1)) // 2}.0.{m.group(2)}", t)])),
+        (r"panoptic_head\.mask_embed\.([024])\." + wb,  # Sequential(Linear, ReLU, Linear, ReLU, Linear)
+         _rename(_TM + "decoder.mask_predictor.mask_embedder.{0}.0.{1}", first=lambda i: i // 2)),
         (r"panoptic_head\.cls_embed\." + wb, _rename("class_predictor.{0}")),
     ]
     return [(re.compile(p + r"$"), f) for p, f in table]

@@ -199,6 +199,58 @@ def test_decoder_layer_matches_mmcv_reference(tiny):
                                    mha(query + qpos, query + qpos, query)[0], rtol=1e-4, atol=1e-5)
 
 
+def _mmcv_msdeform_encoder_layer(src, p, heads, query, query_pos, shapes, ref):
+    """mmcv MultiScaleDeformableAttention (pytorch path) in a ('self_attn','norm','ffn','norm') layer.
+
+    query/query_pos (N, B, C) as mmcv's batch_first=False; ref (B, N, levels, 2) in [0, 1] (x, y).
+    """
+    lin = lambda x, n: F.linear(x, src[f"{p}{n}.weight"], src[f"{p}{n}.bias"])
+    N, B, C = query.shape
+    L, P, hd = len(shapes), 4, C // heads
+    q = (query + query_pos).transpose(0, 1)
+    v = lin(query.transpose(0, 1), "attentions.0.value_proj").view(B, N, heads, hd)  # value = query without pos
+    off = lin(q, "attentions.0.sampling_offsets").view(B, N, heads, L, P, 2)
+    aw = lin(q, "attentions.0.attention_weights").view(B, N, heads, L * P).softmax(-1).view(B, N, heads, L, P)
+    wh = torch.tensor([[w, h] for h, w in shapes], dtype=query.dtype)
+    loc = ref[:, :, None, :, None, :] + off / wh[None, None, None, :, None, :]
+    out, start = 0, 0
+    for l, (h, w) in enumerate(shapes):
+        v_l = v[:, start:start + h * w].permute(0, 2, 3, 1).reshape(B * heads, hd, h, w)
+        start += h * w
+        grid = (2 * loc[:, :, :, l] - 1).transpose(1, 2).reshape(B * heads, N, P, 2)
+        sampled = F.grid_sample(v_l, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        out = out + (sampled * aw[:, :, :, l].transpose(1, 2).reshape(B * heads, 1, N, P)).sum(-1)
+    out = lin(out.view(B, C, N).transpose(1, 2), "attentions.0.output_proj").transpose(0, 1)
+    ln = lambda x, i: F.layer_norm(x, (C,), src[f"{p}norms.{i}.weight"], src[f"{p}norms.{i}.bias"])
+    x = ln(query + out, 0)
+    return ln(x + lin(F.relu(lin(x, "ffns.0.layers.0.0")), "ffns.0.layers.1"), 1)
+
+
+def test_pixel_decoder_encoder_layer_matches_mmcv_reference(tiny):
+    """MSDeformAttn weights copied by name, norms.0/1 -> self_attn_layer_norm/final_layer_norm."""
+    from transformers.models.mask2former.modeling_mask2former import Mask2FormerPixelDecoderEncoderLayer
+
+    cfg, src, hf = tiny
+    layer = Mask2FormerPixelDecoderEncoderLayer(cfg).eval().double()
+    layer.load_state_dict(_sub(hf, "model.pixel_level_module.decoder.encoder.layers.0."))
+    src64 = {k: v.double() for k, v in src.items()}
+    shapes, B, C = [(2, 3), (3, 4), (5, 6)], 2, cfg.feature_size
+    N = sum(h * w for h, w in shapes)
+    g = torch.Generator().manual_seed(2)
+    query, pos = torch.randn(N, B, C, generator=g, dtype=torch.float64), torch.randn(N, B, C, generator=g, dtype=torch.float64)
+    # mmdet's reference points: pixel centres normalised per level, shared by all levels (valid ratio 1)
+    ref = torch.cat([torch.stack(torch.meshgrid((torch.arange(h) + 0.5) / h, (torch.arange(w) + 0.5) / w,
+                                                indexing="ij")[::-1], -1).reshape(-1, 2) for h, w in shapes])
+    ref = ref.double()[None, :, None].repeat(B, 1, len(shapes), 1)
+    expect = _mmcv_msdeform_encoder_layer(src64, "panoptic_head.pixel_decoder.encoder.layers.0.",
+                                          cfg.num_attention_heads, query, pos, shapes, ref)
+    starts = torch.tensor([0] + list(np.cumsum([h * w for h, w in shapes])[:-1]))
+    with torch.no_grad():
+        out = layer(query.transpose(0, 1), torch.zeros(B, N, dtype=torch.bool), position_embeddings=pos.transpose(0, 1),
+                    reference_points=ref, spatial_shapes_list=shapes, level_start_index=starts)[0]
+    torch.testing.assert_close(out.transpose(0, 1), expect, rtol=1e-9, atol=1e-9)
+
+
 # ----------------------------------------------------------------------------------- pitfall 4
 def test_class_logits_keep_no_object_last(tiny):
     from transformers import Mask2FormerForUniversalSegmentation
