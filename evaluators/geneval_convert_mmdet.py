@@ -32,8 +32,8 @@ What is not a plain rename, and why:
 * `relative_position_index` (persistent buffer in mmdet, non-persistent and recomputed in HF) is
   dropped, after checking it equals the standard Swin index (`swin_relative_position_index`).
 * Class logits: mmdet `cls_embed` and HF `class_predictor` both put the no-object logit last
-  (mmdet instance post-processing drops `[:, :-1]`'s complement; HF's `empty_weight[-1]` is the
-  no-object weight), and both order the 80 classes as COCO's thing classes, so it is copied as is.
+  (mmdet's instance post-processing keeps `softmax(...)[:, :-1]`; HF's loss weights `empty_weight[-1]`
+  as no-object), and both order the 80 classes as COCO's thing classes, so it is copied as is.
 * HF-only tensors, filled with neutral values and listed in `HF_ONLY`: the Swin model's final
   `layernorm` (unused by `SwinBackbone`, which normalises each stage with `hidden_states_norms`) and the
   loss buffer `criterion.empty_weight` (ones, no-object weight last, as HF initialises it).
