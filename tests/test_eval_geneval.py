@@ -86,26 +86,10 @@ def test_postprocess_mask_boxes_and_scores():
 
 
 @pytest.fixture(scope="module")
-def tiny_native(tmp_path_factory):
-    """A tiny random Mask2Former (save_pretrained folder) + tiny QuickGELU CLIP state dict."""
-    import open_clip
-    from transformers import Mask2FormerConfig, Mask2FormerForUniversalSegmentation, SwinConfig
-
-    d = tmp_path_factory.mktemp("geneval_w")
-    torch.manual_seed(0)
-    bb = SwinConfig(embed_dim=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2], window_size=7, image_size=64,
-                    out_features=["stage1", "stage2", "stage3", "stage4"])
-    cfg = Mask2FormerConfig(backbone_config=bb, num_labels=80, hidden_dim=32, mask_feature_size=32, feature_size=32,
-                            encoder_layers=1, decoder_layers=2, num_queries=12, encoder_feedforward_dim=64,
-                            dim_feedforward=64, num_attention_heads=2, use_pretrained_backbone=False)
-    Mask2FormerForUniversalSegmentation(cfg).save_pretrained(d / "m2f")
-    clip_cfg = d / "clip_tiny_qg.json"
-    clip_cfg.write_text(json.dumps({"embed_dim": 16, "quick_gelu": True,
-                                    "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 16},
-                                    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 8, "heads": 2, "layers": 1}}))
-    open_clip.add_model_config(str(clip_cfg))
-    torch.save(open_clip.create_model("clip_tiny_qg", pretrained=None).state_dict(), d / "clip.bin")
-    return d
+def tiny_native():
+    """The committed tiny random Mask2Former + QuickGELU CLIP (tests/fixtures/evaluators/make_geneval_tiny.py),
+    the same files `evaluator=geneval_tiny` (smoke experiment) reads."""
+    return FIX / "geneval_tiny"
 
 
 def _native(d, **kw):

@@ -321,6 +321,15 @@ def test_cli_round_trip_loads_in_geneval_detector(tiny, tmp_path):
     per_class, per_masks = det(img)
     assert len(per_class) == 80 and sum(len(a) for a in per_class) == min(100, cfg.num_queries * 80)
     assert all(np.isfinite(a).all() for a in per_class if len(a))
+    # the evaluator records which mmdet file the folder was converted from
+    from evaluators import build_evaluator
+
+    clip = Path(__file__).parent / "fixtures" / "evaluators" / "geneval_tiny"
+    ev = build_evaluator("geneval", backend="native", weights_dir=str(tmp_path), detector_dir="hf",
+                         detector_name="mmdet-converted", clip_weights=str(clip / "clip.bin"), clip_model="clip_tiny_qg",
+                         clip_model_config=str(clip / "clip_tiny_qg.json"), detector_scale=(64, 64), device="cpu")
+    ev.setup("cpu")
+    assert ev.version_info()["detector_conversion"]["source_sha256"] == sha256_file(pth)
 
 
 def test_cli_names_missing_source(tmp_path):
