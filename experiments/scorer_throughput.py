@@ -132,10 +132,19 @@ Shapes = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
 def module_shapes(build: Callable[[], torch.nn.Module]) -> Shapes:
-    """{key: (shape, dtype)} of `build()`'s state dict, built on the meta device (no memory, no init cost)."""
-    with torch.device("meta"):
+    """{key: (shape, dtype)} of `build()`'s state dict, built on the meta device (no memory, no init cost).
+
+    Some library versions call `.item()` during construction, which the meta device cannot do; then the
+    module is built on the CPU instead (same shapes, just slower and memory-hungry)."""
+    try:
+        with torch.device("meta"):
+            m = build()
+    except Exception as e:  # noqa: BLE001 - any construction failure on meta: fall back to a real build
+        print(f"[scorer_throughput] meta-device build failed ({type(e).__name__}: {e}); building on CPU", flush=True)
         m = build()
-    return {k: (tuple(v.shape), v.dtype) for k, v in m.state_dict().items()}
+    shapes = {k: (tuple(v.shape), v.dtype) for k, v in m.state_dict().items()}
+    del m
+    return shapes
 
 
 def random_state(shapes: Shapes, device: str = "cpu", dtype: Optional[torch.dtype] = None, seed: int = 0) -> dict:
