@@ -419,6 +419,7 @@ def run_scorer(key: str, size: str, work: Path, device: str, samples: list, batc
         ev.setup(device)
     _sync(device)
     setup_s = time.perf_counter() - t0
+    mem_after_setup = torch.cuda.memory_allocated() if cuda else None
     counter = None
     if name == "geneval":
         counter = ev._clf = _CountingClassifier(ev._clf)
@@ -427,6 +428,7 @@ def run_scorer(key: str, size: str, work: Path, device: str, samples: list, batc
     _sync(device)
     warmup_s = time.perf_counter() - t0
     ev.reset()
+    peak_setup = torch.cuda.max_memory_allocated() if cuda else None
     if counter:
         counter.calls = counter.crops = 0
     if cuda:
@@ -457,11 +459,30 @@ def run_scorer(key: str, size: str, work: Path, device: str, samples: list, batc
            "notes": notes, "version_info": _jsonable(ev.version_info())}
     if cuda:
         out["peak_gpu_mem_gb_timed"] = _gb(torch.cuda.max_memory_allocated())
+        out["peak_gpu_mem_gb_setup_warmup"] = _gb(peak_setup)
+        out["gpu_mem_gb_after_setup"] = _gb(mem_after_setup)
+    pre = preprocess_seconds(name, samples[:batch])
+    if pre is not None:
+        out["preprocess_s_per_image"] = round(pre, 5)  # CPU image preprocessing alone (part of the timed update)
     if counter:
         out["extra"] = {"colour_calls": counter.calls, "colour_crops": counter.crops,
                         "correct_images": res.metrics.get("correct_images")}
     del ev
     return out
+
+
+def preprocess_seconds(name: str, samples: list) -> Optional[float]:
+    """Seconds per image of the evaluator's own CPU preprocessing alone (HPS, ImageReward), for the breakdown."""
+    if name == "hpsv2":
+        from evaluators.hpsv2 import hps_preprocess as fn
+    elif name == "imagereward":
+        from evaluators.imagereward import ir_preprocess as fn
+    else:
+        return None
+    t0 = time.perf_counter()
+    for s in samples:
+        fn(s.image)
+    return (time.perf_counter() - t0) / max(len(samples), 1)
 
 
 def _jsonable(x):
