@@ -76,6 +76,8 @@ class TrainConfig:
                                      # errors at inference, but noisier inputs to learn from
     bsc_scales: int = 8              # BSC flips the first this many scales (upstream 2B: 13 of 13)
     log_every: int = 25
+    save_every: int = 200            # Infinity stage: write the weights every N steps (atomically), so a
+                                     # killed run loses at most N steps and `--resume` continues it; 0 = end only
     max_minutes: float = 0.0         # >0: a stage's wall budget: its lr schedule runs on
                                      # max(step / steps, elapsed / budget) and it stops at the budget,
                                      # so a slow (shared) CPU still ends annealed. Breaks bit-exact
@@ -177,7 +179,21 @@ def vae_recon_geneval(vae: BSQVAE, n: int, seed: int) -> dict:
 
 
 # -------------------------------------------------------------------------------------- Infinity
-def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Optional[Path] = None):
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)  # a kill mid-write leaves the previous file intact
+
+
+def save_infinity(out: Path, model: Infinity, text_enc) -> None:
+    """Write the Infinity and text-encoder files (the manifest, with hashes, is written separately)."""
+    _atomic_save(model.state_dict(), out / FILES["infinity"])
+    _atomic_save({"dim": text_enc.embed.embedding_dim, "vocab": list(text_enc.vocab), "n_hash": text_enc.n_hash,
+                  "max_len": text_enc.max_len, "state_dict": text_enc.state_dict()}, out / FILES["text"])
+
+
+def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Optional[Path] = None,
+                   out: Optional[Path] = None):
     torch.manual_seed(cfg.seed + 2)
     rng = np.random.default_rng([cfg.seed, 2])
     gen = torch.Generator().manual_seed(cfg.seed + 3)
@@ -230,6 +246,8 @@ def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Option
                    "s": round(time.time() - t0, 1)}
             curve.append(row)
             log(f"inf {step:5d} loss {row['loss_full']} ce/scale {row['ce_per_scale']} {row['s']:.0f}s")
+        if cfg.save_every and out is not None and step % cfg.save_every == cfg.save_every - 1:
+            save_infinity(out, model, text_enc)
         if cfg.max_minutes and time.time() - t0 > cfg.max_minutes * 60:
             log(f"infinity: stopping at step {step} (max_minutes)")
             break
@@ -359,14 +377,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         prev = info["stages"].get("infinity") if cfg.resume else None
         if cfg.resume:
             prev = {**prev, "sha256": {n: sha256(out / n) for n in (FILES["infinity"], FILES["text"])}}
-        model, text_enc, st = train_infinity(cfg, vae, log, resume_from=out if cfg.resume else None)
+        model, text_enc, st = train_infinity(cfg, vae, log, resume_from=out if cfg.resume else None, out=out)
         if prev is not None:
             st["resumed_from"] = prev
 
-        torch.save(model.state_dict(), out / FILES["infinity"])
-        mcfg = PRESETS[TOY_MODEL_PRESET]
-        torch.save({"dim": mcfg.text_channels, "vocab": list(text_enc.vocab), "n_hash": text_enc.n_hash,
-                    "max_len": text_enc.max_len, "state_dict": text_enc.state_dict()}, out / FILES["text"])
+        save_infinity(out, model, text_enc)
         info["stages"]["infinity"] = {**st, "git_commit": _git_commit()}
         write_manifest(out, info)
 
