@@ -68,7 +68,7 @@ class Mask2FormerDetector:
 
         # fp32 always: transformers 5 keeps a folder saved in fp16 in fp16, which would silently change
         # detection scores near the 0.3/0.9 thresholds
-        self.model = Mask2FormerForUniversalSegmentation.from_pretrained(str(folder), dtype=torch.float32).eval().to(device)
+        self.model = Mask2FormerForUniversalSegmentation.from_pretrained(str(folder)).float().eval().to(device)
         n = self.model.config.num_labels
         if n != 80:
             raise WrongWeightsError(f"GenEval detector in {str(folder)!r} has {n} classes; need the 80-class COCO "

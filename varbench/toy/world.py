@@ -18,7 +18,7 @@ The world:
   that colour segmentation cannot merge two objects. Colours the caption leaves open are random.
   Why slots (toy-world-2) instead of uniform placement (toy-world-1): a next-scale model samples
   the bits of each coarse token independently, so a layout that is uniform over the canvas must be
-  carried by a 16-parameter 1x1 code or comes out with missing or extra objects; a 1.2 M-parameter
+  carried by a 16-bit 1x1 code or comes out with missing or extra objects; a 1.8 M-parameter
   model trained for an hour on 2 CPU cores reached only 0.33 toy GenEval on world-1. Slots keep
   everything GenEval checks (class, count, colour, relation) while making the layout a function
   of the caption, which such a model learns in that budget;
