@@ -75,3 +75,17 @@ def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch)
     runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert (entry / "DONE").exists() and len(runs) == 1
     assert list(runs[0].glob("run-*.wandb"))
+
+
+def test_smoke_record_carries_every_weight_free_scorer(tmp_path):
+    """The smoke experiment's own evaluator list (tiny random HPSv2, ImageReward and native GenEval
+    backbones + fidelity) runs through the real scorer code and lands in the record with provenance."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "+experiment=smoke", "benchmark.limit_per_tag=1", "runtime.progress=false", "timing.repeats=1",
+            "timing.warmup=0", f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results"])
+    rec = json.loads((run_job(cfg) / "record.json").read_text())
+    for name in ("hpsv2_tiny/score", "imagereward_tiny/score", "geneval_tiny/overall", "fidelity/psnr"):
+        assert name in rec["metrics"], sorted(rec["metrics"])
+    ge = [v for k, v in rec["evaluators"].items() if k.startswith("geneval_tiny")]
+    assert ge and ge[0]["detector"] == "tiny-random" and len(ge[0]["detector_sha256"]) == 1
