@@ -52,6 +52,10 @@ def test_experiments_pick_the_models_protocol(exp, model):
     cfg = _compose([f"+experiment={exp}", f"model={model}"])
     expected = {"infinity_2b": ("geneval", {"geneval"}), "infinity_8b": ("geneval", {"geneval"}),
                 "tiny": ("smoke", {"fidelity"}), "toy": ("toy", {"toy_geneval", "fidelity"})}
+    if exp == "toy_table":  # toy-only by construction: it sets model=toy itself
+        cfg = _compose(["+experiment=toy_table"])
+        assert cfg.model.name == "toy" and cfg.benchmark.name == "toy" and set(cfg.evaluator) == {"toy_geneval", "fidelity"}
+        return
     if exp == "baseline_table" or model not in expected:
         return
     bench, evs = expected[model]
