@@ -74,10 +74,10 @@ class TrainConfig:
     bsc_strength: float = 0.2        # Bitwise Self-Correction: max bit-flip rate of the inputs (0 = pure
                                      # teacher forcing). Higher = more robust to the model's own sampling
                                      # errors at inference, but noisier inputs to learn from
+    bsc_scales: int = 8              # BSC flips the first this many scales (upstream 2B: 13 of 13)
     tag_weights: str = ""            # Infinity stage: relative sampling weight of caption forms, e.g.
                                      # "position=3,color_attr=2"; unnamed tags weigh 1. More weight on the
                                      # forms a model gets wrong buys accuracy there per CPU minute
-    bsc_scales: int = 8              # BSC flips the first this many scales (upstream 2B: 13 of 13)
     log_every: int = 25
     save_every: int = 200            # Infinity stage: write the weights every N steps (atomically), so a
                                      # killed run loses at most N steps and `--resume` continues it; 0 = end only
