@@ -65,18 +65,35 @@ class T5TextEncoder(nn.Module):
 
 
 class WordTextEncoder(nn.Module):
-    """A word-level encoder for tiny and toy models: lowercase words -> ids -> embedding.
+    """A word-level encoder for tiny and toy models: lowercase words -> ids -> embedding, then
+    `layers` pre-norm transformer layers over the prompt.
 
     Words outside `vocab` hash into `n_hash` extra buckets, so any prompt encodes. The embedding
     is learned with the toy model (and random for the tiny test model).
+
+    `layers` trades a little compute for contextual features, the role flan-t5 plays for the
+    released models: with 0, each word's feature is its embedding plus its position only, so the
+    image model must itself work out which colour belongs to which noun and which way a relation
+    word points; with layers, "red" in "a red circle left of a blue square" can carry that it
+    modifies the left-hand object. The layers' output projections start at zero, so adding them
+    to a trained encoder changes nothing until they are trained.
     """
 
-    def __init__(self, dim: int, vocab: list[str] = (), n_hash: int = 64, max_len: int = 16):
+    def __init__(self, dim: int, vocab: list[str] = (), n_hash: int = 64, max_len: int = 16, layers: int = 0,
+                 heads: int = 4):
         super().__init__()
         self.vocab = {w: i for i, w in enumerate(vocab)}
         self.n_hash, self.max_len = n_hash, max_len
         self.embed = nn.Embedding(len(self.vocab) + n_hash, dim)
         self.pos = nn.Parameter(torch.zeros(max_len, dim))
+        self.heads = heads
+        self.context = nn.ModuleList(
+            nn.TransformerEncoderLayer(dim, heads, dim_feedforward=4 * dim, dropout=0.0, activation="gelu",
+                                       batch_first=True, norm_first=True) for _ in range(layers))
+        for layer in self.context:  # residual branches start closed: the layer is the identity
+            for lin in (layer.self_attn.out_proj, layer.linear2):
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
 
     def ids(self, prompt: str) -> list[int]:
         out = []
@@ -93,11 +110,24 @@ class WordTextEncoder(nn.Module):
         for p in prompts:
             ids = torch.tensor(self.ids(p), device=dev)
             feats.append(self.embed(ids) + self.pos[: len(ids)])
-        return pad_batch(feats)
+        batch = pad_batch(feats)
+        if not self.context:
+            return batch
+        x = batch.features
+        for layer in self.context:
+            x = layer(x, src_key_padding_mask=~batch.mask)
+        return TextBatch(x * batch.mask.unsqueeze(-1), batch.mask, batch.lens)
+
+    def config(self) -> dict:
+        """What `from_file` needs besides the state dict."""
+        return {"dim": self.embed.embedding_dim, "vocab": list(self.vocab), "n_hash": self.n_hash,
+                "max_len": self.max_len, "layers": len(self.context), "heads": self.heads}
 
     @classmethod
     def from_file(cls, path: str | Path) -> "WordTextEncoder":
         obj = torch.load(path, map_location="cpu", weights_only=True)
-        enc = cls(dim=obj["dim"], vocab=list(obj["vocab"]), n_hash=obj["n_hash"], max_len=obj["max_len"])
+        # files written before `layers` existed have none
+        enc = cls(dim=obj["dim"], vocab=list(obj["vocab"]), n_hash=obj["n_hash"], max_len=obj["max_len"],
+                  layers=obj.get("layers", 0), heads=obj.get("heads", 4))
         enc.load_state_dict(obj["state_dict"], strict=True)
         return enc

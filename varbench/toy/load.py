@@ -52,10 +52,10 @@ def toy_vocab() -> list[str]:
     return list(dict.fromkeys(words))
 
 
-def build_toy_text_encoder(dim: int, max_len: int) -> WordTextEncoder:
+def build_toy_text_encoder(dim: int, max_len: int, layers: int = 0) -> WordTextEncoder:
     """The word encoder the toy model trains: the world's vocabulary, a few hash buckets for
-    unknown words (they then encode, but meaninglessly)."""
-    return WordTextEncoder(dim=dim, vocab=toy_vocab(), n_hash=8, max_len=max_len)
+    unknown words (they then encode, but meaninglessly), `layers` contextual layers."""
+    return WordTextEncoder(dim=dim, vocab=toy_vocab(), n_hash=8, max_len=max_len, layers=layers)
 
 
 def read_manifest(weights_dir: Optional[Path] = None) -> dict:

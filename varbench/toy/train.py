@@ -75,6 +75,10 @@ class TrainConfig:
                                      # teacher forcing). Higher = more robust to the model's own sampling
                                      # errors at inference, but noisier inputs to learn from
     bsc_scales: int = 8              # BSC flips the first this many scales (upstream 2B: 13 of 13)
+    text_layers: int = 0             # contextual transformer layers in the word encoder (the flan-t5 role).
+                                     # More = colour/noun binding and relation words pre-resolved in the
+                                     # text features, at a few ms per step. On --resume from an encoder with
+                                     # fewer layers, the new ones are added as identities (zero-init outputs)
     tag_weights: str = ""            # Infinity stage: relative sampling weight of caption forms, e.g.
                                      # "position=3,color_attr=2"; unnamed tags weigh 1. More weight on the
                                      # forms a model gets wrong buys accuracy there per CPU minute
@@ -191,8 +195,21 @@ def _atomic_save(obj, path: Path) -> None:
 def save_infinity(out: Path, model: Infinity, text_enc) -> None:
     """Write the Infinity and text-encoder files (the manifest, with hashes, is written separately)."""
     _atomic_save(model.state_dict(), out / FILES["infinity"])
-    _atomic_save({"dim": text_enc.embed.embedding_dim, "vocab": list(text_enc.vocab), "n_hash": text_enc.n_hash,
-                  "max_len": text_enc.max_len, "state_dict": text_enc.state_dict()}, out / FILES["text"])
+    _atomic_save({**text_enc.config(), "state_dict": text_enc.state_dict()}, out / FILES["text"])
+
+
+def load_text_for_resume(text_enc, saved: dict) -> None:
+    """Load a saved word encoder into `text_enc`, which may have more context layers than it: those
+    keep their identity init. Anything else that does not match is an error."""
+    have = saved.get("layers", 0)
+    if have > len(text_enc.context):
+        raise ValueError(f"--text-layers {len(text_enc.context)} is fewer than the {have} layers of the encoder "
+                         f"being resumed; pass --text-layers {have} (layers are never dropped)")
+    missing, unexpected = text_enc.load_state_dict(saved["state_dict"], strict=False)
+    new = tuple(f"context.{i}." for i in range(have, len(text_enc.context)))
+    bad = [k for k in missing if not k.startswith(new)] + list(unexpected)
+    if bad:
+        raise ValueError(f"saved text encoder does not match: {bad}")
 
 
 def parse_tag_weights(text: str):
@@ -216,12 +233,11 @@ def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Option
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     mcfg = PRESETS[TOY_MODEL_PRESET]
     model = Infinity(mcfg)
-    text_enc = build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen)
+    text_enc = build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen, cfg.text_layers)
     if resume_from is not None:
         rng = np.random.default_rng([cfg.seed, 12])  # fresh scenes, not a replay of the earlier phase
         model.load_state_dict(torch.load(resume_from / FILES["infinity"], map_location="cpu", weights_only=True), strict=True)
-        text_enc.load_state_dict(torch.load(resume_from / FILES["text"], map_location="cpu", weights_only=True)["state_dict"],
-                                 strict=True)
+        load_text_for_resume(text_enc, torch.load(resume_from / FILES["text"], map_location="cpu", weights_only=True))
     params = list(model.parameters()) + list(text_enc.parameters())
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
@@ -313,13 +329,14 @@ def evaluate_runtime(rt, n_prompts: int, n_samples: int, prompt_seed: int, sampl
             "wall_s": round(time.time() - t0, 1)}
 
 
-def random_runtime(seed: int = 0):
+def random_runtime(seed: int = 0, text_layers: int = 0):
     """A same-size toy model with random weights (and the trained... nothing): the floor."""
     from ..runtime import InfinityRuntime
 
     torch.manual_seed(seed)
     mcfg = PRESETS[TOY_MODEL_PRESET]
-    return InfinityRuntime(Infinity(mcfg), BSQVAE(TOY_VAE_PRESET), build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen))
+    return InfinityRuntime(Infinity(mcfg), BSQVAE(TOY_VAE_PRESET), build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen,
+                                                                                              text_layers))
 
 
 # ---------------------------------------------------------------------------------------- driver
@@ -415,7 +432,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         chosen = max(results, key=lambda r: r["metrics"]["overall"])["sampling"]
         best = evaluate_runtime(rt, cfg.eval_prompts, cfg.eval_samples, cfg.eval_prompt_seed, chosen)
         log(f"eval trained {chosen}: {best['metrics']} +- {best['uncertainty']}")
-        rnd = evaluate_runtime(random_runtime(cfg.seed), cfg.eval_prompts, cfg.eval_samples, cfg.eval_prompt_seed, chosen)
+        rnd = evaluate_runtime(random_runtime(cfg.seed, len(rt.text_encoder.context)), cfg.eval_prompts, cfg.eval_samples, cfg.eval_prompt_seed, chosen)
         # the quality test's subset (sample 0 of the first 12 prompts), measured here for its threshold
         sub = evaluate_runtime(rt, 12, 1, cfg.eval_prompt_seed, chosen)
         log(f"eval random model: {rnd['metrics']}")
