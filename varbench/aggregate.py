@@ -191,7 +191,9 @@ def write_figures(paired, out: Path) -> list[Path]:
     from varbench import plots
     from varbench.records import RunEntry
 
-    written = plots.speed_quality_scatter(paired, out)
+    # the in-process interleaved ratio when the records have it: separately timed jobs drift (2x on a CPU)
+    speed = "paired_speedup" if "paired_speedup" in paired.columns and paired["paired_speedup"].notna().any() else "speedup"
+    written = plots.speed_quality_scatter(paired, out, speed_col=speed)
     group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
     for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
         key = key if isinstance(key, tuple) else (key,)

@@ -75,7 +75,7 @@ class TrainConfig:
                                      # teacher forcing). Higher = more robust to the model's own sampling
                                      # errors at inference, but noisier inputs to learn from
     bsc_scales: int = 8              # BSC flips the first this many scales (upstream 2B: 13 of 13)
-    text_layers: int = 0             # contextual transformer layers in the word encoder (the flan-t5 role).
+    text_layers: int = 2             # contextual transformer layers in the word encoder (the flan-t5 role).
                                      # More = colour/noun binding and relation words pre-resolved in the
                                      # text features, at a few ms per step. On --resume from an encoder with
                                      # fewer layers, the new ones are added as identities (zero-init outputs)
