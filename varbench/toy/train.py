@@ -95,8 +95,9 @@ class TrainConfig:
     eval_prompt_seed: int = 0
     # sampling settings are chosen on a separate prompt set (seed eval_prompt_seed + 1), so the
     # reported score is not selected on its own prompts
-    sweep_prompts: int = 36
-    sweep: str = "cfg=2,tau=1.0,top_p=0.97;cfg=3,tau=1.0,top_p=0.97;cfg=3,tau=0.5,top_p=0.97;cfg=4,tau=0.7,top_p=0.97"
+    sweep_prompts: int = 72
+    sweep: str = ("cfg=2,tau=1.0,top_p=0.97;cfg=3,tau=1.0,top_p=0.97;cfg=3,tau=0.5,top_p=0.97;cfg=4,tau=0.7,top_p=0.97;"
+                  "cfg=4,tau=1.0,top_p=0.97;cfg=5,tau=1.0,top_p=0.97")  # ties go to the first listed
 
 
 def image_batch(scenes: Sequence[world.ToyScene], size: int = TOY_IMAGE_SIZE) -> torch.Tensor:
