@@ -236,7 +236,8 @@ def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Option
     model = Infinity(mcfg)
     text_enc = build_toy_text_encoder(mcfg.text_channels, mcfg.text_maxlen, cfg.text_layers)
     if resume_from is not None:
-        rng = np.random.default_rng([cfg.seed, 12])  # fresh scenes, not a replay of the earlier phase
+        # fresh scenes, not a replay of an earlier phase: every resumed checkpoint seeds its own stream
+        rng = np.random.default_rng([cfg.seed, 12, int(sha256(resume_from / FILES["infinity"])[:15], 16)])
         model.load_state_dict(torch.load(resume_from / FILES["infinity"], map_location="cpu", weights_only=True), strict=True)
         load_text_for_resume(text_enc, torch.load(resume_from / FILES["text"], map_location="cpu", weights_only=True))
     params = list(model.parameters()) + list(text_enc.parameters())
