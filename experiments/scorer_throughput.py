@@ -517,10 +517,9 @@ def env_info(device: str) -> dict:
 
 def write_json(path: Path, obj: dict) -> None:
     """Atomic rewrite, so a kill mid-write never leaves a truncated file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+    from varbench.store import atomic_write_bytes
+
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 def parse_args(argv=None) -> argparse.Namespace:

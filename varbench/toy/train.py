@@ -25,6 +25,7 @@ a numpy generator seeded from `--seed`.
 from __future__ import annotations
 
 import argparse
+import io
 import dataclasses
 import json
 import math
@@ -39,6 +40,7 @@ import numpy as np
 import torch
 
 from ..models.bsq_vae import BSQVAE
+from ..store import atomic_write_bytes
 from ..models.infinity import PRESETS, Infinity
 from . import world
 from .forward import bit_targets, per_token_bit_ce, teacher_forced_logits
@@ -188,9 +190,10 @@ def vae_recon_geneval(vae: BSQVAE, n: int, seed: int) -> dict:
 
 # -------------------------------------------------------------------------------------- Infinity
 def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # a kill mid-write leaves the previous file intact
+    """torch.save that a kill mid-write cannot truncate: the previous file stays until the new one is whole."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def save_infinity(out: Path, model: Infinity, text_enc) -> None:
@@ -363,7 +366,7 @@ def write_manifest(out: Path, info: dict) -> None:
         if p.is_file():
             files[name] = {"sha256": sha256(p), "bytes": p.stat().st_size}
     info = {**info, "files": files}
-    (out / MANIFEST).write_text(json.dumps(info, indent=1) + "\n")
+    atomic_write_bytes(out / MANIFEST, (json.dumps(info, indent=1) + "\n").encode())
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -397,7 +400,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     if args.stage in ("all", "vae"):
         vae, st = train_vae(cfg, log)
-        torch.save(vae.state_dict(), out / FILES["vae"])
+        _atomic_save(vae.state_dict(), out / FILES["vae"])
         st["recon_geneval"] = vae_recon_geneval(vae, cfg.eval_prompts, cfg.eval_prompt_seed)
         log(f"vae recon geneval {st['recon_geneval']}")
         if cfg.vae_resume:
