@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from contextlib import nullcontext
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -24,8 +24,9 @@ import torch.nn.functional as F
 
 from .flops import scale_flops, text_flops
 from .models.bsq_vae import patchify_codes, unpatchify_bits
-from .models.infinity import CrossAttnBlock, Infinity
-from .models.schedules import apply_rope, rope_reference_grid, rope_table, scale_schedule
+from .block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, rope_qkv_table, sa_out
+from .models.infinity import CrossAttnBlock, Infinity, key_runs
+from .models.schedules import rope_reference_grid, rope_table, scale_schedule
 from .models.text import TextBatch
 from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
 from .policies.base import Policy
@@ -70,30 +71,26 @@ class _Timer:
 
 
 class _KVCache:
-    """Per-block K/V buffers preallocated for the whole schedule; blocks may hold different lengths
-    (pruned K/V, skipped blocks). Static capacity keeps shapes per step static."""
+    """Per-block K/V buffers (2, rows, H, capacity, c) preallocated for the whole schedule; blocks may
+    hold different lengths (pruned K/V, skipped blocks). Static capacity keeps each step's shapes static."""
 
-    def __init__(self, depth: int):
-        self.k: list[Optional[torch.Tensor]] = [None] * depth
-        self.v: list[Optional[torch.Tensor]] = [None] * depth
+    def __init__(self, depth: int, capacity: int):
+        self.kv: list[Optional[torch.Tensor]] = [None] * depth
         self.len = [0] * depth
-        self.capacity = 0
+        self.capacity = capacity
 
-    def append(self, bi: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, heads, n, c = k.shape
-        if self.k[bi] is None:
-            self.k[bi] = k.new_empty(rows, heads, self.capacity, c)
-            self.v[bi] = v.new_empty(rows, heads, self.capacity, c)
-        kb, vb = self.k[bi][:rows], self.v[bi][:rows]
-        end = self.len[bi] + n
-        kb[:, :, self.len[bi]:end] = k
-        vb[:, :, self.len[bi]:end] = v
-        self.len[bi] = end
-        return kb[:, :, :end], vb[:, :, :end]
+    def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c)."""
+        if self.kv[bi] is None:
+            two, rows, heads, _, c = kv.shape
+            self.kv[bi] = kv.new_empty((2, rows, heads, self.capacity, c), dtype=dtype)
+        buf, start = self.kv[bi], self.len[bi]
+        self.len[bi] = end = start + kv.shape[3]
+        buf.narrow(3, start, kv.shape[3]).copy_(kv)
+        return buf.narrow(3, 0, end).unbind(0)
 
     def drop_uncond(self, batch: int) -> None:
-        self.k = [None if t is None else t[:batch] for t in self.k]
-        self.v = [None if t is None else t[:batch] for t in self.v]
+        self.kv = [None if t is None else t[:, :batch] for t in self.kv]
 
 
 def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -120,9 +117,11 @@ class InfinityRuntime:
 
     def __init__(self, model: Infinity, vae, text_encoder, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, ca_bf16: bool = True):
-        """`dtype=torch.bfloat16` casts the blocks to bf16 and runs them under autocast, as the
-        released inference does (embeddings, text projections and head stay fp32). `ca_bf16`
-        rounds cross-attention through bf16 like the released flash-attn call even in fp32 runs."""
+        """`dtype=torch.bfloat16` casts the blocks to bf16 and computes as the released bf16 autocast
+        run does, with the casts written out (`varbench.block_step`): word embedding and blocks in
+        bf16, LayerNorms, q/k normalisation, RoPE, the residual stream and the head in fp32.
+        `ca_bf16` computes cross-attention as the released flash-attn call does (bf16 inputs, P and
+        output) even in fp32 runs; False is exact fp32 attention (a reference, not the release)."""
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.vae = vae.to(self.device).eval() if vae is not None else None
@@ -133,6 +132,21 @@ class InfinityRuntime:
             for b in self.model.blocks:
                 b.to(dtype)
         self.cfg = model.cfg
+
+    def rope_qkv(self, grid: tuple[int, int], h_div_w: float) -> torch.Tensor:
+        """The scale's RoPE as one complex table for (q, k, v), (h*w, 3, 1, c/2), cached per grid."""
+        return self._rope_qkv(tuple(grid), rope_reference_grid(h_div_w))
+
+    @functools.lru_cache(maxsize=128)
+    def _rope_qkv(self, grid, ref) -> torch.Tensor:
+        return rope_qkv_table(rope_table(self.cfg.head_dim, grid, ref)).to(self.device)
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """word_embed of the next scale's input codes; in a bf16 run a bf16 linear, as under autocast."""
+        we = self.model.word_embed
+        if self.dtype == torch.float32:
+            return we(codes)
+        return F.linear(codes.to(self.dtype), we.weight.to(self.dtype), we.bias.to(self.dtype))
 
     # ------------------------------------------------------------------ text
     @torch.no_grad()
@@ -216,17 +230,15 @@ class InfinityRuntime:
                                 cfg=tuple(cfgs), tau=tuple(taus), device=str(dev))
         policy.reset(ctx)
         state = _GenState(self, ctx, text, negative, sched, h_div_w, seeds)
-        autocast = torch.autocast(dev.type, dtype=self.dtype) if self.dtype != torch.float32 else nullcontext()
         scale_marks = _Timer(dev)
-        with autocast:
-            for si in range(n_scales):
-                scale_marks.mark()
-                plan = policy.plan(si)
-                signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
-                                     taus[si] if plan.tau is None else plan.tau, top_k, top_p)
-                if signals is not None:
-                    policy.observe(si, signals)
+        for si in range(n_scales):
             scale_marks.mark()
+            plan = policy.plan(si)
+            signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
+                                 taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+            if signals is not None:
+                policy.observe(si, signals)
+        scale_marks.mark()
         timer.mark()
         images = None
         if decode:
@@ -277,15 +289,15 @@ class _GenState:
         self.rt, self.m, self.ctx, self.sched = rt, rt.model, ctx, sched
         self.batch = ctx.batch
         self.rows = self.rows0 = ctx.rows
-        self.ca_text, self.ca_mask, self.cond, self.shared_gss = rt._condition(text, negative, ctx.cfg_rows)
-        # text tokens summed over rows, for FLOPs; host reads once, before the loop
-        self.text_tokens = {self.rows0: int(self.ca_mask.sum()), self.batch: int(self.ca_mask[: self.batch].sum())}
+        ca_text, ca_mask, self.cond, shared_gss = rt._condition(text, negative, ctx.cfg_rows)
+        # host reads happen here, once, before the loop: text tokens (FLOPs) and text-length runs
+        self.text_tokens = {self.rows0: int(ca_mask.sum()), self.batch: int(ca_mask[: self.batch].sum())}
+        runs = key_runs(ca_mask)
         self.blocks: list[CrossAttnBlock] = self.m.blocks
-        # text K/V per block are constant over the generation: project once
-        self.text_kv = [b.ca.text_kv(self.ca_text.to(next(b.parameters()).dtype), self.ca_mask) for b in self.blocks]
-        self.kv = _KVCache(len(self.blocks))
-        self.kv.capacity = sum(h * w for h, w in sched)
-        self.rope_ref = rope_reference_grid(h_div_w)
+        self.consts = [BlockConsts.build(b, shared_gss, ca_text, ca_mask, runs, rt.ca_bf16) for b in self.blocks]
+        self.kv = _KVCache(len(self.blocks), sum(h * w for h, w in sched))
+        self.kv_dtype = torch.float32 if rt.dtype == torch.float32 else torch.bfloat16
+        self.rope = [rt.rope_qkv(hw, h_div_w) for hw in sched]
         self.patch = 2 if rt.cfg.patchify else 1
         hl, wl = sched[-1]
         self.latent_size = (1, hl * self.patch, wl * self.patch)
@@ -307,14 +319,15 @@ class _GenState:
         m = self.m
         if si == 0:
             x = self.cond.unsqueeze(1) + m.pos_start.expand(self.rows0, 1, -1)
-            return x[: self.rows]
-        h, w = self.sched[si]
-        nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
-        if self.patch > 1:
-            nxt = patchify_codes(nxt)
-        nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
-        x = m.word_embed(nxt)
-        return x.repeat(self.rows // self.batch, 1, 1)
+            x = x[: self.rows]
+        else:
+            h, w = self.sched[si]
+            nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
+            if self.patch > 1:
+                nxt = patchify_codes(nxt)
+            nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
+            x = self.rt.embed_codes(nxt).repeat(self.rows // self.batch, 1, 1)
+        return x + self.m.lvl_embed.weight[si]
 
     # -------------------------------------------------------------- one scale
     def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> Optional[ScaleSignals]:
@@ -329,6 +342,7 @@ class _GenState:
             self.dropped_uncond = True
             self.rows = self.batch
             self.kv.drop_uncond(self.batch)
+            self.consts = [bc.first_rows(self.batch) for bc in self.consts]
         elif self.dropped_uncond and not plan.drop_uncond:
             raise ValueError(f"scale {si}: the unconditional branch was dropped at an earlier scale and cannot return")
         for bi, bp in plan.blocks.items():
@@ -337,16 +351,16 @@ class _GenState:
             bp.validate(n)
         rows = self.rows
         x = self._scale_input(si)
-        x = x + self.m.lvl_embed.weight[si]
-        rope = rope_table(self.rt.cfg.head_dim, (h, w), self.rope_ref).to(x.device)
-        gss = self.shared_gss[:rows]
         block_counts, attn_ent, attn_idx = [], {}, {}
         residual_store = {} if plan.keep_residuals else None
-        for bi, block in enumerate(self.blocks):
+        for bi in range(len(self.blocks)):
             bp = plan.blocks.get(bi, _FULL)
             counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
-            if bp.mode != "skip":
-                x = self._block(si, bi, block, x, bp, gss, rope, counts, residual_store,
+            if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for:
+                x = self._full_block(si, bi, x)
+                counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
+            elif bp.mode != "skip":
+                x = self._block(si, bi, x, bp, counts, residual_store,
                                 bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx)
             block_counts.append(counts)
         if residual_store is not None:
@@ -390,47 +404,54 @@ class _GenState:
         else:
             self.summed_codes += codes
 
+    # -------------------------------------------------------------- one block, every token
+    def _full_block(self, si: int, bi: int, x: torch.Tensor) -> torch.Tensor:
+        """The baseline block: the fewest ops (see `varbench.block_step`)."""
+        bc = self.consts[bi]
+        rot = qkv_rope(bc, modulated_norm(x, bc.scale1, bc.shift1, bc.eps), self.rope[si])   # (3, rows, H, n, c)
+        k, v = self.kv.append(bi, rot[1:], self.kv_dtype)
+        q = rot[0]
+        attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, scale=1.0)
+        x = torch.addcmul(x, sa_out(bc, attn), bc.g1)
+        x = x + cross_attention(bc, x)
+        return torch.addcmul(x, ffn(bc, x), bc.g2)
+
     # -------------------------------------------------------------- one block under a plan
-    def _block(self, si, bi, block: CrossAttnBlock, x, bp: BlockPlan, gss, rope, counts, residual_store,
+    def _block(self, si, bi, x, bp: BlockPlan, counts, residual_store,
                want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict):
-        g1, g2, s1, s2, sh1, sh2 = block.modulation(gss)
+        bc = self.consts[bi]
         h, w = self.sched[si]
         rows, n, _ = x.shape
         pruned = bp.mode == "prune"
-        sel_ctx = lambda sub: SelectorContext(scale=si, block=bi, sublayer=sub, h=h, w=w, batch=self.batch,
-                                              cfg_rows=rows == 2 * self.batch)
 
         def indices(sub):
             if not pruned or sub not in bp.sublayers:
                 return None
-            idx = bp.keep if bp.keep is not None else bp.selector(x, sel_ctx(sub))
-            return idx.to(x.device)[:rows] if idx.shape[0] >= rows else idx.to(x.device).repeat(rows // idx.shape[0], 1)
+            if bp.keep is not None:
+                idx = bp.keep
+            else:
+                idx = bp.selector(x, SelectorContext(scale=si, block=bi, sublayer=sub, h=h, w=w, batch=self.batch,
+                                                     cfg_rows=rows == 2 * self.batch))
+            idx = idx.to(x.device)
+            return idx[:rows] if idx.shape[0] >= rows else idx.repeat(rows // idx.shape[0], 1)
 
         # --- self-attention
         idx = indices("sa")
-        xin = block.modulated_norm(x, s1, sh1)
-        dtype = block.sa.mat_qkv.weight.dtype
-        if idx is None:
-            q, k, v = block.sa.qkv(xin.to(dtype) if dtype != torch.float32 else xin)
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
-            qpos = None
-            counts["qkv"] = n
+        xin = modulated_norm(x, bc.scale1, bc.shift1, bc.eps)
+        table = self.rope[si]
+        if idx is not None and bp.prune_kv:  # only kept tokens make q, k, v
+            rot = qkv_rope(bc, _gather_rows(xin, idx), table[idx])
+            counts["qkv"] = idx.shape[1]
         else:
-            table = rope[:, idx]                                                 # (2, rows, K, half)
-            table = table.unsqueeze(2)                                           # (2, rows, 1, K, half)
-            if bp.prune_kv:
-                q, k, v = block.sa.qkv(_gather_rows(xin, idx))
-                q, k = apply_rope(q, table), apply_rope(k, table)
-                counts["qkv"] = idx.shape[1]
-            else:
-                q_all, k, v = block.sa.qkv(xin)
-                k = apply_rope(k, rope)
-                q = apply_rope(q_all.gather(2, idx[:, None, :, None].expand(-1, q_all.shape[1], -1, q_all.shape[3])), table)
-                counts["qkv"] = n
-            qpos = idx
-        kk, vv = self.kv.append(bi, k, v)
+            rot = qkv_rope(bc, xin, table)
+            counts["qkv"] = n
+        kk, vv = self.kv.append(bi, rot[1:], self.kv_dtype)
+        q = rot[0]
+        if idx is not None and not bp.prune_kv:  # every token gives K/V, kept tokens query
+            q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
+        qpos = idx
         counts["kv"] = kk.shape[2]
-        attn = F.scaled_dot_product_attention(q, kk.to(q.dtype) if q.dtype != kk.dtype else kk, vv.to(q.dtype), scale=1.0)
+        attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
         if want_entropy:
             sub_q, sub_pos = q, qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
             if entropy_queries is not None and entropy_queries < sub_q.shape[2]:
@@ -439,32 +460,30 @@ class _GenState:
             attn_ent[bi] = attention_entropy(sub_q, kk)
             attn_idx[bi] = sub_pos
             counts["ent_q"] = sub_q.shape[2]
-        branch = block.sa.out(attn).float().mul(g1)
         counts["sa"] = q.shape[2]
-        x = self._apply_branch(si, bi, "sa", x, branch, idx, bp, residual_store)
+        x = self._apply_branch(si, bi, "sa", x, sa_out(bc, attn), bc.g1, idx, bp, residual_store)
 
         # --- cross-attention
         idx = indices("ca")
         xq = x if idx is None else _gather_rows(x, idx)
-        tk, tv = self.text_kv[bi]
-        branch = block.ca.attend(block.ca_norm(xq), tk[:rows], tv[:rows], self.ca_mask[:rows], self.rt.ca_bf16).float()
         counts["ca"] = xq.shape[1]
-        x = self._apply_branch(si, bi, "ca", x, branch, idx, bp, residual_store)
+        x = self._apply_branch(si, bi, "ca", x, cross_attention(bc, xq), None, idx, bp, residual_store)
 
         # --- FFN
         idx = indices("ffn")
         xq = x if idx is None else _gather_rows(x, idx)
-        branch = block.ffn(block.modulated_norm(xq, s2, sh2)).float().mul(g2)
         counts["ffn"] = xq.shape[1]
-        return self._apply_branch(si, bi, "ffn", x, branch, idx, bp, residual_store)
+        return self._apply_branch(si, bi, "ffn", x, ffn(bc, xq), bc.g2, idx, bp, residual_store)
 
-    def _apply_branch(self, si, bi, sub, x, branch, idx, bp: BlockPlan, residual_store):
-        """x + branch for full sublayers; for pruned ones, fill the pruned positions first."""
+    def _apply_branch(self, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, residual_store):
+        """x + gate * branch. Full sublayers compute it as the lean block does (bit for bit); pruned
+        ones fill the pruned positions first (cached residual or nothing)."""
         if idx is None:
             if residual_store is not None:
-                residual_store[(bi, sub)] = branch
-            return x + branch
+                residual_store[(bi, sub)] = branch.float() if gate is None else branch.float().mul(gate)
+            return x + branch if gate is None else torch.addcmul(x, branch, gate)
         rows, n, c = x.shape
+        branch = branch.float() if gate is None else branch.float().mul(gate)
         if bp.fill == "pass":
             return x.scatter_add(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
         base = self._cached_branch(si, bi, sub, rows, bp.cache_from)

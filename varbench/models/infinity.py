@@ -10,7 +10,8 @@ Numerics follow the released inference path:
 - Self-attention: q/k L2-normalised, q scaled by exp(min(scale_mul_1H11, ln 100)), 2-D RoPE after
   normalisation, softmax scale 1, no mask (each scale sees all earlier scales and itself).
 - Cross-attention: plain 1/sqrt(d) attention over the prompt's own text tokens (varlen); the
-  released code always runs it through flash-attn in bf16, which `ca_bf16` reproduces.
+  released code always runs it through flash-attn in bf16 (P rounded to bf16 before P.V), which
+  `ca_bf16` reproduces with SDPA on bf16 tensors.
 """
 from __future__ import annotations
 
@@ -78,17 +79,44 @@ class TextRMSNorm(nn.Module):
         return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps))) * self.weight).to(x.dtype)
 
 
+KeyRuns = tuple[tuple[int, int, int], ...]
+
+
+def key_runs(key_mask: torch.Tensor) -> KeyRuns:
+    """Maximal runs of rows with the same key length: ((row0, row1, length), ...). Reads the mask on
+    the host, so compute it once per generation (text is constant over the loop), not per block."""
+    lens = key_mask.sum(1).tolist()
+    runs, r0 = [], 0
+    for r in range(1, len(lens) + 1):
+        if r == len(lens) or lens[r] != lens[r0]:
+            runs.append((r0, r, int(lens[r0])))
+            r0 = r
+    return tuple(runs)
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor, scale: float,
-                     bf16: bool) -> torch.Tensor:
+                     bf16: bool, runs: Optional[KeyRuns] = None) -> torch.Tensor:
     """Attention of q (B, H, Lq, c) over padded k/v (B, H, Lk, c) with key_mask (B, Lk) True = real.
 
-    `bf16` rounds inputs and output through bfloat16 as the released flash-attn call does.
+    `bf16` computes as the released flash-attn varlen call does: q, k, v in bf16, each sequence
+    attending to its own keys only, the softmax numerators P rounded to bf16 before P.V, the output
+    in bf16 (returned in q's dtype). SDPA on bf16 tensors without a mask rounds the same way (CPU and
+    CUDA flash kernels), so each run of equal-length rows is one unmasked call on keys [:length].
+    `runs` are `key_runs(key_mask)`, passed in by callers that already have them.
+    `bf16=False` is exact fp32 attention over the mask (a reference, not the released numerics).
     """
-    if bf16 and q.dtype == torch.float32:
-        q, k, v = (t.to(torch.bfloat16).float() for t in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], scale=scale)
-        return out.to(torch.bfloat16).float()
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], scale=scale)
+    if not bf16:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask[:, None, None, :], scale=scale)
+    out_dtype = q.dtype
+    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    runs = key_runs(key_mask) if runs is None else runs
+    if len(runs) == 1:
+        n = runs[0][2]
+        out = F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], scale=scale)
+    else:
+        out = torch.cat([F.scaled_dot_product_attention(q[a:b], k[a:b, :, :n], v[a:b, :, :n], scale=scale)
+                         for a, b, n in runs])
+    return out.to(out_dtype)
 
 
 class CrossAttention(nn.Module):
@@ -116,14 +144,14 @@ class CrossAttention(nn.Module):
         return kv[0], kv[1]
 
     def attend(self, x: Optional[torch.Tensor], k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-               bf16: bool = True) -> torch.Tensor:
+               bf16: bool = True, runs: Optional[KeyRuns] = None) -> torch.Tensor:
         if self.for_attn_pool:
             b = k.shape[0]
             q = self.mat_q.to(k.dtype).expand(b, -1, -1).unsqueeze(2)          # (B, H, 1, c)
         else:
             b, lq, _ = x.shape
             q = self.mat_q(x).view(b, lq, self.num_heads, self.head_dim).transpose(1, 2)
-        out = varlen_attention(q, k, v, key_mask, self.scale, bf16)
+        out = varlen_attention(q, k, v, key_mask, self.scale, bf16, runs)
         out = out.transpose(1, 2).reshape(b, -1, self.num_heads * self.head_dim)
         return self.proj(out)
 
