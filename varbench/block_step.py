@@ -71,6 +71,9 @@ class BlockConsts:
     eps: float
     heads: int
 
+    #: fields that depend on the prompt (refilled in place when graph mode reuses the tensors)
+    PER_PROMPT = ("g1", "g2", "scale1", "shift1", "scale2", "shift2", "text_k", "text_v", "text_mask")
+
     @classmethod
     def build(cls, block: CrossAttnBlock, shared_gss: torch.Tensor, ca_text: torch.Tensor, ca_mask: torch.Tensor,
               runs: KeyRuns, ca_bf16: bool) -> "BlockConsts":

@@ -26,7 +26,7 @@ from .flops import scale_flops, text_flops
 from .models.bsq_vae import patchify_codes, unpatchify_bits
 from .block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, rope_qkv_table, sa_out
 from .models.infinity import CrossAttnBlock, Infinity, key_runs
-from .models.schedules import rope_reference_grid, rope_table, scale_schedule
+from .models.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
 from .models.text import TextBatch
 from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
 from .policies.base import Policy
@@ -75,15 +75,20 @@ class _KVCache:
     hold different lengths (pruned K/V, skipped blocks). Static capacity keeps each step's shapes static."""
 
     def __init__(self, depth: int, capacity: int):
-        self.kv: list[Optional[torch.Tensor]] = [None] * depth
+        self.full: list[Optional[torch.Tensor]] = [None] * depth   # all rows, as allocated
+        self.kv: list[Optional[torch.Tensor]] = [None] * depth     # the rows in use
         self.len = [0] * depth
         self.capacity = capacity
+
+    def restart(self) -> None:
+        """Empty, keeping the buffers (graph mode: captured steps write to these addresses)."""
+        self.kv, self.len = list(self.full), [0] * len(self.len)
 
     def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c)."""
         if self.kv[bi] is None:
             two, rows, heads, _, c = kv.shape
-            self.kv[bi] = kv.new_empty((2, rows, heads, self.capacity, c), dtype=dtype)
+            self.kv[bi] = self.full[bi] = kv.new_empty((2, rows, heads, self.capacity, c), dtype=dtype)
         buf, start = self.kv[bi], self.len[bi]
         self.len[bi] = end = start + kv.shape[3]
         buf.narrow(3, start, kv.shape[3]).copy_(kv)
@@ -116,12 +121,21 @@ class InfinityRuntime:
     """Holds the transformer, VAE and text encoder; runs generations under a policy."""
 
     def __init__(self, model: Infinity, vae, text_encoder, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, ca_bf16: bool = True):
+                 dtype: torch.dtype = torch.float32, ca_bf16: bool = True, cuda_graphs: Optional[bool] = None,
+                 fused_entropy: bool = True):
         """`dtype=torch.bfloat16` casts the blocks to bf16 and computes as the released bf16 autocast
         run does, with the casts written out (`varbench.block_step`): word embedding and blocks in
         bf16, LayerNorms, q/k normalisation, RoPE, the residual stream and the head in fp32.
         `ca_bf16` computes cross-attention as the released flash-attn call does (bf16 inputs, P and
-        output) even in fp32 runs; False is exact fp32 attention (a reference, not the release)."""
+        output) even in fp32 runs; False is exact fp32 attention (a reference, not the release).
+
+        `cuda_graphs` (None: True on CUDA) replays each scale step from a CUDA graph captured once
+        per (scale, plan signature, state): the host launches one graph per scale instead of
+        ~40 ops per block. A step's first occurrence runs eagerly, its second is captured. Graph
+        mode keeps one generation state per input shape alive between calls (`clear_graphs`).
+        `fused_entropy` (CUDA only): attention entropy requested by a plan comes out of the
+        attention pass itself (`varbench.kernels.flash_entropy`); its attention output then rounds
+        like flash-attn but is not SDPA's bit for bit. False: SDPA + a second chunked pass."""
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.vae = vae.to(self.device).eval() if vae is not None else None
@@ -132,6 +146,18 @@ class InfinityRuntime:
             for b in self.model.blocks:
                 b.to(dtype)
         self.cfg = model.cfg
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        if self.cuda_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device, but the runtime is on {self.device}; "
+                             "set runtime.cuda_graphs=false (or auto) on the CPU")
+        self.fused_entropy = fused_entropy
+        self._graph_states: dict = {}
+        self._graph_pool = None
+
+    def clear_graphs(self) -> None:
+        """Drop every captured graph and the generation states they read (frees their memory)."""
+        self._graph_states.clear()
+        self._graph_pool = None
 
     def rope_qkv(self, grid: tuple[int, int], h_div_w: float) -> torch.Tensor:
         """The scale's RoPE as one complex table for (q, k, v), (h*w, 3, 1, c/2), cached per grid."""
@@ -229,7 +255,7 @@ class InfinityRuntime:
                                 num_heads=self.cfg.num_heads, batch=batch, cfg_rows=cfg_rows,
                                 cfg=tuple(cfgs), tau=tuple(taus), device=str(dev))
         policy.reset(ctx)
-        state = _GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+        state = self._state(ctx, text, negative, sched, h_div_w, seeds)
         scale_marks = _Timer(dev)
         for si in range(n_scales):
             scale_marks.mark()
@@ -240,9 +266,11 @@ class InfinityRuntime:
                 policy.observe(si, signals)
         scale_marks.mark()
         timer.mark()
+        # graph mode: the state's buffer is refilled by the next generation, so hand out a copy
+        summed_codes = state.summed_codes if state.graphs is None else state.summed_codes.clone()
         images = None
         if decode:
-            images = self.decode(state.summed_codes)
+            images = self.decode(summed_codes)
         timer.mark()
 
         text_ms, ar_ms, decode_ms = timer.intervals_ms()
@@ -252,11 +280,26 @@ class InfinityRuntime:
         per_scale_flops = [scale_flops(self.cfg, tr) for tr in state.trace]
         tflops = text_flops(self.cfg, state.text_tokens[state.rows0], state.rows0)
         return GenerationOutput(
-            images=images, summed_codes=state.summed_codes, bits=state.bits, schedule=sched, trace=state.trace,
+            images=images, summed_codes=summed_codes, bits=state.bits, schedule=sched, trace=state.trace,
             flops={"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops},
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
             policy_stats=policy.stats(), token_entropy=state.entropies,
         )
+
+    def _state(self, ctx, text, negative, sched, h_div_w, seeds) -> "_GenState":
+        """A fresh generation state; in graph mode the one of the previous call with the same shapes,
+        refilled in place (its tensors are what the captured graphs read and write)."""
+        if not self.cuda_graphs:
+            return _GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+        key = (ctx, tuple(text.features.shape), tuple(text.lens), None if negative is None else
+               (tuple(negative.features.shape), tuple(negative.lens)), nearest_template(h_div_w))
+        state = self._graph_states.get(key)
+        if state is None:
+            state = self._graph_states[key] = _GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+            state.graphs = {}
+        else:
+            state.restart(text, negative, seeds)
+        return state
 
     @torch.no_grad()
     def decode(self, summed_codes: torch.Tensor) -> torch.Tensor:
@@ -279,6 +322,27 @@ def _per_scale(v, n: int, name: str) -> list[float]:
     if len(v) < n:
         raise ValueError(f"{name} has {len(v)} values but the schedule has {n} scales; give one per scale or a single number")
     return v[:n]
+
+
+@dataclasses.dataclass
+class _StepOut:
+    """What one scale step produced (in graph mode: the captured step's static tensors)."""
+
+    logits: torch.Tensor                 # (rows, n, 2d) head output
+    guided: torch.Tensor                 # (B, n, 2d) tempered, guided logits
+    bits: torch.Tensor                   # (B, h, w, d)
+    entropy: torch.Tensor                # (B, n)
+    attn_ent: dict
+    attn_idx: dict
+    counts: list                         # per block executed tokens (host ints)
+    residual_store: Optional[dict]
+
+
+@dataclasses.dataclass
+class _CapturedStep:
+    graph: "torch.cuda.CUDAGraph"
+    out: _StepOut
+    kv_len: list                         # KV lengths after the step (host state the replay must restore)
 
 
 class _GenState:
@@ -313,6 +377,27 @@ class _GenState:
         self.entropies: list[Optional[torch.Tensor]] = []
         self.trace: list[dict] = []
         self.dropped_uncond = False
+        self.consts_full = self.consts
+        self.h_div_w = h_div_w
+        self.graphs: Optional[dict] = None     # graph mode: plan/state key -> _CapturedStep
+        self.seen: set = set()                 # keys run once eagerly (captured at the second sighting)
+        self.keep_buffers: dict = {}           # static copies of plans' kept indices, read by graphs
+        self.static_ptrs: set = set()          # residual tensors that are captured steps' outputs
+
+    def restart(self, text: TextBatch, negative: Optional[TextBatch], seeds: Sequence[int]) -> None:
+        """Graph mode: begin a new generation in the same tensors (captured steps read their addresses)."""
+        fresh = _GenState(self.rt, self.ctx, text, negative, self.sched, self.h_div_w, seeds)
+        for old, new in zip(self.consts_full, fresh.consts):
+            for name in BlockConsts.PER_PROMPT:
+                getattr(old, name).copy_(getattr(new, name))
+        self.cond.copy_(fresh.cond)
+        self.summed_codes.zero_()
+        for g, seed in zip(self.generators, seeds):
+            g.manual_seed(int(seed))
+        self.text_tokens = fresh.text_tokens
+        self.consts, self.rows, self.dropped_uncond = self.consts_full, self.rows0, False
+        self.kv.restart()
+        self.residuals, self.bits, self.entropies, self.trace = {}, [], [], []
 
     # -------------------------------------------------------------- input of scale si
     def _scale_input(self, si: int) -> torch.Tensor:
@@ -349,9 +434,32 @@ class _GenState:
             if not 0 <= bi < len(self.blocks):
                 raise ValueError(f"plan for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
             bp.validate(n)
-        rows = self.rows
+        out = self._run_core(si, plan, cfg, tau, top_k, top_p)
+        if out.residual_store is not None:
+            self.residuals[si] = out.residual_store
+        for s in plan.release_residuals:
+            self.residuals.pop(s, None)
+        self.entropies.append(out.entropy)
+        self.bits.append(out.bits)
+        self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": self.rows, "batch": self.batch, "tokens": n,
+                           "text_tokens": self.text_tokens[self.rows], "blocks": out.counts})
+        cfg_active = self.rows == 2 * self.batch
+        d = out.guided.shape[-1] // 2
+        return ScaleSignals(
+            scale=si, h=h, w=w, token_entropy=out.entropy, logits=out.guided.view(self.batch, n, d, 2),
+            cond_logits=(out.logits[: self.batch].mul(1 / tau).view(self.batch, n, d, 2) if cfg_active else None),
+            attention_entropy=out.attn_ent, attention_query_index=out.attn_idx,
+            executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(out.counts)},
+            tau=tau, cfg=cfg,
+        )
+
+    def _core(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> "_StepOut":
+        """The device work of one scale: blocks, head, guidance, sampling, code accumulation. No host
+        reads of GPU values, so it can be captured as a CUDA graph."""
+        h, w = self.sched[si]
+        n = h * w
         x = self._scale_input(si)
-        block_counts, attn_ent, attn_idx = [], {}, {}
+        counts_all, attn_ent, attn_idx = [], {}, {}
         residual_store = {} if plan.keep_residuals else None
         for bi in range(len(self.blocks)):
             bp = plan.blocks.get(bi, _FULL)
@@ -362,33 +470,82 @@ class _GenState:
             elif bp.mode != "skip":
                 x = self._block(si, bi, x, bp, counts, residual_store,
                                 bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx)
-            block_counts.append(counts)
-        if residual_store is not None:
-            self.residuals[si] = residual_store
-        for s in plan.release_residuals:
-            self.residuals.pop(s, None)
-
-        # logits -> guided -> bits
-        cond_rows_logits = self.m.logits(x, self.cond[:rows])
-        cfg_active = self.rows == 2 * self.batch
-        guided = guided_logits(cond_rows_logits, self.batch, cfg, tau, cfg_active)
-        bits = sample_bits(guided, self.generators, top_k, top_p)            # (B, n, d)
+            counts_all.append(counts)
+        logits = self.m.logits(x, self.cond[:self.rows])
+        guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
+        bits = sample_bits(guided, self.generators, top_k, top_p).view(self.batch, h, w, -1)
         entropy = bit_entropy(guided)
-        self.entropies.append(entropy)
-        bits_grid = bits.view(self.batch, h, w, -1)
-        self.bits.append(bits_grid)
-        self._accumulate(si, bits_grid)
+        self._accumulate(si, bits)
+        return _StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store)
 
-        self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": self.batch, "tokens": n,
-                           "text_tokens": self.text_tokens[rows], "blocks": block_counts})
-        d = guided.shape[-1] // 2
-        return ScaleSignals(
-            scale=si, h=h, w=w, token_entropy=entropy, logits=guided.view(self.batch, n, d, 2),
-            cond_logits=(cond_rows_logits[: self.batch].mul(1 / tau).view(self.batch, n, d, 2) if cfg_active else None),
-            attention_entropy=attn_ent, attention_query_index=attn_idx,
-            executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(block_counts)},
-            tau=tau, cfg=cfg,
-        )
+    def _run_core(self, si, plan, cfg, tau, top_k, top_p) -> "_StepOut":
+        """Eager, or through a CUDA graph: first sighting of a key eager, second captured, then replayed."""
+        key = None if self.graphs is None else self._graph_key(si, plan, cfg, tau, top_k, top_p)
+        if key is None:
+            return self._core(si, plan, cfg, tau, top_k, top_p)
+        plan = self._static_keeps(si, plan)
+        step = self.graphs.get(key)
+        if step is None:
+            if key not in self.seen:  # allocations, lazy inits and kernel compilation happen here
+                self.seen.add(key)
+                return self._core(si, plan, cfg, tau, top_k, top_p)
+            graph, out = self._capture(lambda: self._core(si, plan, cfg, tau, top_k, top_p))
+            if out.residual_store is not None:
+                self.static_ptrs.update(t.data_ptr() for t in out.residual_store.values())
+            step = self.graphs[key] = _CapturedStep(graph, out, list(self.kv.len))
+        else:
+            step.graph.replay()
+        self.kv.len = list(step.kv_len)
+        out = step.out  # static tensors: overwritten by the next replay, so keep copies of what outlives it
+        return dataclasses.replace(out, bits=out.bits.clone(), entropy=out.entropy.clone())
+
+    def _capture(self, fn):
+        """Capture `fn` (one scale step) as a CUDA graph, then replay it once (capture runs nothing)."""
+        if self.rt._graph_pool is None:
+            self.rt._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        for g in self.generators:  # per-image generators advance on every replay as in eager mode
+            graph.register_generator_state(g)
+        with torch.cuda.graph(graph, pool=self.rt._graph_pool):
+            out = fn()
+        graph.replay()
+        return graph, out
+
+    def _graph_key(self, si, plan: ScalePlan, cfg, tau, top_k, top_p) -> Optional[tuple]:
+        """Everything a captured step bakes in: the plan's shape (not its kept indices, which are
+        copied into static buffers), the KV lengths, and the addresses of the residuals it may read.
+        None (run eagerly): the plan has a selector that is not a dataclass (no stable signature), or
+        residuals of an eager step are alive (a graph would read their soon-freed memory)."""
+        blocks = []
+        for bi, bp in sorted(plan.blocks.items()):
+            sel = None
+            if bp.selector is not None:
+                if not dataclasses.is_dataclass(bp.selector):
+                    return None
+                sel = (type(bp.selector).__qualname__, dataclasses.astuple(bp.selector))
+            blocks.append((bi, bp.mode, bp.n_keep, tuple(bp.sublayers), bp.fill, bp.cache_from, bp.prune_kv,
+                           None if bp.keep is None else tuple(bp.keep.shape), sel))
+        residuals = tuple((src, k, t.data_ptr()) for src, d in sorted(self.residuals.items()) for k, t in sorted(d.items()))
+        if any(ptr not in self.static_ptrs for *_, ptr in residuals):
+            return None  # residuals from an eager step live in memory a graph must not hold on to
+        return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
+                plan.attention_entropy_queries, self.rows, tuple(self.kv.len), residuals, cfg, tau, top_k, top_p)
+
+    def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
+        """The plan with every `keep` copied into a buffer that lives as long as this state."""
+        if not any(bp.keep is not None for bp in plan.blocks.values()):
+            return plan
+        blocks = {}
+        for bi, bp in plan.blocks.items():
+            if bp.keep is not None:
+                key = (si, bi, tuple(bp.keep.shape))
+                buf = self.keep_buffers.get(key)
+                if buf is None:
+                    buf = self.keep_buffers[key] = torch.empty(bp.keep.shape, dtype=torch.long, device=self.rt.device)
+                buf.copy_(bp.keep)
+                bp = dataclasses.replace(bp, keep=buf)
+            blocks[bi] = bp
+        return dataclasses.replace(plan, blocks=blocks)
 
     def _accumulate(self, si: int, bits_grid: torch.Tensor) -> None:
         """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released."""
@@ -451,15 +608,25 @@ class _GenState:
             q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
         qpos = idx
         counts["kv"] = kk.shape[2]
-        attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
+        fused = want_entropy and self.rt.fused_entropy and x.device.type == "cuda"
+        if fused:  # entropy of every query from the attention pass itself (ToProVAR's Flash Attention Entropy)
+            from .kernels import flash_attention_with_entropy
+
+            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0)
+        else:
+            attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
         if want_entropy:
-            sub_q, sub_pos = q, qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
-            if entropy_queries is not None and entropy_queries < sub_q.shape[2]:
-                pick = torch.linspace(0, sub_q.shape[2] - 1, entropy_queries, device=x.device).round().long()
-                sub_q, sub_pos = sub_q[:, :, pick], sub_pos[:, pick]
-            attn_ent[bi] = attention_entropy(sub_q, kk)
+            sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
+            pick = None
+            if entropy_queries is not None and entropy_queries < q.shape[2]:
+                pick = torch.linspace(0, q.shape[2] - 1, entropy_queries, device=x.device).round().long()
+                sub_pos = sub_pos[:, pick]
+            if fused:
+                attn_ent[bi] = ent_all if pick is None else ent_all[:, pick]
+            else:
+                attn_ent[bi] = attention_entropy(q if pick is None else q[:, :, pick], kk)
             attn_idx[bi] = sub_pos
-            counts["ent_q"] = sub_q.shape[2]
+            counts["ent_q"] = sub_pos.shape[1]
         counts["sa"] = q.shape[2]
         x = self._apply_branch(si, bi, "sa", x, sa_out(bc, attn), bc.g1, idx, bp, residual_store)
 

@@ -1,0 +1,136 @@
+"""Graph mode: per-scale steps captured once and replayed must give the eager bits, bit for bit.
+
+On CUDA (`gpu` marker) the real thing. On the CPU, the graph bookkeeping (state reuse across
+generations, plan keys, static kept-index buffers, KV lengths restored after a replay, residuals of
+eager steps never baked into a graph) runs with an emulated graph: "capture" runs the step, "replay"
+runs it again and copies its results into the captured step's output tensors, as a real replay
+overwrites static outputs. A bookkeeping mistake (a stale KV length, a kept-index buffer not
+refreshed, a state not reset) changes the bits of the later generations.
+"""
+import dataclasses
+
+import pytest
+import torch
+
+from varbench.models.schedules import scale_schedule
+from varbench.plan import BlockPlan, ScalePlan
+from varbench.policies import build_policy
+from varbench.policies.base import Policy
+from varbench.runtime import _GenState
+from varbench.testing import tiny_runtime
+
+PN = "0.25M"
+PROMPTS = [["a red circle"], ["two blue squares"], ["a green triangle"], ["a red circle"]]
+
+
+class RandomKeepPolicy(Policy):
+    """Prunes block 1 at scale 4 with indices drawn anew every generation (fixed shape), keeps
+    residuals at scale 3 for the fill: exercises static keep buffers and residual addresses."""
+
+    name = "random_keep"
+
+    def __init__(self):
+        self.g = torch.Generator().manual_seed(5)
+
+    def plan(self, si):
+        if si == 3:
+            return ScalePlan(keep_residuals=True)
+        if si == 4:
+            n = self.ctx.tokens(si)
+            idx = torch.randperm(n, generator=self.g)[: n // 2].sort().values.expand(self.ctx.rows, -1)
+            return ScalePlan(blocks={1: BlockPlan(mode="prune", keep=idx, n_keep=n // 2, cache_from=3)})
+        return ScalePlan()
+
+
+def _copy_into(static, new):
+    if isinstance(static, torch.Tensor):
+        static.copy_(new)
+    elif isinstance(static, dict):
+        for k in static:
+            _copy_into(static[k], new[k])
+
+
+def _emulated_capture(self, fn):
+    out = fn()
+
+    class Graph:
+        def replay(self_graph):
+            host_kv_len = list(self.kv.len)  # a real replay runs no Python: host state stays as it was
+            fresh = fn()
+            self.kv.len = host_kv_len
+            for f in dataclasses.fields(out):
+                _copy_into(getattr(out, f.name), getattr(fresh, f.name))
+
+    return Graph(), out
+
+
+def _run(rt, make_policy, prompts_list, seeds=(3,)):
+    return [rt.generate(p, list(seeds), make_policy(), pn=PN, cfg=3.0, decode=False) for p in prompts_list]
+
+
+@pytest.mark.parametrize("make_policy", [lambda: None, RandomKeepPolicy,
+                                         lambda: build_policy("fastvar", prune={-3: 0.5}, skip=[-1], cache_scale=None)],
+                         ids=["baseline", "random_keep", "fastvar"])
+def test_emulated_graphs_give_the_eager_bits(monkeypatch, make_policy):
+    eager = _run(tiny_runtime(seed=0), make_policy, PROMPTS)
+    rt = tiny_runtime(seed=0)
+    rt.cuda_graphs = True
+    captured = []
+    monkeypatch.setattr(_GenState, "_capture", lambda self, fn: captured.append(1) or _emulated_capture(self, fn))
+    graphed = _run(rt, make_policy, PROMPTS)
+    assert captured, "no step was captured"
+    for g, (a, b) in enumerate(zip(eager, graphed)):
+        for si, (x, y) in enumerate(zip(a.bits, b.bits)):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert torch.equal(x, y), f"generation {g}, scale {si}: graphed bits differ from eager"
+        assert torch.equal(a.summed_codes, b.summed_codes)
+        assert [t["blocks"] for t in a.trace] == [t["blocks"] for t in b.trace]
+    state = next(iter(rt._graph_states.values()))
+    n_ran = sum(1 for t in graphed[-1].trace if t["ran"])
+    assert len(state.graphs) >= n_ran - 1  # every executed step is captured by the 4th generation
+
+
+def test_graph_mode_keeps_one_state_per_shape_and_restarts_it(monkeypatch):
+    monkeypatch.setattr(_GenState, "_capture", _emulated_capture)
+    rt = tiny_runtime(seed=0)
+    rt.cuda_graphs = True
+    a = rt.generate(["a red circle"], [1], pn=PN, cfg=3.0, decode=False)
+    state = next(iter(rt._graph_states.values()))
+    b = rt.generate(["a red circle"], [1], pn=PN, cfg=3.0, decode=False)
+    assert len(rt._graph_states) == 1 and next(iter(rt._graph_states.values())) is state
+    assert torch.equal(a.summed_codes, b.summed_codes)  # restarted: zeroed codes, KV lengths, generators
+    rt.generate(["a red circle", "two blue squares"], [1, 2], pn=PN, cfg=3.0, decode=False)
+    assert len(rt._graph_states) == 2  # another batch size: another state
+    rt.clear_graphs()
+    assert not rt._graph_states
+
+
+def test_cuda_graphs_need_cuda():
+    from varbench.testing import tiny_runtime as make
+
+    rt = make(seed=0)
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
+        type(rt)(rt.model, rt.vae, rt.text_encoder, device="cpu", cuda_graphs=True)
+
+
+# ---------------------------------------------------------------------------------------- CUDA
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("method", ["baseline", "fastvar", "toprovar"])
+def test_cuda_graphed_bits_equal_eager_bits(dtype, method):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    base = tiny_runtime(seed=0)
+    eager = type(base)(base.model, base.vae, base.text_encoder, device="cuda", dtype=dtype, cuda_graphs=False)
+    graphed = type(base)(base.model, base.vae, base.text_encoder, device="cuda", dtype=dtype, cuda_graphs=True)
+    sched = scale_schedule(1.0, PN)
+    knobs = {"fastvar": dict(prune={-3: 0.5}, skip=[-1]), "toprovar": {}, "baseline": {}}[method]
+    for prompts in PROMPTS:
+        out_e = eager.generate(prompts, [3], build_policy(method, **knobs), pn=PN, cfg=3.0, decode=False)
+        out_g = graphed.generate(prompts, [3], build_policy(method, **knobs), pn=PN, cfg=3.0, decode=False)
+        for si in range(len(sched)):
+            if out_e.bits[si] is not None:
+                assert torch.equal(out_e.bits[si], out_g.bits[si]), f"{method} {dtype}: scale {si} differs"
+    state = next(iter(graphed._graph_states.values()))
+    assert state.graphs, "nothing was captured"
