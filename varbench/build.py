@@ -60,6 +60,19 @@ def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype) -> I
     return InfinityRuntime(model, vae, text, device=device, dtype=dtype)
 
 
+def configure_runtime(rt: InfinityRuntime, runtime_cfg: Any) -> InfinityRuntime:
+    """Apply `runtime.cuda_graphs` (auto | true | false) and `runtime.fused_entropy` to a built runtime."""
+    graphs = str(runtime_cfg.get("cuda_graphs", "auto")).lower()
+    if graphs not in ("auto", "true", "false"):
+        raise ValueError(f"runtime.cuda_graphs={graphs!r}; use auto, true or false")
+    if graphs == "true" and rt.device.type != "cuda":
+        raise ValueError(f"runtime.cuda_graphs=true needs a CUDA device, but the runtime is on {rt.device}; "
+                         "use runtime.cuda_graphs=auto (or false)")
+    rt.cuda_graphs = rt.device.type == "cuda" if graphs == "auto" else graphs == "true"
+    rt.fused_entropy = bool(runtime_cfg.get("fused_entropy", True))
+    return rt
+
+
 def build_policy_from_cfg(method_cfg: Any):
     from omegaconf import OmegaConf
 

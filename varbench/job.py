@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .build import build_policy_from_cfg, build_runtime, generation_resolution, resolve_device, resolve_dtype
+from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
 from .prompts import load_prompt_set
 from .provenance import collect_provenance, sha256_file
 from .records import RunEntry, append_jsonl, read_jsonl, utc_now
@@ -169,7 +169,7 @@ def run_job(cfg: DictConfig) -> Path:
     ghash = generation_hash(resolved)
     store = ImageStore(store_root, ghash)
     with entry.lock():
-        rt = build_runtime(cfg.model, device, dtype)
+        rt = configure_runtime(build_runtime(cfg.model, device, dtype), cfg.runtime)
         policy = build_policy_from_cfg(cfg.method)
         store.write_manifest(resolved)
         traces_path = store.dir / "traces.jsonl"

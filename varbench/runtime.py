@@ -153,6 +153,7 @@ class InfinityRuntime:
         self.fused_entropy = fused_entropy
         self._graph_states: dict = {}
         self._graph_pool = None
+        self.max_graph_states = 1
 
     def clear_graphs(self) -> None:
         """Drop every captured graph and the generation states they read (frees their memory)."""
@@ -295,6 +296,10 @@ class InfinityRuntime:
                (tuple(negative.features.shape), tuple(negative.lens)), nearest_template(h_div_w))
         state = self._graph_states.get(key)
         if state is None:
+            # each state holds a whole KV cache: keep only the newest (a new prompt length or batch
+            # size starts over eagerly; the timed pass repeats one shape and replays)
+            while len(self._graph_states) >= self.max_graph_states:
+                self._graph_states.pop(next(iter(self._graph_states)))
             state = self._graph_states[key] = _GenState(self, ctx, text, negative, sched, h_div_w, seeds)
             state.graphs = {}
         else:
