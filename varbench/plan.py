@@ -131,6 +131,11 @@ class ScaleSignals:
                         that block executed (all, a pruned subset, or the requested subsample);
     attention_query_index: {block: (rows, n_queries) long} their positions in the h*w grid.
     executed_tokens:    {block: {sublayer: tokens executed per row}} at this scale.
+    summed_codes:       (B, d_vae, 1, H, W) the codes accumulated so far (this scale included), on the
+                        final latent grid: what the VAE would decode if the generation stopped here.
+                        Read it in `observe` (it changes at the next scale); copy what you keep.
+    decode:             codes -> uint8 RGB (B, H, W, 3), the runtime's VAE decode (None without a VAE),
+                        for policies that look at the intermediate image (SkipVAR's frequency features).
     """
 
     scale: int
@@ -144,6 +149,8 @@ class ScaleSignals:
     executed_tokens: dict[int, dict[str, int]]
     tau: float
     cfg: float
+    summed_codes: Optional[torch.Tensor] = None
+    decode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -455,7 +455,7 @@ class _GenState:
             cond_logits=(out.logits[: self.batch].mul(1 / tau).view(self.batch, n, d, 2) if cfg_active else None),
             attention_entropy=out.attn_ent, attention_query_index=out.attn_idx,
             executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(out.counts)},
-            tau=tau, cfg=cfg,
+            tau=tau, cfg=cfg, summed_codes=self.summed_codes, decode=self.rt.decode if self.rt.vae is not None else None,
         )
 
     def _core(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> "_StepOut":
