@@ -1,0 +1,1178 @@
+"""The GPU device benchmark in one command: random-weight Infinity-2B and -8B at 1024², every method.
+
+    bash scripts/device_bench.sh                                   # on the H200 (wheelhouse carried in)
+    python -m experiments.device_bench                             # same, without the install step
+    python -m experiments.device_bench --smoke --out /tmp/db       # CPU, tiny models, < 60 s (the CI test)
+
+Writes `results/curated/device_bench.json` and `results/curated/device_bench.md` (`--out DIR` moves both),
+rewritten atomically after every section, so a run cut off by a time limit keeps what finished.
+
+What is measured
+----------------
+Models: Infinity-2B and -8B architectures with RANDOM weights (latency does not depend on weight values),
+built on the meta device, materialised on the GPU (`to_empty`; blocks directly in bf16) and filled with
+N(0, std of PyTorch's default init) in a few seconds; the VAE (`model.cfg.vae` preset) is built on the
+GPU with its default init. Text: precomputed random features of the real text width (2048) and
+`--text-len` (30) tokens, so flan-t5-xl is not run: "text ms" is ~0 and "e2e" = text + AR loop + VAE
+decode *without* T5 encoding. 1024² (`pn=1M`, 13 scales), cfg 4, tau 1, seeds 0..B-1 (the same in every
+repeat, so data-dependent methods make the same plan every time).
+
+Methods (each method's default preset, `conf/method/<preset>.yaml`, loaded with OmegaConf when installed,
+else PyYAML with the same `defaults:` merge):
+  2B: baseline, fastvar (the release's 2B setting), nova, toprovar, skip_last_2
+  8B: baseline, fastvar_8b_paper (the only FastVAR preset written for 8B: ToProVAR Table 8's setting),
+      nova, toprovar, skip_last_2
+With random weights the entropy-driven methods (NOVA, ToProVAR) decide from random-model entropies: their
+rows time the machinery (entropy requests, plan building) and whatever plan that produces; each row
+records the policy's own stats (e.g. ToProVAR's depth D) so a reader can see what was pruned.
+
+Protocol, per section (a model x batch x a list of (method, mode) items):
+  * warm-up: `--warmup` untimed generations per item (CUDA graph capture happens here);
+  * timing: `--repeats` rounds; in each round every item runs once, in an order rotated per round, so a
+    method and its reference (the baseline in the same mode, in the same round) see the same machine
+    state; stage times come from the runtime (`timings_ms`: CUDA events, read after the loop); the host
+    also times each `generate` call between `torch.cuda.synchronize()`s ("wall");
+  * per item: median and p10/p90 (varbench.timing's `_stats`) of the AR loop, text, decode and
+    e2e = text + AR + decode; per-scale median ms; images/s = batch / median e2e; peak memory =
+    `torch.cuda.max_memory_allocated` after a reset before each call (absolute: weights, KV cache, and
+    the runtime's captured-graph pools so far; only one model is resident at a time); FLOPs from the
+    runtime's analytic count;
+  * paired speed-up = median(reference AR) / median(method AR) over the same rounds, with a 95%
+    percentile-bootstrap interval that resamples rounds (pairs kept together) and the per-round ratios.
+    The baseline's row is paired with itself (exactly 1.0 [1.0, 1.0], a check of the pairing code).
+  `varbench.timing.timed_pass` is not used directly: it re-times the baseline once per method; here one
+  round-robin times the baseline once per round for all methods of a section.
+
+Eager vs graphed: `InfinityRuntime(..., cuda_graphs=...)` when the runtime accepts it; `rt.cuda_graphs`
+is toggled per call. Bit check: the same seeds in eager and graphed mode must give identical bits at every
+scale (`torch.equal`), per (model, method) at batch 1 (and at batch 8 when time allows); every timed item
+also checks that its repeats reproduce their first repeat's bits ("repeatable").
+
+ToProVAR's attention-entropy share (target <= 5%): ToProVAR is timed against the *same* ToProVAR plan
+with the entropy computation removed. The bench (only the bench; the runtime is untouched) records, in one
+untimed eager ToProVAR generation, every attention entropy the runtime computes, then, in the
+"toprovar~entropy_off" item, answers every entropy request from that recording without computing anything:
+`varbench.runtime.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
+kernel `flash_attention_with_entropy` (the runtime's CUDA path: attention and entropy in one pass) becomes
+plain SDPA plus the recorded entropy (see `EntropyPatch`, `--entropy-fn`). The policy therefore sees the
+same entropies and makes the same plan (checked: equal analytic FLOPs), and the AR-time difference is what
+the entropies cost (for the fused path: the fused kernel against SDPA). Answering with zeros instead would
+change ToProVAR's plan (tests/test_device_bench.py shows it). The item runs on a second runtime sharing the
+model's weights, so its captured graphs never contain the entropy work and it never replays the other
+runtime's graphs. Share = 1 - median(off AR)/median(on AR), paired rounds, same bootstrap interval. If no
+call reaches a patched function, the share is reported as not measured, never guessed.
+
+Order and budget (`--budget-s`, default 430 s for this script; the shell wrapper adds the install):
+  1 2B b1 baseline eager vs graphed   2 2B b1 methods graphed (+ entropy-off)   3 2B b1 bit check
+  4 8B b1 baseline eager vs graphed   5 8B b1 methods graphed (+ entropy-off)   6 8B b1 bit check
+  7 8B b8 baseline graphed            8 2B b8 baseline graphed                  9 2B b8 methods graphed
+  10 8B b8 methods graphed            11.. the rest: methods eager (b1, b8), b8 eager baselines, b8 bit checks
+Each section starts by dropping the runtimes' captured graphs (`clear_graphs`), so memory stays bounded
+and peak memory belongs to the section; graphed items warm up at least twice (the runtime runs a step's
+first sighting eagerly and captures the second). Before every generation the script projects what the
+item (and the section's timed rounds) still need from the times measured so far; what would not fit is
+skipped and listed as "skipped: time budget". Elapsed time is printed per section. Models are swapped
+(freed, rebuilt) when a section needs the other one; a build takes seconds. A failure (e.g. out of
+memory) is recorded in its row and the run goes on; the exit status is then 1.
+
+`--smoke`: the same code on the CPU with the `tiny` preset in the 2B role and a patchified tiny variant
+(the 8B's code path) in the 8B role, pn 0.06M, 1 warm-up + 2 repeats, batch 1 and 2, eager only (graphed
+items and bit checks: "skipped: no CUDA"), cfg 4. The targets block is then computed from tiny models and
+says so: its verdicts mean nothing about the targets.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import importlib
+import inspect
+import json
+import math
+import random
+import signal
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+METHOD_DIR = ROOT / "conf" / "method"
+SCHEMA = "device_bench/1"
+GIB = 1024 ** 3
+RANDOM_NOTE = ("weights are RANDOM (real architectures): times, memory and FLOPs only; images mean nothing, and "
+               "entropy-driven methods decide from a random model's entropies")
+
+#: role -> method presets (conf/method/<preset>.yaml) in priority order; the baseline first
+METHODS = {
+    "2b": ["baseline", "fastvar", "nova", "toprovar", "skip_last_2"],
+    "8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2"],
+}
+FASTVAR = {"2b": "fastvar", "8b": "fastvar_8b_paper"}
+TOPROVAR = "toprovar"
+ENTROPY_OFF = "entropy_off"
+#: first-guess seconds per generation per image (before anything is measured), for the budget
+GUESS_S = {"2b": 1.5, "8b": 3.0}
+BUILD_GUESS_S = {"2b": 20.0, "8b": 40.0}
+
+
+# ---------------------------------------------------------------------------------------------------
+# models
+@dataclasses.dataclass
+class ModelSpec:
+    role: str            # "2b" | "8b"
+    label: str
+    preset: str          # PRESETS key, or a description for smoke variants
+    cfg: Any             # InfinityConfig
+    pn: str
+
+
+def model_specs(smoke: bool, pn: Optional[str]) -> dict[str, ModelSpec]:
+    from varbench.models.infinity import PRESETS
+
+    if smoke:
+        tiny = PRESETS["tiny"]
+        return {"2b": ModelSpec("2b", "tiny (2B role)", "tiny", tiny, pn or "0.06M"),
+                "8b": ModelSpec("8b", "tiny-patchify (8B role)", "tiny+patchify(codebook 64)",
+                                dataclasses.replace(tiny, codebook_dim=64, patchify=True), pn or "0.06M")}
+    return {"2b": ModelSpec("2b", "Infinity-2B", "infinity_2b", PRESETS["infinity_2b"], pn or "1M"),
+            "8b": ModelSpec("8b", "Infinity-8B", "infinity_8b", PRESETS["infinity_8b"], pn or "1M")}
+
+
+@torch.no_grad()
+def fill_random_(model: torch.nn.Module, seed: int) -> None:
+    """Random values for a model materialised with `to_empty`: N(0, 1/sqrt(3 fan_in)) for matrices (the std
+    of PyTorch's default Linear init), the released init's constants/scales elsewhere; zero buffers."""
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "scale_mul_1H11":
+            p.fill_(math.log(4.0))
+        elif leaf == "ada_gss":
+            p.normal_(0.0, 1.0 / math.sqrt(p.shape[-1]), generator=g)
+        elif leaf == "cfg_uncond":
+            p.normal_(0.0, 1.2 / math.sqrt(p.shape[-1]), generator=g)
+        elif p.ndim == 1:
+            p.fill_(1.0) if leaf == "weight" else p.zero_()
+        else:
+            fan_in = p.numel() // p.shape[0]
+            p.normal_(0.0, 1.0 / math.sqrt(3 * fan_in), generator=g)
+    for name, b in model.named_buffers():
+        b.zero_()
+
+
+def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int):
+    """(Infinity, BSQVAE) with random weights on `device`; the Infinity blocks already in `dtype`."""
+    from varbench.models.bsq_vae import BSQVAE
+    from varbench.models.infinity import Infinity
+
+    with torch.device("meta"):
+        model = Infinity(spec.cfg)
+    bad = [n for n, _ in model.named_buffers() if not n.endswith("zero_k_bias")]
+    if bad:  # a buffer with meaning: to_empty + zero would be wrong, so build for real (slower)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = Infinity(spec.cfg)
+    else:
+        if dtype != torch.float32:
+            for b in model.blocks:
+                b.to(dtype)
+        model = model.to_empty(device=device)
+        fill_random_(model, seed)
+    torch.manual_seed(seed + 1)
+    with torch.device(device):
+        vae = BSQVAE(spec.cfg.vae)
+    return model, vae
+
+
+def runtime_accepts_cuda_graphs() -> bool:
+    from varbench.runtime import InfinityRuntime
+
+    return "cuda_graphs" in inspect.signature(InfinityRuntime.__init__).parameters
+
+
+def make_runtime(model, vae, device: torch.device, dtype: torch.dtype, graphs_ok: bool):
+    from varbench.runtime import InfinityRuntime
+
+    kw = {"cuda_graphs": device.type == "cuda"} if graphs_ok else {}
+    return InfinityRuntime(model, vae, None, device=device, dtype=dtype, ca_bf16=True, **kw)
+
+
+def random_text(cfg, batch: int, length: int, device: torch.device, seed: int):
+    from varbench.models.text import TextBatch
+
+    length = min(length, cfg.text_maxlen)
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(batch, length, cfg.text_channels, generator=g).to(device)
+    return TextBatch(feats, torch.ones(batch, length, dtype=torch.bool, device=device), [length] * batch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# method presets
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_preset(preset: str) -> dict:
+    """{"name", "label", "knobs"} of conf/method/<preset>.yaml with its `defaults: [base, _self_]` merged in."""
+    path = METHOD_DIR / f"{preset}.yaml"
+    try:
+        from omegaconf import OmegaConf
+
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except ImportError:
+        import yaml
+
+        raw = yaml.safe_load(path.read_text())
+    out: dict = {}
+    for d in raw.pop("defaults", None) or []:
+        if d != "_self_":
+            out = _merge(out, load_preset(d))
+    return _merge(out, raw)
+
+
+def make_policy(preset: str):
+    from varbench.policies import build_policy
+
+    c = load_preset(preset)
+    return build_policy(c["name"], **(c.get("knobs") or {})), c
+
+
+# ---------------------------------------------------------------------------------------------------
+# statistics
+def stats(xs: list[float]) -> dict:
+    from varbench.timing import _stats
+
+    return _stats(list(xs))
+
+
+def paired_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed: int = 0) -> dict:
+    """median(num) / median(den) over rounds paired by index; 95% percentile bootstrap over rounds."""
+    n = min(len(num), len(den))
+    if n == 0:
+        return {"ratio": None, "ci95": [None, None], "per_round": [], "n": 0}
+    num, den = list(num[:n]), list(den[:n])
+    point = statistics.median(num) / statistics.median(den)
+    rng = random.Random(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = [rng.randrange(n) for _ in range(n)]
+        boots.append(statistics.median([num[i] for i in idx]) / statistics.median([den[i] for i in idx]))
+    boots.sort()
+    lo, hi = boots[int(0.025 * n_boot)], boots[min(n_boot - 1, int(math.ceil(0.975 * n_boot)) - 1)]
+    return {"ratio": point, "ci95": [min(lo, point), max(hi, point)], "per_round": [a / b for a, b in zip(num, den)],
+            "n": n}
+
+
+def _jsonable(x):
+    if isinstance(x, torch.Tensor):
+        return x.tolist() if x.numel() <= 64 else f"<tensor {tuple(x.shape)}>"
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return str(x)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the entropy replay (bench-only monkeypatch)
+#: where the runtime may take its attention entropy from (module:function); those that exist are patched.
+#: `attention_entropy(q, k)` -> entropy; `flash_attention_with_entropy(q, k, v, scale)` -> (out, entropy).
+ENTROPY_FNS = ("varbench.runtime:attention_entropy", "varbench.runtime:flash_attention_with_entropy",
+               "varbench.block_step:attention_entropy", "varbench.block_step:flash_attention_with_entropy",
+               "varbench.kernels:flash_attention_with_entropy",
+               "varbench.kernels.flash_entropy:flash_attention_with_entropy")
+
+
+class EntropyPatch:
+    """Record / replay the attention entropies the runtime computes (bench only; restored on exit).
+
+    Recording calls the real functions and keeps a copy of each entropy. Replaying answers every call
+    from the recording without computing an entropy: `attention_entropy` returns the recorded tensor;
+    the fused `flash_attention_with_entropy` becomes plain SDPA (q's dtype, as the runtime attends when no
+    entropy is asked for) plus the recorded entropy. Recordings are keyed by the `(si, bi)` locals (scale,
+    block) of the nearest calling frame that has them, so a runtime that calls twice for one block (a
+    warm-up and a graph capture) gets the same tensor both times; without them, by call order. Calls nested
+    in a patched call (the fused fallback calls `attention_entropy`) pass straight through."""
+
+    def __init__(self, targets: str | tuple = ENTROPY_FNS):
+        targets = targets.split(",") if isinstance(targets, str) else list(targets)
+        self.found: list[tuple[Any, str, Any]] = []   # (module, attr, original)
+        for t in targets:
+            mod, _, attr = t.strip().partition(":")
+            try:
+                m = importlib.import_module(mod)
+            except Exception:  # noqa: BLE001 - a candidate module this runtime does not have
+                continue
+            if callable(getattr(m, attr, None)):
+                self.found.append((m, attr, getattr(m, attr)))
+        self.last_calls = 0
+        self._depth = 0
+
+    @property
+    def available(self) -> bool:
+        return bool(self.found)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"{m.__name__}:{a}" for m, a, _ in self.found]
+
+    @staticmethod
+    def _fused(attr: str) -> bool:
+        return "with_entropy" in attr or "flash" in attr
+
+    @staticmethod
+    def _key(n: int):
+        f = sys._getframe(2)
+        for _ in range(8):
+            if f is None:
+                break
+            loc = f.f_locals
+            if "si" in loc and "bi" in loc:
+                return (loc["si"], loc["bi"])
+            f = f.f_back
+        return ("call", n)
+
+    @contextlib.contextmanager
+    def _patched(self, make):
+        for m, attr, orig in self.found:
+            setattr(m, attr, make(attr, orig))
+        try:
+            yield
+        finally:
+            for m, attr, orig in self.found:
+                setattr(m, attr, orig)
+
+    @contextlib.contextmanager
+    def recording(self, store: dict):
+        def make(attr, orig):
+            def rec(*a, **k):
+                if self._depth:
+                    return orig(*a, **k)
+                key = self._key(len(store))
+                self._depth += 1
+                try:
+                    out = orig(*a, **k)
+                finally:
+                    self._depth -= 1
+                ent = out[1] if self._fused(attr) else out
+                store[key] = ent.detach().clone()
+                return out
+            return rec
+
+        with self._patched(make):
+            yield
+
+    @contextlib.contextmanager
+    def replaying(self, store: dict):
+        calls = [0]
+
+        def make(attr, orig):
+            def rep(*a, **k):
+                key = self._key(calls[0])
+                calls[0] += 1
+                if key not in store:
+                    raise RuntimeError(f"entropy replay: no recorded output for {key} (the plan diverged)")
+                if not self._fused(attr):
+                    return store[key]
+                q, kk, v = a[:3]
+                scale = a[3] if len(a) > 3 else k.get("scale", 1.0)
+                kk = kk if kk.dtype == q.dtype else kk.to(q.dtype)
+                v = v if v.dtype == q.dtype else v.to(q.dtype)
+                return torch.nn.functional.scaled_dot_product_attention(q, kk, v, scale=scale), store[key]
+            return rep
+
+        try:
+            with self._patched(make):
+                yield
+        finally:
+            self.last_calls = calls[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Item:
+    method: str                  # preset name
+    mode: str                    # eager | graphed
+    variant: str = ""            # "" | entropy_off
+    status: str = "pending"
+    runs: list = dataclasses.field(default_factory=list)
+    warm_walls: list = dataclasses.field(default_factory=list)
+    bits: Optional[list] = None
+    repeatable: Optional[bool] = True
+    flops: Optional[float] = None
+    policy_stats: Any = None
+    replay_calls: list = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.method + (f"~{self.variant}" if self.variant else "")
+
+
+@dataclasses.dataclass
+class Section:
+    title: str
+    role: str
+    batch: int
+    items: list                  # [(method, mode[, variant])]
+    kind: str = "timed"          # timed | bitcheck
+
+
+def plan_sections(roles: list[str], batches: list[int]) -> list[Section]:
+    """The work, most important first (see the module docstring). At the larger batch the entropy-off item
+    is left out (its second runtime would hold a second set of graph states: at 8B x 8 images the KV cache
+    alone is ~96 GB) and eager and graphed runs go to separate sections (each section starts by dropping the
+    runtimes' captured graphs and states)."""
+    b1, bn = batches[0], batches[-1]
+    S: list[Section] = []
+
+    def methods(role, mode, with_entropy):
+        its = [(m, mode) for m in METHODS[role]]
+        if with_entropy and TOPROVAR in METHODS[role]:
+            its.append((TOPROVAR, mode, ENTROPY_OFF))
+        return its
+
+    for role in roles:
+        S.append(Section(f"{role} b{b1}: baseline eager vs graphed", role, b1, [("baseline", "eager"), ("baseline", "graphed")]))
+        S.append(Section(f"{role} b{b1}: methods graphed", role, b1, methods(role, "graphed", True)))
+        S.append(Section(f"{role} b{b1}: bit check eager vs graphed", role, b1, METHODS[role], "bitcheck"))
+    if bn != b1:
+        for role in reversed(roles):  # the model still loaded first
+            S.append(Section(f"{role} b{bn}: baseline graphed", role, bn, [("baseline", "graphed")]))
+        for role in roles:
+            S.append(Section(f"{role} b{bn}: methods graphed", role, bn, methods(role, "graphed", False)))
+    # the rest
+    for role in roles:
+        S.append(Section(f"{role} b{b1}: methods eager", role, b1, methods(role, "eager", True)))
+    if bn != b1:
+        for role in roles:
+            S.append(Section(f"{role} b{bn}: baseline eager", role, bn, [("baseline", "eager")]))
+            S.append(Section(f"{role} b{bn}: bit check eager vs graphed", role, bn, METHODS[role], "bitcheck"))
+        for role in roles:
+            S.append(Section(f"{role} b{bn}: methods eager", role, bn, methods(role, "eager", False)))
+    return S
+
+
+class Bench:
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.t0 = time.perf_counter()
+        self.deadline = self.t0 + a.budget_s
+        self.device = torch.device(a.device)
+        self.cuda = self.device.type == "cuda"
+        self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.specs = model_specs(a.smoke, a.pn)
+        self.graphs_ok = runtime_accepts_cuda_graphs()
+        self.patch = EntropyPatch(a.entropy_fn)
+        a.entropy_fn = ",".join(self.patch.names) or a.entropy_fn
+        self.out_dir = Path(a.out)
+        self.loaded: Optional[str] = None
+        self.rt = self.rt_off = self.model = self.vae = None
+        self.walls: dict[tuple, float] = {}          # (role, batch, mode, item name) -> seconds per call
+        self.build_s: dict[str, float] = {}
+        self.bits: dict[tuple, list] = {}            # (role, batch, mode, method) -> bits of one run
+        self.entropy_store: dict[tuple, dict] = {}   # (role, batch) -> recorded entropy outputs
+        self.texts: dict[tuple, Any] = {}            # (role, batch) -> TextBatch
+        self.policies: dict[str, Any] = {}
+        self.failed = 0
+        self.record: dict[str, Any] = {
+            "schema": SCHEMA, "status": "running", "smoke": bool(a.smoke), "note": RANDOM_NOTE,
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "config": {"device": str(self.device), "dtype": str(self.dtype).replace("torch.", ""), "cfg": a.cfg,
+                       "tau": 1.0, "warmup": a.warmup, "repeats": a.repeats, "batches": a.batch_list,
+                       "text_tokens": a.text_len, "budget_s": a.budget_s, "entropy_fn": a.entropy_fn,
+                       "models": {r: {"label": s.label, "preset": s.preset, "pn": s.pn,
+                                      "schedule": self._schedule(s), "vae": s.cfg.vae} for r, s in self.specs.items()},
+                       "methods": {r: METHODS[r] for r in self.specs}},
+            "env": self._env(), "runtime": {"cuda_graphs_param": self.graphs_ok,
+                                            "entropy_fn_found": self.patch.available},
+            "models": {}, "sections": [], "rows": [], "bitchecks": [], "entropy": [], "targets": [],
+        }
+
+    # ------------------------------------------------------------------ bookkeeping
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def log(self, msg: str) -> None:
+        print(f"[device_bench {self.elapsed():6.1f}s] {msg}", flush=True)
+
+    @staticmethod
+    def _schedule(spec: ModelSpec):
+        from varbench.models.schedules import scale_schedule
+
+        return [list(s) for s in scale_schedule(1.0, spec.pn)]
+
+    def _env(self) -> dict:
+        from varbench.provenance import collect_provenance
+
+        try:
+            prov = collect_provenance(str(self.device))
+        except Exception as e:  # noqa: BLE001 - provenance must never stop a benchmark
+            prov = {"error": f"{type(e).__name__}: {e}"}
+        t = prov.get("torch") or {}
+        git = prov.get("git") or {}
+        return {"gpu": t.get("device_name") if self.cuda else None, "driver": t.get("driver"),
+                "torch": torch.__version__, "cuda": torch.version.cuda, "git_sha": git.get("sha"),
+                "git_dirty": git.get("dirty"), "python": prov.get("python"), "host": prov.get("hostname"),
+                "cpu_count": prov.get("cpu_count"), "torch_threads": torch.get_num_threads(), "provenance": prov}
+
+    def save(self) -> None:
+        from varbench.store import atomic_write_bytes
+
+        self.record["elapsed_s"] = round(self.elapsed(), 2)
+        try:  # reporting must never cost the measurements
+            self.record["targets"] = self.targets()
+        except Exception as e:  # noqa: BLE001
+            self.record["targets"] = [{"target": "targets could not be computed", "measured": f"{type(e).__name__}: {e}",
+                                       "verdict": "ERROR", "detail": traceback.format_exc()[-800:]}]
+        atomic_write_bytes(self.out_dir / "device_bench.json", (json.dumps(_jsonable(self.record), indent=1) + "\n").encode())
+        try:
+            md = render_markdown(self.record)
+        except Exception as e:  # noqa: BLE001
+            md = f"# Device benchmark\n\nmarkdown rendering failed ({type(e).__name__}: {e}); see device_bench.json\n"
+        atomic_write_bytes(self.out_dir / "device_bench.md", md.encode())
+
+    # ------------------------------------------------------------------ models
+    def ensure_model(self, role: str) -> bool:
+        if self.loaded == role:
+            return True
+        need = self.build_s.get(role, BUILD_GUESS_S[role] if not self.a.smoke else 2.0)
+        if self.left() < need + self.a.reserve_s:
+            return False
+        self.free_model()
+        spec = self.specs[role]
+        t = time.perf_counter()
+        self.model, self.vae = build_model(spec, self.device, self.dtype, self.a.seed)
+        self.rt = make_runtime(self.model, self.vae, self.device, self.dtype, self.graphs_ok)
+        # a second runtime on the same weights, for the entropy-off item (its own graph caches)
+        self.rt_off = make_runtime(self.model, self.vae, self.device, self.dtype, self.graphs_ok)
+        self._sync()
+        self.build_s[role] = time.perf_counter() - t
+        self.loaded = role
+        info = {"label": spec.label, "preset": spec.preset, "build_s": round(self.build_s[role], 2),
+                "params_b": round(sum(p.numel() for p in self.model.parameters()) / 1e9, 4),
+                "vae_params_m": round(sum(p.numel() for p in self.vae.parameters()) / 1e6, 2),
+                "init": "meta + to_empty + N(0, 1/sqrt(3 fan_in)) fill"}
+        if self.cuda:
+            info["allocated_gib_after_build"] = round(torch.cuda.memory_allocated() / GIB, 3)
+        self.record["models"].setdefault(role, {}).update(info)
+        self.log(f"built {spec.label} in {self.build_s[role]:.1f}s ({info['params_b']} B params)")
+        return True
+
+    def free_model(self) -> None:
+        if self.loaded is None:
+            return
+        self.rt = self.rt_off = self.model = self.vae = None
+        self.bits = {k: v for k, v in self.bits.items() if k[0] != self.loaded}
+        self.entropy_store = {k: v for k, v in self.entropy_store.items() if k[0] != self.loaded}
+        self.texts = {k: v for k, v in self.texts.items() if k[0] != self.loaded}
+        self.loaded = None
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def clear_graphs(self) -> None:
+        """Drop captured graphs and their generation states (memory; each section warms up its own)."""
+        for rt in (self.rt, self.rt_off):
+            if rt is not None and hasattr(rt, "clear_graphs"):
+                rt.clear_graphs()
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ one generation
+    def policy(self, preset: str):
+        if preset not in self.policies:
+            self.policies[preset] = make_policy(preset)
+        return self.policies[preset][0]
+
+    def text(self, role: str, batch: int):
+        if (role, batch) not in self.texts:
+            self.texts[(role, batch)] = random_text(self.specs[role].cfg, batch, self.a.text_len, self.device, self.a.seed)
+        return self.texts[(role, batch)]
+
+    def _set_mode(self, rt, mode: str) -> None:
+        if hasattr(rt, "cuda_graphs"):
+            rt.cuda_graphs = mode == "graphed"
+
+    def generate(self, role: str, batch: int, it: Item) -> tuple[dict, Any]:
+        spec = self.specs[role]
+        rt = self.rt_off if it.variant == ENTROPY_OFF else self.rt
+        self._set_mode(rt, it.mode)
+        text = self.text(role, batch)
+        ctx = self.patch.replaying(self.entropy_store[(role, batch)]) if it.variant == ENTROPY_OFF else contextlib.nullcontext()
+        self._sync()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t = time.perf_counter()
+        with ctx:
+            out = rt.generate(["random text features"] * batch, list(range(batch)), self.policy(it.method),
+                              pn=spec.pn, cfg=self.a.cfg, tau=1.0, decode=True, text=text)
+        self._sync()
+        wall = time.perf_counter() - t
+        if it.variant == ENTROPY_OFF:
+            it.replay_calls.append(self.patch.last_calls)
+        tm = out.timings_ms
+        run = {"ar": tm["ar"], "text": tm["text"], "decode": tm["decode"], "e2e": tm["text"] + tm["ar"] + tm["decode"],
+               "per_scale": list(tm["per_scale"]), "wall": wall * 1e3, "flops": float(out.flops["total"]),
+               "peak_bytes": torch.cuda.max_memory_allocated(self.device) if self.cuda else None}
+        self.walls[(role, batch, it.mode, it.name)] = wall
+        return run, out
+
+    def guess_s(self, role: str, batch: int, mode: str, name: str) -> float:
+        """Seconds one call of this item is expected to take, from what has been measured so far."""
+        if (role, batch, mode, name) in self.walls:
+            return self.walls[(role, batch, mode, name)]
+        same = [v for (r, b, m, _), v in self.walls.items() if r == role and b == batch and m == mode]
+        if same:
+            return max(same)
+        for want_mode in (mode, None):
+            other = [(b, v) for (r, b, m, _), v in self.walls.items() if r == role and (want_mode is None or m == want_mode)]
+            if other:
+                b0, v = max(other)
+                return v * max(1.0, batch / b0) * (2.5 if want_mode is None and mode == "eager" else 1.0)
+        return (0.2 if self.a.smoke else GUESS_S[role]) * batch
+
+    def fits(self, seconds: float) -> bool:
+        return self.left() >= seconds + self.a.reserve_s
+
+    # ------------------------------------------------------------------ sections
+    def run_section(self, k: int, sec: Section) -> None:
+        start = self.elapsed()
+        entry = {"title": sec.title, "role": sec.role, "batch": sec.batch, "kind": sec.kind, "started_s": round(start, 1)}
+        self.record["sections"].append(entry)
+        self.log(f"section {k}: {sec.title} ({self.left():.0f}s left)")
+        self.clear_graphs()
+        if sec.kind == "bitcheck" and not self.cuda:
+            entry["status"] = "skipped: no CUDA"
+            for m in sec.items:
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch, "result": "skipped: no CUDA"})
+        elif sec.kind == "bitcheck" and not self.graphs_ok:
+            entry["status"] = "skipped: the runtime has no cuda_graphs option"
+            for m in sec.items:
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch,
+                                                 "result": "skipped: the runtime has no cuda_graphs option"})
+        else:
+            runnable = [i for i in sec.items if sec.kind == "bitcheck" or self._skip_reason(i[1]) is None]
+            if runnable and not self.ensure_model(sec.role):
+                entry["status"] = "skipped: time budget (model build)"
+                self._skipped_rows(sec, "skipped: time budget (model build)")
+            elif sec.kind == "bitcheck":
+                self.bitcheck(sec)
+                entry["status"] = "done"
+            else:
+                self.timed(sec)
+                entry["status"] = "done"
+        entry["elapsed_s"] = round(self.elapsed() - start, 1)
+        self.log(f"section {k} {entry['status']} in {entry['elapsed_s']:.1f}s")
+        self.save()
+
+    def _skip_reason(self, mode: str) -> Optional[str]:
+        if mode == "graphed" and not self.cuda:
+            return "skipped: no CUDA"
+        if mode == "graphed" and not self.graphs_ok:
+            return "skipped: the runtime has no cuda_graphs option"
+        return None
+
+    def _skipped_rows(self, sec: Section, why: str) -> None:
+        for spec in sec.items:
+            it = Item(*spec)
+            it.status = why
+            self.record["rows"].append(self._row(sec, it, None, []))
+
+    def _ensure_entropy_record(self, role: str, batch: int) -> Optional[str]:
+        """Record ToProVAR's attention-entropy outputs once (eager, untimed); None or why not."""
+        if not self.patch.available:
+            return f"not measured: {self.a.entropy_fn} does not exist in this runtime"
+        key = (role, batch)
+        if key in self.entropy_store:
+            return None if self.entropy_store[key] else f"not measured: no call reached {self.a.entropy_fn}"
+        store: dict = {}
+        self._set_mode(self.rt_off, "eager")
+        spec = self.specs[role]
+        with self.patch.recording(store):
+            self.rt_off.generate(["random text features"] * batch, list(range(batch)), self.policy(TOPROVAR), pn=spec.pn,
+                                 cfg=self.a.cfg, tau=1.0, decode=False, text=self.text(role, batch))
+        self._sync()
+        self.entropy_store[key] = store
+        self.log(f"recorded {len(store)} attention-entropy outputs of ToProVAR ({role}, batch {batch})")
+        return None if store else f"not measured: no call reached {self.a.entropy_fn} (entropy computed elsewhere?)"
+
+    def timed(self, sec: Section) -> None:
+        a = self.a
+        items = [Item(*spec) for spec in sec.items]
+        live: list[Item] = []
+        for it in items:
+            why = self._skip_reason(it.mode)
+            if why is None and it.variant == ENTROPY_OFF:
+                need = self.guess_s(sec.role, sec.batch, "eager", TOPROVAR)
+                if not self.fits(need * (a.warmup + a.repeats + 1)):
+                    why = "skipped: time budget"
+                else:
+                    try:
+                        r = self._ensure_entropy_record(sec.role, sec.batch)
+                        why = f"skipped: {r}" if r else None
+                    except Exception as e:  # noqa: BLE001
+                        why = f"failed: entropy record: {type(e).__name__}: {e}"
+            if why is None:
+                # this item's warm-up and rounds, plus the rounds of the items already warmed up
+                need = self.guess_s(sec.role, sec.batch, it.mode, it.name) * (a.warmup + a.repeats) \
+                    + a.repeats * sum(self.guess_s(sec.role, sec.batch, i.mode, i.name) for i in live)
+                if not self.fits(need):
+                    why = f"skipped: time budget (needs ~{need:.0f}s, {self.left():.0f}s left)"
+            if why is not None:
+                it.status = why
+                continue
+            try:
+                # graphed: the runtime runs a step eagerly first and captures it the second time
+                for _ in range(max(a.warmup, 2) if it.mode == "graphed" else a.warmup):
+                    run, out = self.generate(sec.role, sec.batch, it)
+                    it.warm_walls.append(run["wall"])
+                it.status = "ok"
+                live.append(it)
+            except Exception as e:  # noqa: BLE001 - record, go on with the other items
+                self._fail(it, e)
+        # timed rounds (round-robin, order rotated per round)
+        for r in range(a.repeats):
+            if not live:
+                break
+            need = sum(self.guess_s(sec.role, sec.batch, it.mode, it.name) for it in live)
+            if not self.fits(need):
+                self.log(f"stopping after {r} rounds: a round needs ~{need:.0f}s, {self.left():.0f}s left")
+                break
+            order = live[r % len(live):] + live[: r % len(live)]
+            for it in order:
+                if it.status != "ok":
+                    continue
+                try:
+                    run, out = self.generate(sec.role, sec.batch, it)
+                except Exception as e:  # noqa: BLE001
+                    self._fail(it, e)
+                    continue
+                run["round"] = r
+                it.runs.append(run)
+                self._keep_bits(sec, it, out)
+        for it in items:
+            if it.status == "ok" and len(it.runs) < a.repeats:
+                it.status = f"ok ({len(it.runs)} of {a.repeats} repeats: time budget)"
+        self._rows(sec, items)
+        # eager vs graphed of the same method in this section: a bit check for free
+        for m in dict.fromkeys(i.method for i in items if not i.variant):
+            e, g = (self.bits.get((sec.role, sec.batch, md, m)) for md in ("eager", "graphed"))
+            if e is not None and g is not None and any(i.method == m and i.runs for i in items if i.mode == "eager") \
+                    and any(i.method == m and i.runs for i in items if i.mode == "graphed"):
+                self._bitcheck_entry(sec.role, m, sec.batch, e, g, "timed runs of this section")
+
+    def _fail(self, it: Item, e: Exception) -> None:
+        self.failed += 1
+        oom = isinstance(e, torch.cuda.OutOfMemoryError) if hasattr(torch.cuda, "OutOfMemoryError") else False
+        it.status = f"failed: {'OOM: ' if oom else ''}{type(e).__name__}: {str(e)[:300]}"
+        it.runs = []
+        self.log(f"{it.name} {it.mode}: {it.status}")
+        if not oom:
+            traceback.print_exc()
+        gc.collect()
+        if self.cuda:
+            torch.cuda.empty_cache()
+
+    def _keep_bits(self, sec: Section, it: Item, out) -> None:
+        bits = [None if b is None else b.detach() for b in out.bits]
+        if it.bits is None:
+            it.bits = bits
+            it.flops = float(out.flops["total"])
+            it.policy_stats = _jsonable(out.policy_stats)
+            if not it.variant:
+                self.bits[(sec.role, sec.batch, it.mode, it.method)] = bits
+        elif it.repeatable:
+            it.repeatable = _bits_equal(it.bits, bits)[0]
+
+    def bitcheck(self, sec: Section) -> None:
+        """Eager vs graphed bits per method (same seeds); generates whichever side is not stored yet."""
+        for m in sec.items:
+            have = {md: self.bits.get((sec.role, sec.batch, md, m)) for md in ("eager", "graphed")}
+            missing = [md for md, b in have.items() if b is None]
+            need = sum(self.guess_s(sec.role, sec.batch, md, m) * (2 if md == "graphed" else 1) for md in missing)
+            if not self.fits(need):
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch,
+                                                 "result": "skipped: time budget"})
+                continue
+            try:
+                for md in missing:
+                    it = Item(m, md)
+                    for _ in range(2 if md == "graphed" else 1):  # graphed: 1st call eager, 2nd captured + replayed
+                        run, out = self.generate(sec.role, sec.batch, it)
+                    have[md] = [None if b is None else b.detach() for b in out.bits]
+                self._bitcheck_entry(sec.role, m, sec.batch, have["eager"], have["graphed"],
+                                     "stored timed runs" if not missing else f"generated here: {missing}")
+            except Exception as e:  # noqa: BLE001
+                self.failed += 1
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch,
+                                                 "result": f"failed: {type(e).__name__}: {str(e)[:300]}"})
+                gc.collect()
+                if self.cuda:
+                    torch.cuda.empty_cache()
+
+    def _bitcheck_entry(self, role, method, batch, eager, graphed, source) -> None:
+        same, bad = _bits_equal(eager, graphed)
+        self.record["bitchecks"] = [b for b in self.record["bitchecks"]
+                                    if not (b["model"] == role and b["method"] == method and b["batch"] == batch)]
+        self.record["bitchecks"].append({"model": role, "method": method, "batch": batch,
+                                         "result": "equal" if same else "DIFFER", "differing_scales": bad,
+                                         "scales": len(eager), "source": source})
+        self.log(f"bit check {role} {method} b{batch}: {'equal' if same else 'DIFFER at scales %s' % bad}")
+
+    # ------------------------------------------------------------------ rows
+    def _rows(self, sec: Section, items: list[Item]) -> None:
+        by = {(i.name, i.mode): i for i in items}
+        for it in items:
+            ref = None
+            if it.variant == ENTROPY_OFF:
+                ref = by.get((it.method, it.mode))
+            elif it.method == "baseline":
+                ref = it
+            else:
+                ref = by.get(("baseline", it.mode))
+            self.record["rows"].append(self._row(sec, it, ref, items))
+            if it.variant == ENTROPY_OFF:
+                self._entropy_entry(sec, it, by.get((it.method, it.mode)))
+
+    def _paired(self, it: Item, ref: Item, key: str = "ar") -> dict:
+        """ref / it per round, over the rounds both have."""
+        rounds = {r["round"]: r[key] for r in it.runs}
+        pairs = [(r[key], rounds[r["round"]]) for r in ref.runs if r["round"] in rounds]
+        return paired_ratio([p[0] for p in pairs], [p[1] for p in pairs])
+
+    def _row(self, sec: Section, it: Item, ref: Optional[Item], items: list[Item]) -> dict:
+        row = {"model": sec.role, "model_label": self.specs[sec.role].label, "method": it.name, "preset": it.method,
+               "batch": sec.batch, "mode": it.mode, "section": sec.title, "status": it.status, "repeats": len(it.runs)}
+        if not it.runs:
+            return row
+        col = lambda k: [r[k] for r in it.runs]  # noqa: E731
+        row.update({
+            "ar_ms": stats(col("ar")), "text_ms": stats(col("text")), "decode_ms": stats(col("decode")),
+            "e2e_ms": stats(col("e2e")), "wall_ms": stats(col("wall")),
+            "per_scale_ms": [statistics.median(c) for c in zip(*col("per_scale"))],
+            "warmup_wall_ms": it.warm_walls, "flops": it.flops, "bits_repeatable": it.repeatable,
+            "policy_stats": it.policy_stats, "runs": it.runs,
+        })
+        row["images_per_s"] = sec.batch * 1e3 / row["e2e_ms"]["median"]
+        peaks = [p for p in col("peak_bytes") if p is not None]
+        row["peak_gib"] = max(peaks) / GIB if peaks else None
+        if ref is not None and ref.runs:
+            p = self._paired(it, ref, "ar")
+            row["paired"] = {"vs": f"{ref.name} ({ref.mode}, same rounds)", "ar_speedup": p["ratio"], "ar_ci95": p["ci95"],
+                             "ar_per_round": p["per_round"], "n": p["n"],
+                             "e2e_speedup": self._paired(it, ref, "e2e")["ratio"]}
+            if ref.flops and it.flops:
+                row["flops_ratio_vs_ref"] = ref.flops / it.flops
+        base = next((i for i in items if i.method == "baseline" and not i.variant and i.flops), None)
+        if base is None:
+            base = next((r for r in self.record["rows"] if r["model"] == sec.role and r["batch"] == sec.batch
+                         and r["preset"] == "baseline" and r.get("flops")), None)
+            base_flops = base["flops"] if base else None
+        else:
+            base_flops = base.flops
+        if base_flops and it.flops:
+            row["flops_ratio_vs_baseline"] = base_flops / it.flops
+        if it.mode == "graphed":
+            eager = next((i for i in items if i.name == it.name and i.mode == "eager" and i.runs), None)
+            if eager is not None:
+                p = self._paired(it, eager, "ar")
+                row["graphed_vs_eager"] = {"ar_speedup": p["ratio"], "ar_ci95": p["ci95"], "n": p["n"]}
+        if it.variant == ENTROPY_OFF:
+            row["replay_calls"] = it.replay_calls
+        return row
+
+    def _entropy_entry(self, sec: Section, off: Item, on: Optional[Item]) -> None:
+        e = {"model": sec.role, "batch": sec.batch, "mode": off.mode, "method": TOPROVAR,
+             "measure": "1 - median(AR with recorded entropies replayed) / median(AR computing them), paired rounds"}
+        if on is None or not on.runs or not off.runs:
+            e["status"] = off.status if not off.runs else (on.status if on else "toprovar not timed")
+            self.record["entropy"].append(e)
+            return
+        p = self._paired(off, on, "ar")  # on / off
+        if p["ratio"] is None:
+            e["status"] = "not measured: no round timed both"
+            self.record["entropy"].append(e)
+            return
+        share = lambda r: None if r is None else 1.0 - 1.0 / r  # noqa: E731
+        e.update({"status": "ok", "on_ar_ms": stats([r["ar"] for r in on.runs])["median"],
+                  "off_ar_ms": stats([r["ar"] for r in off.runs])["median"], "share": share(p["ratio"]),
+                  "share_ci95": [share(p["ci95"][0]), share(p["ci95"][1])], "n": p["n"],
+                  "same_plan": on.flops == off.flops, "flops_on": on.flops, "flops_off": off.flops,
+                  "calls_recorded": len(self.entropy_store.get((sec.role, sec.batch), [])),
+                  "calls_replayed_per_run": off.replay_calls})
+        if not any(off.replay_calls):
+            e["status"] = f"not measured: no call reached {self.a.entropy_fn} in the entropy-off runs"
+        elif not e["same_plan"]:
+            e["status"] = "invalid: the replayed run made a different plan (FLOPs differ)"
+        self.record["entropy"].append(e)
+
+    # ------------------------------------------------------------------ targets
+    def _find(self, role, method, batch, mode=None) -> Optional[dict]:
+        """The measured row (graphed preferred unless `mode`), latest section first."""
+        rows = [r for r in self.record["rows"] if r["model"] == role and r["method"] == method and r["batch"] == batch
+                and r.get("repeats")]
+        for md in ([mode] if mode else ["graphed", "eager"]):
+            cand = [r for r in rows if r["mode"] == md]
+            if cand:  # the most repeats; among those the latest section
+                return max(reversed(cand), key=lambda r: r["repeats"])
+        return None
+
+    def targets(self) -> list[dict]:
+        b1, bn = self.a.batch_list[0], self.a.batch_list[-1]
+        out = []
+        smoke = " [SMOKE: tiny CPU model, says nothing about the target]" if self.a.smoke else ""
+
+        def add(name, value_txt, verdict, detail=""):
+            out.append({"target": name + smoke, "measured": value_txt, "verdict": verdict, "detail": detail})
+
+        def where(r):
+            return f"{r['mode']}, batch {r['batch']}, {r['repeats']} repeats"
+
+        for role, limit in (("2b", 300.0), ("8b", 800.0)):
+            if role not in self.specs:
+                continue
+            lab = self.specs[role].label
+            r = self._find(role, "baseline", b1)
+            name = f"{lab} baseline AR loop <= {limit / 1e3:.2f} s (batch {b1})"
+            if r is None:
+                add(name, "not measured", "NOT MEASURED", self._why_missing(role, "baseline", b1))
+            else:
+                v = r["ar_ms"]["median"]
+                add(name, f"{v / 1e3:.3f} s [p10 {r['ar_ms']['p10'] / 1e3:.3f}, p90 {r['ar_ms']['p90'] / 1e3:.3f}] ({where(r)})",
+                    "PASS" if v <= limit else "FAIL")
+        for role in self.specs:
+            lab = self.specs[role].label
+            name = f"{lab} batch {bn} images/s >= 3x batch {b1} (baseline, e2e)"
+            r1 = self._find(role, "baseline", b1, "graphed") or self._find(role, "baseline", b1, "eager")
+            rn = self._find(role, "baseline", bn, r1["mode"]) if r1 else None
+            if bn == b1 or r1 is None or rn is None:
+                add(name, "not measured", "NOT MEASURED", self._why_missing(role, "baseline", bn))
+            else:
+                v = rn["images_per_s"] / r1["images_per_s"]
+                ar = (bn / rn["ar_ms"]["median"]) / (b1 / r1["ar_ms"]["median"])
+                add(name, f"{v:.2f}x ({rn['images_per_s']:.2f} vs {r1['images_per_s']:.2f} images/s, {r1['mode']})",
+                    "PASS" if v >= 3.0 else "FAIL", f"AR loop alone: {ar:.2f}x")
+        for role in self.specs:
+            lab, fv = self.specs[role].label, FASTVAR[role]
+            name = f"{lab} FastVAR default ({fv}) AR speed-up >= 2.5x over baseline (paired, batch {b1})"
+            r = self._find(role, fv, b1)
+            if r is None or "paired" not in r:
+                add(name, "not measured", "NOT MEASURED", self._why_missing(role, fv, b1))
+            else:
+                p = r["paired"]
+                add(name, f"{p['ar_speedup']:.2f}x [95% CI {p['ar_ci95'][0]:.2f}-{p['ar_ci95'][1]:.2f}] ({where(r)})",
+                    "PASS" if p["ar_speedup"] >= 2.5 else "FAIL")
+        for role in self.specs:
+            lab = self.specs[role].label
+            name = f"{lab} ToProVAR attention-entropy share of AR time <= 5% (batch {b1})"
+            es = [e for e in self.record["entropy"] if e["model"] == role and e["batch"] == b1]
+            ok = [e for e in es if e.get("status") == "ok"]
+            e = next((x for x in ok if x["mode"] == "graphed"), None) or (ok[0] if ok else None)
+            if e is None:
+                add(name, "not measured", "NOT MEASURED", "; ".join(str(x.get("status")) for x in es) or "not run")
+            else:
+                add(name, f"{100 * e['share']:.1f}% [95% CI {100 * e['share_ci95'][0]:.1f}-{100 * e['share_ci95'][1]:.1f}%] "
+                    f"(on {e['on_ar_ms']:.1f} ms, off {e['off_ar_ms']:.1f} ms, {e['mode']}, n {e['n']})",
+                    "PASS" if e["share"] <= 0.05 else "FAIL")
+        return out
+
+    def _why_missing(self, role, method, batch) -> str:
+        rows = [r for r in self.record["rows"] if r["model"] == role and r["method"] == method and r["batch"] == batch]
+        return "; ".join(f"{r['mode']}: {r['status']}" for r in rows) or "not run (yet)"
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> int:
+        sections = plan_sections([r for r in ("2b", "8b") if r in self.a.model_list], self.a.batch_list)
+        self.log(f"{len(sections)} sections on {self.record['env']['gpu'] or self.device}; budget {self.a.budget_s:.0f}s; "
+                 f"runtime cuda_graphs option: {self.graphs_ok}")
+        self.save()
+
+        def on_term(signum, frame):  # `timeout` sends SIGTERM: leave a JSON that says so
+            raise SystemExit(f"signal {signum} (time limit?)")
+
+        signal.signal(signal.SIGTERM, on_term)
+        try:
+            for k, sec in enumerate(sections, 1):
+                self.run_section(k, sec)
+            self.record["status"] = "done"
+        except BaseException as e:
+            kind = "stopped" if isinstance(e, (SystemExit, KeyboardInterrupt)) else "failed"
+            self.record["status"] = f"{kind} during section {len(self.record['sections'])}: {type(e).__name__}: {e}"
+            self.save()
+            raise
+        finally:
+            self.free_model()
+        self.record["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.save()
+        self.log(f"{self.record['status']} -> {self.out_dir / 'device_bench.json'}, {self.out_dir / 'device_bench.md'}")
+        print(render_targets(self.record["targets"]), flush=True)
+        return 1 if self.failed else 0
+
+
+def _bits_equal(a: list, b: list) -> tuple[bool, list[int]]:
+    bad = []
+    for si, (x, y) in enumerate(zip(a, b)):
+        if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
+            bad.append(si)
+    if len(a) != len(b):
+        bad.append(min(len(a), len(b)))
+    return not bad, bad
+
+
+# ---------------------------------------------------------------------------------------------------
+# markdown
+def _ms(s: Optional[dict]) -> str:
+    if not s or s.get("median") is None:
+        return ""
+    return f"{s['median']:.1f} [{s['p10']:.1f}-{s['p90']:.1f}]"
+
+
+def render_targets(targets: list[dict]) -> str:
+    lines = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    for t in targets:
+        extra = f" ({t['detail']})" if t.get("detail") else ""
+        lines.append(f"| {t['target']} | {t['measured']}{extra} | **{t['verdict']}** |")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(rec: dict) -> str:
+    env, cfgd = rec["env"], rec["config"]
+    L = [f"# Device benchmark: Infinity 2B/8B latency, random weights{' (SMOKE)' if rec['smoke'] else ''}", ""]
+    L.append(f"GPU: {env.get('gpu') or 'none (' + cfgd['device'] + ')'} | driver {env.get('driver')} | torch {env.get('torch')} "
+             f"(CUDA {env.get('cuda')}) | commit {(env.get('git_sha') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}")
+    L.append("")
+    models = "; ".join(f"{m['label']}: {m['preset']}, pn {m['pn']} ({len(m['schedule'])} scales, last {m['schedule'][-1]})"
+                       for m in cfgd["models"].values())
+    L.append(f"Status: **{rec['status']}** after {rec.get('elapsed_s', 0):.0f} s (budget {cfgd['budget_s']:.0f} s). {models}. "
+             f"cfg {cfgd['cfg']}, tau 1, {cfgd['dtype']}, warm-up {cfgd['warmup']}, {cfgd['repeats']} timed rounds, "
+             f"text: precomputed random features ({cfgd['text_tokens']} tokens; T5 not run). {rec['note']}.")
+    L.append("")
+    L.append(render_targets(rec["targets"]))
+    L += ["## Results", "",
+          "AR / e2e ms: median [p10-p90] over timed rounds; e2e = text + AR + decode (no T5). Speed-up: paired "
+          "(same rounds) median(reference AR) / median(AR), 95% bootstrap CI over rounds; reference = baseline in "
+          "the same mode (toprovar~entropy_off: toprovar).", "",
+          "| model | method | batch | mode | AR ms | e2e ms | images/s | peak GiB | FLOPs ratio | paired AR speed-up [95% CI] | graphed vs eager | n | status |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rec["rows"]:
+        p = r.get("paired")
+        sp = f"{p['ar_speedup']:.2f}x [{p['ar_ci95'][0]:.2f}-{p['ar_ci95'][1]:.2f}]" if p and p.get("ar_speedup") else ""
+        ge = r.get("graphed_vs_eager")
+        ge = f"{ge['ar_speedup']:.2f}x [{ge['ar_ci95'][0]:.2f}-{ge['ar_ci95'][1]:.2f}]" if ge and ge.get("ar_speedup") else ""
+        fl = r.get("flops_ratio_vs_baseline")
+        L.append(f"| {r['model_label']} | {r['method']} | {r['batch']} | {r['mode']} | {_ms(r.get('ar_ms'))} | {_ms(r.get('e2e_ms'))} | "
+                 f"{'%.2f' % r['images_per_s'] if r.get('images_per_s') else ''} | "
+                 f"{'%.2f' % r['peak_gib'] if r.get('peak_gib') is not None else ''} | {'%.2f' % fl if fl else ''} | {sp} | {ge} | "
+                 f"{r.get('repeats', 0)} | {r['status']} |")
+    L += ["", "## ToProVAR attention-entropy cost", "",
+          "Same plan, entropy outputs replayed from a recorded run instead of computed (bench-only patch of "
+          f"`{cfgd['entropy_fn']}`); share = 1 - off/on (paired).", "",
+          "| model | batch | mode | on AR ms | off AR ms | share [95% CI] | same plan | status |", "|---|---|---|---|---|---|---|---|"]
+    for e in rec["entropy"]:
+        if e.get("share") is not None:
+            sh = f"{100 * e['share']:.1f}% [{100 * e['share_ci95'][0]:.1f}-{100 * e['share_ci95'][1]:.1f}%]"
+            L.append(f"| {e['model']} | {e['batch']} | {e['mode']} | {e['on_ar_ms']:.1f} | {e['off_ar_ms']:.1f} | {sh} | "
+                     f"{e['same_plan']} | {e['status']} |")
+        else:
+            L.append(f"| {e['model']} | {e['batch']} | {e['mode']} |  |  |  |  | {e['status']} |")
+    L += ["", "## Bit checks: eager vs graphed, same seeds, torch.equal on every scale's bits", "",
+          "| model | method | batch | result | source |", "|---|---|---|---|---|"]
+    for b in rec["bitchecks"]:
+        res = b["result"] + (f" (scales {b['differing_scales']})" if b.get("differing_scales") else "")
+        L.append(f"| {b['model']} | {b['method']} | {b['batch']} | {res} | {b.get('source', '')} |")
+    base = [r for r in rec["rows"] if r["preset"] == "baseline" and r.get("per_scale_ms")]
+    if base:
+        sched = {k: m["schedule"] for k, m in cfgd["models"].items()}
+        L += ["", "## Per-scale ms (baseline, median)", ""]
+        for role in dict.fromkeys(r["model"] for r in base):
+            grid = sched[role]
+            L += [f"| {cfgd['models'][role]['label']} | " + " | ".join(f"{h}x{w}" for h, w in grid) + " |",
+                  "|---|" + "---|" * len(grid)]
+            for r in (x for x in base if x["model"] == role):
+                L.append(f"| b{r['batch']} {r['mode']} | " + " | ".join(f"{v:.1f}" for v in r["per_scale_ms"]) + " |")
+            L.append("")
+    L += ["", "## Sections", "", "| # | section | status | started s | took s |", "|---|---|---|---|---|"]
+    for i, s in enumerate(rec["sections"], 1):
+        L.append(f"| {i} | {s['title']} | {s.get('status', 'running')} | {s['started_s']} | {s.get('elapsed_s', '')} |")
+    L += ["", "Written by `python -m experiments.device_bench` (method and protocol: its docstring); every number here is in "
+          "device_bench.json with the raw per-round times."]
+    return "\n".join(L) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny models, pn 0.06M, 1 warm-up + 2 repeats, batch 1 and 2")
+    p.add_argument("--out", default=None, help="output folder (default results/curated; smoke: results/_scratch/device_bench_smoke)")
+    p.add_argument("--device", default=None, help="default: cuda if available (cpu with --smoke)")
+    p.add_argument("--models", default="2b,8b")
+    p.add_argument("--batches", default=None, help="first and last are used (default 1,8; smoke 1,2)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls per item (default 2; smoke 1)")
+    p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5; smoke 2)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall budget of this script (default 430; smoke 120)")
+    p.add_argument("--reserve-s", type=float, default=None, help="kept free at the end (default 8; smoke 1)")
+    p.add_argument("--pn", default=None, help="resolution preset (default 1M; smoke 0.06M)")
+    p.add_argument("--cfg", type=float, default=4.0)
+    p.add_argument("--text-len", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for a CPU smoke run, else unchanged)")
+    p.add_argument("--entropy-fn", default=",".join(ENTROPY_FNS),
+                   help="comma list of module:function the entropy-off item answers from a recording (those that exist)")
+    a = p.parse_args(argv)
+    sm = a.smoke
+    a.device = a.device or ("cpu" if sm or not torch.cuda.is_available() else "cuda")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available")
+    # a smoke run never lands in results/curated by default (it would replace the device numbers)
+    a.out = a.out or str(ROOT / "results" / ("_scratch/device_bench_smoke" if sm else "curated"))
+    a.batch_list = [int(x) for x in (a.batches or ("1,2" if sm else "1,8")).split(",")]
+    a.batch_list = [a.batch_list[0], a.batch_list[-1]]
+    a.model_list = [m.strip() for m in a.models.split(",") if m.strip()]
+    if any(m not in METHODS for m in a.model_list):
+        p.error(f"--models takes {sorted(METHODS)}")
+    a.warmup = a.warmup if a.warmup is not None else (1 if sm else 2)
+    a.repeats = a.repeats if a.repeats is not None else (2 if sm else 5)
+    a.budget_s = a.budget_s if a.budget_s is not None else (120.0 if sm else 430.0)
+    a.reserve_s = a.reserve_s if a.reserve_s is not None else (1.0 if sm else 8.0)
+    if a.threads is None and sm and a.device == "cpu":
+        a.threads = 1
+    if a.repeats < 1 or a.warmup < 0:
+        p.error("--repeats >= 1, --warmup >= 0")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    old = torch.get_num_threads()
+    if a.threads:  # tiny CPU models: one thread is fastest (and steady on a shared box); restored after
+        torch.set_num_threads(a.threads)
+    try:
+        return Bench(a).run()
+    finally:
+        torch.set_num_threads(old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
