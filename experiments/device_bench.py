@@ -90,6 +90,7 @@ import importlib
 import inspect
 import json
 import math
+import os
 import random
 import signal
 import statistics
@@ -527,8 +528,10 @@ class Bench:
             prov = {"error": f"{type(e).__name__}: {e}"}
         t = prov.get("torch") or {}
         git = prov.get("git") or {}
+        # a device copy of the tree may have no .git: VARBENCH_GIT_SHA=$(git rev-parse HEAD) names the commit
+        sha = git.get("sha") or os.environ.get("VARBENCH_GIT_SHA")
         return {"gpu": t.get("device_name") if self.cuda else None, "driver": t.get("driver"),
-                "torch": torch.__version__, "cuda": torch.version.cuda, "git_sha": git.get("sha"),
+                "torch": torch.__version__, "cuda": torch.version.cuda, "git_sha": sha,
                 "git_dirty": git.get("dirty"), "python": prov.get("python"), "host": prov.get("hostname"),
                 "cpu_count": prov.get("cpu_count"), "torch_threads": torch.get_num_threads(), "provenance": prov}
 

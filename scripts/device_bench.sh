@@ -9,7 +9,8 @@
 # returned folder), else results/curated/. The JSON and markdown are rewritten after every section, so a
 # time-out keeps what finished. Whole run < 8 minutes: install (~10 s) + the script's own budget
 # (LIMIT_S - 40 s; it skips what would not fit) under `timeout LIMIT_S`.
-# Knobs via env: LIMIT_S (default 470), PYTHON (python3). Extra arguments go to the script, e.g.
+# Knobs via env: LIMIT_S (default 470), PYTHON (python3), VARBENCH_GIT_SHA (the commit, recorded when the
+# device copy of the tree has no .git: prefix the command with VARBENCH_GIT_SHA=<sha>). Extra arguments go to the script, e.g.
 #   bash scripts/device_bench.sh --models 2b --repeats 7
 #   bash scripts/device_bench.sh --smoke      (CPU, tiny models: the plumbing; pass OUT=... to keep it apart)
 set -uo pipefail
