@@ -12,8 +12,8 @@ the blocks (input embedding, head, guidance, sampling, code accumulation) cancel
 CFG on (2 rows per image), batch 1. Host ms per scale: median over repeats of the runtime's own
 per-scale wall time.
 
-`--against REF` checks REF out into a temporary git worktree and runs this same file there in a
-subprocess (varbench imported from that tree), then prints both with the ratio new / old. It only
+`--against REF` checks REF out into a temporary git worktree and runs this same file in
+subprocesses against both trees, alternating (`--rounds`), then prints both with the ratio new / old. It only
 uses the runtime API both trees share (`InfinityRuntime(model, None, None)`, `generate(text=...)`).
 """
 from __future__ import annotations
@@ -92,14 +92,19 @@ def _ops_per_scale(rt, pn: str, cfg: float) -> list[int]:
     return [b - a for a, b in zip(marks, marks[1:])]
 
 
+def ops_per_block(pn: str = "0.25M", depth: int = 32, width: int = 64, heads: int = 2, cfg: float = 4.0):
+    """(ops per block per scale, ops per scale at `depth`, the depth-`depth` runtime)."""
+    deep, half = _runtime(depth, width, heads), _runtime(depth // 2, width, heads)
+    ops_deep, ops_half = _ops_per_scale(deep, pn, cfg), _ops_per_scale(half, pn, cfg)
+    return [(a - b) / (depth - depth // 2) for a, b in zip(ops_deep, ops_half)], ops_deep, deep
+
+
 def measure(pn: str = "0.25M", depth: int = 32, width: int = 64, heads: int = 2, cfg: float = 4.0,
             repeats: int = 7, threads: int = 1) -> dict:
     torch.set_num_threads(threads)
     import varbench
 
-    deep, half = _runtime(depth, width, heads), _runtime(depth // 2, width, heads)
-    ops_deep, ops_half = _ops_per_scale(deep, pn, cfg), _ops_per_scale(half, pn, cfg)
-    per_block = [(a - b) / (depth - depth // 2) for a, b in zip(ops_deep, ops_half)]
+    per_block, ops_deep, deep = ops_per_block(pn, depth, width, heads, cfg)
     for _ in range(2):  # warm-up: allocator, RoPE table caches
         deep.generate(["x"], [0], pn=pn, cfg=cfg, text=_text(), decode=False)
     runs = [deep.generate(["x"], [0], pn=pn, cfg=cfg, text=_text(), decode=False) for _ in range(repeats)]
@@ -110,28 +115,48 @@ def measure(pn: str = "0.25M", depth: int = 32, width: int = 64, heads: int = 2,
             "ar_ms": statistics.median(r.timings_ms["ar"] for r in runs)}
 
 
-def measure_at(ref: str, args) -> dict:
-    """Run this file against the varbench of commit `ref` (a temporary worktree)."""
+def _measure_in(tree: Path, args) -> dict:
+    """This file run in a subprocess against the varbench under `tree`."""
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json", "--pn", args.pn,
+                          "--repeats", str(args.repeats), "--threads", str(args.threads)],
+                         env=dict(os.environ, PYTHONPATH=str(tree)), check=True, capture_output=True, text=True,
+                         cwd=tempfile.gettempdir())
+    res = json.loads(out.stdout)
+    if not res["varbench"].startswith(str(tree)):
+        raise RuntimeError(f"the subprocess imported varbench from {res['varbench']}, not from {tree}")
+    return res
+
+
+def _median_of(results: list[dict]) -> dict:
+    """Per-scale median over rounds (ops are deterministic; times drift with the machine's load)."""
+    out = dict(results[0])
+    out["host_ms_per_scale"] = [statistics.median(col) for col in zip(*(r["host_ms_per_scale"] for r in results))]
+    out["ar_ms"] = statistics.median(r["ar_ms"] for r in results)
+    out["rounds"] = len(results)
+    return out
+
+
+def measure_both(ref: str, args) -> tuple[dict, dict]:
+    """This tree and commit `ref` (a temporary worktree), measured in alternating subprocesses, `args.rounds`
+    times each, so both see the same machine state on average."""
     with tempfile.TemporaryDirectory() as tmp:
         tree = Path(tmp) / "tree"
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref],
                        check=True, capture_output=True)
         try:
-            env = dict(os.environ, PYTHONPATH=str(tree))
-            out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--json", "--pn", args.pn,
-                                  "--repeats", str(args.repeats), "--threads", str(args.threads)],
-                                 env=env, check=True, capture_output=True, text=True, cwd=tmp)
+            new, old = [], []
+            for _ in range(args.rounds):
+                new.append(_measure_in(REPO, args))
+                old.append(_measure_in(tree, args))
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], capture_output=True)
-    res = json.loads(out.stdout)
-    if not res["varbench"].startswith(str(tree)):
-        raise RuntimeError(f"the subprocess imported varbench from {res['varbench']}, not from the worktree of {ref}")
-    return res
+    return _median_of(new), _median_of(old)
 
 
 def report(new: dict, old: dict | None = None, old_name: str = "") -> str:
     lines = [f"depth {new['depth']}, width {new['width']}, cfg {new['cfg']} (2 rows), batch 1, CPU, "
-             f"{new['threads']} thread(s), pn {new['pn']}, host ms = median of {new['repeats']}"]
+             f"{new['threads']} thread(s), pn {new['pn']}, host ms = median of {new['repeats']} repeats"
+             + (f", median over {new['rounds']} alternating rounds" if "rounds" in new else ""), ""]
     head = "| scale | tokens | ops/block | host ms |"
     rule = "|---|---:|---:|---:|"
     if old:
@@ -155,16 +180,24 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: host overhead without pool noise)")
     ap.add_argument("--against", metavar="REF", help="also measure this git commit and print both side by side")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: alternating measurements of each tree")
+    ap.add_argument("--out", help="also write the table (markdown) to this file")
     ap.add_argument("--json", action="store_true", help="print the measurement as JSON only")
     ap.add_argument("--max-ops", type=float, default=None,
                     help="exit 1 if any scale's ops per block exceed this (the issue's target: 40)")
     args = ap.parse_args(argv)
-    new = measure(args.pn, repeats=args.repeats, threads=args.threads)
     if args.json:
-        print(json.dumps(new))
+        print(json.dumps(measure(args.pn, repeats=args.repeats, threads=args.threads)))
         return 0
-    old = measure_at(args.against, args) if args.against else None
-    print(report(new, old, args.against or ""))
+    if args.against:
+        new, old = measure_both(args.against, args)
+    else:
+        new, old = measure(args.pn, repeats=args.repeats, threads=args.threads), None
+    text = report(new, old, args.against or "")
+    print(text)
+    if args.out:
+        Path(args.out).write_text(f"# Eager scale step: host cost (`python -m experiments.runtime_ops "
+                                  f"--against {args.against}`)\n\n{text}\n")
     if args.max_ops is not None and max(new["ops_per_block"]) > args.max_ops:
         print(f"FAIL: {max(new['ops_per_block']):.1f} ops per block > {args.max_ops}")
         return 1

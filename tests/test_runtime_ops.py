@@ -1,0 +1,14 @@
+"""The eager step's host cost, counted: dispatched aten ops per block (deterministic, so CI gates it).
+
+On a GPU every dispatched op is a launch or a host-side view; an eager step of ~120 ops per block
+made the small scales cost as much as the reference code's (issue #10). The target is <= 40 per block
+in the baseline path with CFG on (fp32 CPU, ca_bf16 as released)."""
+from experiments.runtime_ops import ops_per_block
+
+
+def test_baseline_block_dispatches_at_most_40_ops_at_every_scale():
+    per_block, per_scale, _ = ops_per_block(pn="0.06M", depth=8)
+    assert len(per_block) == 7
+    assert max(per_block) <= 40, per_block
+    # the count is per block: outside the blocks (embedding, head, sampling) it does not grow with depth
+    assert all(b == int(b) for b in per_block)
