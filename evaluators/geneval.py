@@ -18,6 +18,13 @@ mask, cropped to its box, CLIP-preprocessed (shorter side -> 224 bicubic, centre
 zero-shot over 10 colours x 3 templates with open_clip `ViT-L-14-quickgelu` (OpenAI weights need
 QuickGELU; plain `ViT-L-14` silently uses GELU in open_clip >= 3).
 
+Colour-step precision: upstream runs the CLIP classifier through clip_benchmark's
+`zero_shot_classifier` / `run_classification`, whose default `amp=True` puts both text and image
+encoding under fp16 autocast on CUDA. `precision="auto"` (the default) does the same: fp16 autocast
+on a CUDA device, fp32 on the CPU (autocast there is off upstream too). "amp" and "fp32" force one
+or the other ("amp" on a CPU device still runs fp32). `version_info()` records the requested and the
+effective precision; the detector always runs in fp32.
+
 Prompt rewriting (Infinity's GPT-4o rewriter, the "†" numbers) affects generation only; the evaluator
 always scores against the original GenEval metadata. `prompt_rewrite` is recorded so runs that used
 rewritten prompts are never compared with runs that did not.
@@ -187,7 +194,8 @@ class GenEvalEvaluator(Evaluator):
         clip_weights: open_clip-format state dict for the colour CLIP (relative to weights_dir).
         clip_model: open_clip architecture ("ViT-L-14-quickgelu"); clip_model_config: JSON for tiny tests.
         detector_scale: mmdet keep-ratio resize limits (1333, 800); smaller = faster, not comparable.
-        precision: "fp32" or "amp" (fp16 autocast on CUDA, as upstream's CLIP step).
+        precision: CLIP colour step: "auto" (default: upstream's fp16 autocast on CUDA, fp32 on CPU),
+            "amp" (fp16 autocast whenever the device is CUDA) or "fp32".
     Official backend:
         official_python: python executable of an env with mmdet 2.x/mmcv-full/open_clip/clip_benchmark.
         official_repo: geneval checkout (runs `<repo>/evaluation/evaluate_images.py`).
@@ -205,12 +213,15 @@ class GenEvalEvaluator(Evaluator):
                  clip_model_config: Optional[str] = None, detector_scale: Sequence[int] = (1333, 800),
                  threshold: float = 0.3, counting_threshold: float = 0.9, max_objects: int = 16,
                  max_overlap: float = 1.0, position_threshold: float = 0.1, prompt_rewrite: bool = False,
-                 precision: str = "fp32", device: str = "cpu",
+                 precision: str = "auto", device: str = "cpu",
                  official_python: Optional[str] = None, official_repo: Optional[str] = None,
                  official_model_path: Optional[str] = None, official_model_config: Optional[str] = None,
                  image_dir: Optional[str] = None, official_timeout_s: float = 6 * 3600):
         if backend not in ("native", "official"):
             raise ValueError(f"geneval: backend must be 'native' or 'official', got {backend!r}")
+        if precision not in ("auto", "amp", "fp32"):
+            raise ValueError(f"geneval: precision must be 'auto' (upstream: fp16 autocast on CUDA, fp32 on CPU), 'amp' "
+                             f"or 'fp32', got {precision!r}")
         self.backend, self.weights_dir = backend, weights_dir
         self.detector_dir, self.detector_name = detector_dir, detector_name
         self.clip_weights, self.clip_model, self.clip_model_config = clip_weights, clip_model, clip_model_config
@@ -231,6 +242,12 @@ class GenEvalEvaluator(Evaluator):
         self._tmp: Optional[str] = None
 
     # -- setup -----------------------------------------------------------------------------------
+    @property
+    def clip_precision(self) -> str:
+        """The colour step's effective precision on the current device: "amp" (fp16 autocast) or "fp32"."""
+        cuda = str(self.device).startswith("cuda")
+        return "amp" if cuda and self.precision in ("auto", "amp") else "fp32"
+
     def _under(self, p: Optional[str]) -> Optional[Path]:
         if p is None:
             return None
@@ -283,7 +300,7 @@ class GenEvalEvaluator(Evaluator):
         size = model.visual.image_size
         size = size[0] if isinstance(size, (tuple, list)) else size
         self._clf = ColorClassifier(model.eval().to(self.device), open_clip.get_tokenizer(self.clip_model), int(size),
-                                    self.device, self.precision == "amp")
+                                    self.device, self.clip_precision == "amp")
         self._info = {"detector": self.detector_name, "detector_dir": str(det_dir),
                       "detector_sha256": {f.name: check_sha256(f, None, what="detector") for f in wfiles},
                       "detector_config_sha256": check_sha256(cfg, None, what="detector config"),
@@ -396,7 +413,14 @@ class GenEvalEvaluator(Evaluator):
     def version_info(self) -> dict[str, Any]:
         return {"scorer": "geneval", "backend": self.backend, "rules": {**self.rules, "position_threshold": self.position_threshold},
                 "rules_source": "djghosh13/geneval@af4902f evaluate_images.py", "prompt_rewrite": self.prompt_rewrite,
-                "color_templates": list(R.COLOR_TEMPLATES), "precision": self.precision, **self._info}
+                "color_templates": list(R.COLOR_TEMPLATES), **self._precision_info(), **self._info}
+
+    def _precision_info(self) -> dict[str, Any]:
+        if self.backend == "official":  # the upstream script decides: clip_benchmark amp=True
+            return {"precision": "official", "clip_precision": "clip_benchmark amp=True (fp16 autocast on CUDA)"}
+        eff = self.clip_precision
+        return {"precision": eff, "precision_requested": self.precision,
+                "clip_precision": "fp16 autocast (CUDA)" if eff == "amp" else "fp32", "detector_precision": "fp32"}
 
 
 _PATH_RE = re.compile(r"(\d+)[/\\]samples[/\\](\d+)\.\w+$")

@@ -169,3 +169,55 @@ def test_official_backend_layout_and_parsing(tmp_path):
 def test_official_backend_missing_env(tmp_path):
     with pytest.raises(FileNotFoundError, match="official_python"):
         build_evaluator("geneval", backend="official", official_python=str(tmp_path / "nope")).setup()
+
+
+# ------------------------------------------------------------------------------ colour-step precision
+def test_precision_defaults_to_upstream_and_is_recorded(tiny_native):
+    """Upstream's colour step runs under clip_benchmark's amp=True: fp16 autocast on CUDA, none on CPU.
+    `precision=auto` (the default, in the class and both configs) follows it; the record says which
+    precision was requested and which ran."""
+    import yaml
+
+    from evaluators.geneval import GenEvalEvaluator
+
+    conf = Path(__file__).resolve().parents[1] / "conf" / "evaluator"
+    for f in ("geneval.yaml", "geneval_tiny.yaml"):
+        assert next(iter(yaml.safe_load((conf / f).read_text()).values()))["precision"] == "auto"
+    assert GenEvalEvaluator().precision == "auto"
+    for requested, device, effective in (("auto", "cpu", "fp32"), ("auto", "cuda", "amp"), ("auto", "cuda:1", "amp"),
+                                         ("amp", "cpu", "fp32"), ("amp", "cuda", "amp"), ("fp32", "cuda", "fp32")):
+        ev = _native(tiny_native, precision=requested, device=device)
+        info = ev.version_info()
+        assert (info["precision"], info["precision_requested"]) == (effective, requested), (requested, device)
+        assert info["clip_precision"] == ("fp16 autocast (CUDA)" if effective == "amp" else "fp32")
+    ev = _native(tiny_native)
+    ev.setup("cpu")
+    assert ev._clf.amp is False and ev.version_info()["precision"] == "fp32"
+    with pytest.raises(ValueError, match="precision"):
+        _native(tiny_native, precision="bf16")
+    off = build_evaluator("geneval", backend="official")
+    assert off.version_info()["precision"] == "official"
+
+
+def test_colour_step_autocast_only_on_cuda(tiny_native):
+    from evaluators.geneval import ColorClassifier
+
+    clf = ColorClassifier(None, None, 224, "cpu", amp=True)
+    with clf._autocast():
+        assert not torch.is_autocast_enabled("cuda")
+    if torch.cuda.is_available():
+        clf = ColorClassifier(None, None, 224, "cuda", amp=True)
+        with clf._autocast():
+            assert torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == torch.float16
+
+
+@pytest.mark.gpu
+def test_native_colour_step_runs_in_fp16_on_cuda(tiny_native):
+    ev = _native(tiny_native, device="cuda")
+    ev.setup("cuda")
+    assert ev._clf.amp is True and ev.version_info()["precision"] == "amp"
+    seen = []
+    h = ev._clf.model.visual.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    ev._clf(Image.new("RGB", (32, 32), "red"), [(np.array([0, 0, 32, 32, 1.0]), None)], "dog")
+    h.remove()
+    assert seen == [torch.float16]

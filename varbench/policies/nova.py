@@ -9,16 +9,38 @@ Paper:   NOVA: Adaptive Visual Autoregressive Acceleration via Dual-Linkage Entr
          (reference notes: nova_toprovar.md §2.5, knobs §6.2). Treat it as "NOVA-like".
 Changes: after each scale the policy reads the predictive entropy of every sampled token; it finds
          the *activation scale* t* online, where the growth of the mean entropy slows (an
-         inflection); from t*+1 on, every block prunes the tokens whose entropy at the previous
-         scale (upsampled) was lowest, at a ratio linked to the scale (grows with t, shrinks while
+         inflection); from t*+1 on, blocks prune the tokens whose entropy at the previous scale
+         (upsampled) was lowest, at a ratio linked to the scale (grows with t, shrinks while
          entropy still grows) and to the layer (less pruning in layers whose attention entropy is
          above the mean of the layers before them). Pruned slots take the previous scale's
-         residual update of the same block/sublayer, area-upsampled (FastVAR's restoration), and
-         are dropped from the scale's K/V.
-Fact vs reconstruction: FACT (abstract): activation from the inflection of entropy growth,
-         scale- and layer-linked ratios, low-entropy pruning, prior-scale residual cache.
-         2ND (blog): g_t = H_t - H_{t-1}, delta_t = moving average of g, Ratio_t = sigmoid(...).
-         RECON: everything numeric and every choice below.
+         residual update of the same block/sublayer, area-upsampled (FastVAR's restoration).
+Per step, where it comes from (PUBLISHED = NOVA's abstract; 2ND = a secondary, AI-written blog
+summary, not the authors; RECONSTRUCTED = ours). Each line names its test:
+  activation at the inflection   PUBLISHED idea; g_t = H_t - H_{t-1} and the moving average 2ND;
+    of entropy growth            rule, window, baseline, t_min/t_force RECONSTRUCTED
+                                 (tests/test_policies_plans.py::test_nova_activation_ratio_and_token_choice,
+                                 ::test_nova_forced_activation_and_refused_knobs)
+  scale-linked ratio             PUBLISHED idea; sigmoid form 2ND (`ratio_form: blog_literal`);
+                                 `monotone`, rho/lam/c0/r_min/r_max RECONSTRUCTED (same tests)
+  layer-linked ratio             PUBLISHED idea; "vs the mean of the previous layers" 2ND; the exp
+                                 form, mu and attention entropy as the layer signal RECONSTRUCTED
+                                 (::test_nova_layer_linkage_prunes_less_where_attention_entropy_is_higher)
+  prune the low-entropy tokens   PUBLISHED; ranking by the previous scale's map RECONSTRUCTED
+                                 (::test_nova_activation_ratio_and_token_choice)
+  fill from the prior scale's    PUBLISHED idea; FastVAR-CTR mechanics (per block and sublayer,
+    residual cache               area upsampling) RECONSTRUCTED
+                                 (tests/test_nova_knobs.py::test_fill_follows_the_previous_scale)
+Unstated by every source (RECONSTRUCTED defaults, each a knob; tests/test_nova_knobs.py):
+  prune_kv=True          whether pruned tokens' K/V are dropped (as FastVAR does) or stay as keys
+                         (::test_prune_kv_knob);
+  protect_first=0, protect_last=0, sublayers=(sa, ca, ffn)
+                         which blocks and sublayers NOVA touches: all, read into the abstract's
+                         claim of a wider "acceleration scope" than FastVAR's blocks 3..27
+                         (::test_block_and_sublayer_knobs);
+  skip_last_scales=0     whether the last scales are skipped as in FastVAR; guessed from NOVA's
+                         0.84 s on 2B vs FastVAR's 0.80 s with two scales skipped
+                         (::test_skip_last_scales_knob).
+Every numeric default is a reconstruction as well (rho/lam/c0 calibrated to a FLOPs target).
 
 Online causality: a plan is fixed before its scale runs, so every signal a scale's plan uses
 comes from scales already sampled: the ratio at t uses the last observed growth g_{t-1}; the layer
@@ -64,10 +86,15 @@ Knobs (speed <-> quality):
                   Closer caches fill better; memory: residuals are kept for every candidate scale.
   cache_scale     index used by cache_source=fixed.
   fill            cache (NOVA) | pass (ablation: pruned tokens unchanged).
-  prune_kv        drop pruned tokens from the scale's K/V (faster) or keep them as keys.
-  protect_first, protect_last  blocks never pruned at either end (NOVA: none); counts or fractions of depth.
+  prune_kv        drop pruned tokens from the scale's K/V (RECON default True, as FastVAR: faster)
+                  or keep them as keys (queries-only pruning: slower, closer to the baseline).
+  protect_first, protect_last  blocks never pruned at either end (RECON default 0: NOVA states none);
+                  counts or fractions of depth. More protection -> slower, safer.
+  sublayers       which sublayers a pruned block prunes (RECON default all three, as FastVAR);
+                  fewer -> slower, closer to the baseline.
   min_tokens_to_prune          scales smaller than this never prune (saves nothing there).
-  skip_last_scales             FastVAR-style full skipping of the last scales (NOVA: 0).
+  skip_last_scales             FastVAR-style full skipping of the last scales (RECON default 0:
+                  NOVA states none). More -> much faster, loses the finest detail.
   batch_activation             earliest | median | latest | mean_curve (see Batch).
   keep_multiple   round kept counts up to a multiple (8/64 help kernels; 1 = exact).
 """
@@ -125,6 +152,7 @@ class NOVA(Policy):
         skip_last_scales: int = 0,
         batch_activation: str = "median",
         keep_multiple: int = 1,
+        sublayers: Sequence[str] = ("sa", "ca", "ffn"),
     ):
         check_choice("entropy_logits", entropy_logits, ("guided", "cond"))
         check_choice("entropy_temp", str(entropy_temp), ("tau", "1"))
@@ -150,6 +178,9 @@ class NOVA(Policy):
             raise ValueError(f"nova: need 0 <= r_min <= r_max <= 1, got r_min={r_min}, r_max={r_max}")
         if keep_multiple < 1 or skip_last_scales < 0:
             raise ValueError("nova: keep_multiple must be >= 1 and skip_last_scales >= 0")
+        sublayers = tuple(sublayers)
+        if not sublayers or set(sublayers) - {"sa", "ca", "ffn"}:
+            raise ValueError(f"nova.sublayers must be a non-empty subset of (sa, ca, ffn), got {list(sublayers)}")
         self.k = dict(locals())
         self.k.pop("self")
         self.k["cache_source"] = cache_source
@@ -316,7 +347,8 @@ class NOVA(Policy):
                 else:  # the predictive-entropy ranking (also the fallback before a layer's map exists)
                     idx = order[:, :k].sort(dim=-1).values
                 blocks[l] = BlockPlan(mode="prune", keep=expand_to_rows(idx, self.ctx).to(self.ctx.device),
-                                      n_keep=k, fill=self.fill, cache_from=cache_from, prune_kv=self.prune_kv)
+                                      n_keep=k, sublayers=self.sublayers, fill=self.fill, cache_from=cache_from,
+                                      prune_kv=self.prune_kv)
                 n_keeps[l] = k
             self.record[si] = {"scale_ratio": r_t, "growth_used": g, "layer_ratios": {int(l): r_l[l] for l in r_l},
                                "n_keep": n_keeps, "tokens": L, "cache_from": cache_from}
