@@ -89,7 +89,10 @@ def test_flops_ratios(smoke):
             skip = _rows(rec, model=role, method="skip_last_2", batch=b, mode="eager")[0]
             assert skip["flops_ratio_vs_baseline"] > 1
             fv = _rows(rec, model=role, method=db.FASTVAR[role], batch=b, mode="eager")[0]
-            assert fv["flops_ratio_vs_baseline"] > 1
+            if db.FASTVAR[role] == "fastvar":  # the release's rule keys on widths 32/40: none on the 0.06M smoke schedule
+                assert fv["flops_ratio_vs_baseline"] == 1.0
+            else:                              # the 8B paper preset counts scales from the end: it prunes
+                assert fv["flops_ratio_vs_baseline"] > 1
             base = _rows(rec, model=role, method="baseline", batch=b, mode="eager")[0]
             assert base["flops_ratio_vs_baseline"] == 1.0
 

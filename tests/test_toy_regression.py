@@ -23,10 +23,10 @@ def test_every_method_default_stays_within_its_reference(reference):
 
 
 def test_a_much_more_aggressive_default_is_caught(reference):
-    """FastVAR pruning 90% at its two pruned scales instead of 40/50%: the gate must fail."""
-    measured = tr.measure(methods=["baseline", "fastvar"], n_prompts=reference["n_prompts"],
-                          knob_overrides={"fastvar": {"prune": {-4: 0.9, -3: 0.9}}})
-    ref = {**reference, "methods": {k: reference["methods"][k] for k in ("baseline", "fastvar")}}
+    """FastVAR (generalised) pruning 90% at its two pruned scales instead of 40/50%: the gate must fail."""
+    measured = tr.measure(methods=["baseline", "fastvar_generalised"], n_prompts=reference["n_prompts"],
+                          knob_overrides={"fastvar_generalised": {"prune": {-4: 0.9, -3: 0.9}}})
+    ref = {**reference, "methods": {k: reference["methods"][k] for k in ("baseline", "fastvar_generalised")}}
     problems = tr.check(measured, ref)
-    assert any(p.startswith("fastvar: FLOPs ratio") for p in problems)
+    assert any(p.startswith("fastvar_generalised: FLOPs ratio") for p in problems)
     assert all(not p.startswith("baseline") for p in problems)

@@ -7,9 +7,15 @@ Per scale: ask the policy for a `ScalePlan`; run the blocks under it (full / ski
 cached-residual or pass-through fill); compute logits, temper, guide, sample bits per image;
 accumulate codes with the VAE's trilinear interpolation; hand `ScaleSignals` to the policy.
 
-Design rules (for later CUDA-graph capture): nothing inside a scale step reads GPU values on the
-host; every shape inside a step follows from the schedule and the plan (`n_keep` is static).
-Host reads happen between steps (policy.observe) and after the loop (traces).
+A full block is `block_step`'s lean path (constants prepared once per generation, ~40 ops); a
+block under a plan (pruned, keeping residuals, asked for attention entropy) runs `_block`, which
+computes its full sublayers with the same ops, so a neutral plan reproduces the baseline bit for bit.
+
+Design rules (CUDA graphs): nothing inside a scale step (`_GenState._core`) reads GPU values on the
+host; every shape inside a step follows from the schedule and the plan (`n_keep` is static). Host
+reads happen between steps (policy.observe) and after the loop (traces). In graph mode
+(`cuda_graphs`) a step is captured per (scale, plan signature, KV lengths, residual addresses) and
+replayed; everything it reads lives in a generation state reused in place across calls.
 """
 from __future__ import annotations
 
