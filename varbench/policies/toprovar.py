@@ -1,65 +1,70 @@
-"""`toprovar`: attention-entropy pruning on three levels: scale depth, Global/Detail layers, tokens.
+"""`toprovar`: attention-entropy sparsity on three levels: scale depth, Global/Detail layers, tokens.
 
 Method card
 -----------
-Paper:   ToProVAR: Efficient Visual Autoregressive Modeling via Tri-Dimensional Entropy-Aware
-         Semantic Analysis and Sparsity Optimization (Chen et al., ICLR 2026, arXiv 2602.22948).
-         No public code; equations from the full text (reference notes nova_toprovar.md §3, knobs
-         §6.3). FACT: tau = 0.4, the SVD scale (s = 6), Eqs. 3-6. RECON: every default marked so.
-Changes: (scale) from the per-query self-attention entropy of each scale (exact, from the runtime:
-         log-sum-exp minus expected logit of the cosine-attention logits, averaged over heads), the
-         low-entropy fraction rho_s = |{i: H_i < mean H}| / N; the first scale D where rho crosses
-         tau starts the pruning (or, in the scale-only ablation, ends the generation);
-         (layer) once, at one early scale, each block's entropy map is factored by SVD; the ratio
-         sigma1/sigma2 marks Global (dominant component, rho >> 1) vs Detail (rho ~ 1) layers,
-         scored R = exp(-beta (rho - 1));
-         (token) at pruned scales, token i of layer l is kept with probability
-         1 - clip(alpha_min + (alpha_max - alpha_min) * phi(s) R_l Hhat_i, 0, 1): low-entropy
-         (focused, salient) tokens are kept; pruned tokens pass through the layer unchanged.
-Online causality (RECON, forced by static plans): D is known only after scale D is sampled, so
-         pruning starts at D + depth_offset (>= 1); the token gate at scale s uses layer l's
-         entropy map from the previous sampled scale, upsampled.
-Ambiguities kept as knobs: the depth rule's direction (main text >= tau, appendix <= tau); the
-         entropy normalisation (the printed sum-normalisation makes the gate nearly constant);
-         alpha_min's meaning; which matrix the SVD factors; how layers and tokens combine
-         (Table 10's variants are `layer_mode` values).
+Paper:   ToProVAR (Chen et al., ICLR 2026, arXiv 2602.22948). No public code. Sources: the full text
+         (Sec. 4, Eqs. 2-6, Table 6, appendix A.1.5 / Table 10, A.2, A.5); notes in
+         reference/nova_toprovar.md. Provenance per step: "as published" (the paper states it),
+         "reconstructed" (the paper is silent or self-contradictory; a knob says which reading).
+         Nothing here is "as released": there is no release.
+Steps (layer_mode=full, the default, is the paper's full method, A.1.5 "Scale + Layer + Token"):
+  1. entropy    per-query self-attention entropy (Eq. 2) on the cosine-attention logits, mean over
+                heads (A.3.2) - as published. Exact (LSE - E[logit]); on CUDA from the attention pass
+                (FAE, Alg. 2, with its missing rescale term fixed) - as published in intent.
+  2. rho_s      fraction of queries below the scale's mean entropy (Eq. 3) - as published; pooled
+                over all layers (`rho_source`) - reconstructed.
+  3. depth D    first scale with rho_s >= tau, tau = 0.4 (Sec. 4, A.2) - as published; the appendix's
+                rho_s <= tau (Eq. 13) is `depth_rule=rho_le_tau`. No crossing, no pruning (A.5.4) -
+                as published. Scales smaller than d_min_tokens cannot be D - reconstructed.
+  4. onset      D is known once scale D has run, so the first changed scale is D + depth_offset (1):
+                scale D runs in full, as A.5.1 Eq. 9 ("prune all subsequent scales s > D") - as
+                published; the online offset itself is forced by causality - reconstructed.
+  5. layers     once, at svd_scale (0-based 5 = the paper's s = 6, Table 6), each layer's h x w entropy
+                map is factored; rho_l = sigma1/sigma2 (Eq. 4) - as published; the map is centred
+                first (uncentred sigma1 is the mean level and every layer reads Global) -
+                reconstructed. R_l = exp(-beta (rho_l - 1)) - as published; beta = 1.0 -
+                reconstructed (not given). Detail iff R_l >= detail_min_R (0.5) - reconstructed.
+  6. layer skip from the onset, Global layers run in full ("pruning only the latter", Sec. 4) - as
+                published. A Detail layer is skipped when Eq. 6 would prune at least layer_skip_prune
+                (0.5) of its tokens on average, else it is token-pruned (step 7): A.1.5's "layer
+                skipping ... and token pruning restricted to selected Detail layers" - the
+                selection rule is reconstructed (Detail layers at later scales, higher R and more
+                diffuse entropy get skipped; alpha = 0 skips nothing).
+  7. tokens     P_keep = 1 - clip(a_min + (a_max - a_min) phi(s) R_l Hhat_i) with phi = s/S_max
+                (Eqs. 5-6) - as published; Hhat min-max normalised (the printed sum-normalisation
+                makes Hhat ~ 1/N and the gate constant; `entropy_norm=sum` keeps it) -
+                reconstructed; a_min = 0.3, a_max = 0.9 - reconstructed (not given; a_max from
+                Fig. 3 "up to 90%"); the k = E[kept] lowest-entropy tokens kept (deterministic
+                top-k, not Bernoulli) - reconstructed; the gate at scale s reads the layer's map
+                from the previous scale it ran at, upsampled (causality) - reconstructed.
+  8. pruned     tokens pass through the layer unchanged (no cache fill; A.5.3's error is the dropped
+                token energy) - reconstructed; they are dropped from that scale's K/V as well
+                (prune_kv=true) - reconstructed (the paper does not say).
+  9. exit       with post_scales = k, only k scales from the onset run; later ones are dropped
+                (a reading of "adaptive scale skipping" in the combined variants) - reconstructed;
+                default null: every scale runs.
+Table 10 rows (conf/method/toprovar_*.yaml): fixed exit (fixed_exit=-4: 32² on '1M'; the paper's
+exit scale is not given - reconstructed), scale only (depth_mode=truncate_after_D: every scale
+after D dropped - as published), scale + token (layer_mode=uniform: every layer gated, R = 1 - as
+published), scale + layer (layer_mode=skip_detail_layers: Detail layers skipped, Global layers in
+full - as published, "largely preserved" read as fully), full (layer_mode=full). Also
+gate_detail_only (every Detail layer token-gated, none skipped; the previous default) and
+gate_only (every layer gated, weighted by R).
+FLOPs ordering (experiments/flops_table.py scenario, 2B 1024², cfg 4, D = 32²; see docs/methods.md):
+the paper's order scale+layer > full > scale+token holds iff the uniform gate keeps more tokens
+than the Global layers' share (7/32 in the scenario) plus the token-pruned Detail layers' work.
 
 Knobs (speed <-> quality):
-  tau             0.4 (FACT). With rho_ge_tau a lower tau -> earlier D -> faster.
-  depth_rule      rho_ge_tau (main text) | rho_le_tau (appendix Eq. 13).
-  depth_offset    first pruned (or dropped) scale = D + offset; >= 1 (larger -> slower, safer).
-  d_min_tokens    (RECON) scales smaller than this cannot be D (rho is noisy on tiny grids).
-  rho_source      mean_over_layers_heads | last_layer | layer_subset (rho_layers).
-  rho_queries     None (every query) or a subsample size for the rho estimate (cheaper).
-  depth_mode      prune_from_D (full method) | truncate_after_D (scale-only ablation: fastest).
-  fixed_exit      index of the last scale run, for the "fixed scale exit" ablation (None: off).
-  svd_scale       scale index of the SVD (default 5 = the paper's 1-based "s = 6", RECON reading:
-                  the paper's Table 8 numbers scales 1..13).
-  svd_matrix      entropy_map_hxw (only one the runtime's signals support).
-  svd_center      (RECON, default on) subtract the map's mean before the SVD: uncentred, sigma1 is
-                  the mean level and every layer reads as Global (measured on the tiny model:
-                  rho 20..800); centred, rho compares spatial structure, as the paper describes.
-  beta            R's sharpness (RECON 1.0); higher -> more layers count as Global -> slower.
-  global_threshold  optional hard split: rho > threshold is Global.
-  detail_min_R    a layer is Detail when R >= this (RECON 0.5) and no threshold is given.
-  layer_mode      gate_detail_only (full: Detail layers gated, Global full) | gate_only (every
-                  layer gated, weighted by R) | skip_detail_layers (scale+layer ablation: Detail
-                  layers skipped whole) | uniform (scale+token ablation: every layer, R = 1).
-  entropy_norm    minmax (default) | mean | rank | sum (paper-literal, nearly no effect).
-  alpha_min, alpha_max  (RECON 0.6, 0.95) higher -> more pruning -> faster. Chosen from Fig. 3b
-                  ("Detail layers tolerate up to 90% compression"): with minmax entropies a Detail
-                  layer at 64² prunes ~75% on average.
-  alpha_min_semantics   min_prune (Eq. 6) | min_keep (A.5.3: every region keeps >= alpha_min).
-  head_reduce     mean (the runtime averages heads; max is not available).
-  keep_mode       topk_deterministic (k = expected kept, lowest entropies) | weighted_sample
-                  (k tokens sampled without replacement with weights P_keep; seeded).
-  keep_multiple   kept counts rounded up to a multiple (kernel-friendly; 1 = exact).
-  batch_keep      max | mean: one kept count per (scale, layer) for the batch (max is safer).
-  batch_depth     earliest | median | latest: reduce the per-image D.
-  share_mask_cfg  the uncond row reuses its prompt's cond choice (else ranks its own entropies).
-  prune_kv        drop pruned tokens from the scale's K/V (faster) or keep them as keys.
-  protect_first, protect_last, min_tokens_to_prune  blocks / small scales never pruned.
-  seed            for weighted_sample.
+  tau 0.4, depth_rule, depth_offset (>= 1), d_min_tokens, rho_source / rho_layers / rho_queries,
+  depth_mode (prune_from_D | truncate_after_D), fixed_exit, post_scales   - scale level
+  svd_scale 5, svd_matrix (entropy_map_hxw only), svd_center, beta 1.0, global_threshold
+  (hard split on rho_l instead of detail_min_R), detail_min_R 0.5, layer_mode, layer_skip_prune
+  0.5 (lower -> more Detail layers skipped -> faster)                     - layer level
+  entropy_norm (minmax | mean | rank | sum), alpha_min 0.3, alpha_max 0.9 (higher -> faster),
+  alpha_min_semantics (min_prune: Eq. 6 | min_keep: A.5.3), head_reduce (mean only), keep_mode
+  (topk_deterministic | weighted_sample), keep_multiple 8, batch_keep (max | mean), batch_depth
+  (earliest | median | latest), share_mask_cfg, prune_kv, protect_first/last, min_tokens_to_prune,
+  seed                                                                    - token level
 """
 from __future__ import annotations
 
@@ -72,6 +77,31 @@ from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
 from .base import Policy
 from .common import check_choice, cond_rows, expand_to_rows, protected_blocks, resolve_scale
 from .selectors import complete_map, topk_indices, upsample_map
+
+
+def rho_blocks_for(rho_source: str, depth: int, rho_layers: Optional[Sequence[int]] = None) -> list[int]:
+    """The blocks whose attention entropies are pooled into rho_s."""
+    if rho_source == "mean_over_layers_heads":
+        return list(range(depth))
+    if rho_source == "last_layer":
+        return [depth - 1]
+    return sorted({int(b) % depth for b in (rho_layers or ())})
+
+
+def low_entropy_ratio(att: dict, blocks: Sequence[int], ctx: GenerationContext) -> Optional[torch.Tensor]:
+    """rho_s per prompt (Eq. 3): the share of queries whose entropy (mean over `blocks`, heads already
+    averaged) lies below the scale's mean. att: {block: (rows, n_queries)}; None if no block reported."""
+    per_block = [cond_rows(att[b], ctx).float() for b in blocks if b in att]
+    if not per_block:
+        return None
+    H = torch.stack(per_block).mean(0)                      # (B, n_queries), mean over layers
+    return (H < H.mean(-1, keepdim=True)).float().mean(-1)  # (B,)
+
+
+#: full: Global layers in full, Detail layers skipped or token-gated (A.1.5 full method);
+#: gate_detail_only: every Detail layer token-gated; gate_only: every layer gated, weighted by R;
+#: skip_detail_layers: Table 10 "Scale + Layer"; uniform: Table 10 "Scale + Token" (R = 1).
+LAYER_MODES = ("full", "gate_detail_only", "gate_only", "skip_detail_layers", "uniform")
 
 
 class ToProVAR(Policy):
@@ -94,10 +124,12 @@ class ToProVAR(Policy):
         beta: float = 1.0,
         global_threshold: Optional[float] = None,
         detail_min_R: float = 0.5,
-        layer_mode: str = "gate_detail_only",
+        layer_mode: str = "full",
+        layer_skip_prune: float = 0.5,
+        post_scales: Optional[int] = None,
         entropy_norm: str = "minmax",
-        alpha_min: float = 0.6,
-        alpha_max: float = 0.95,
+        alpha_min: float = 0.3,
+        alpha_max: float = 0.9,
         alpha_min_semantics: str = "min_prune",
         head_reduce: str = "mean",
         keep_mode: str = "topk_deterministic",
@@ -120,7 +152,12 @@ class ToProVAR(Policy):
                              "Use entropy_map_hxw.")
         if head_reduce != "mean":
             raise ValueError("toprovar.head_reduce must be 'mean': the runtime returns attention entropy averaged over heads.")
-        check_choice("layer_mode", layer_mode, ("gate_detail_only", "gate_only", "skip_detail_layers", "uniform"))
+        check_choice("layer_mode", layer_mode, LAYER_MODES)
+        if not 0.0 < layer_skip_prune <= 1.0:
+            raise ValueError(f"toprovar.layer_skip_prune={layer_skip_prune} must lie in (0, 1]: a Detail layer is skipped "
+                             "when the token gate would prune at least this fraction of its tokens")
+        if post_scales is not None and (int(post_scales) != post_scales or post_scales < 1):
+            raise ValueError(f"toprovar.post_scales={post_scales!r} must be null or a count >= 1 of scales run from the onset")
         check_choice("entropy_norm", entropy_norm, ("minmax", "mean", "rank", "sum"))
         check_choice("alpha_min_semantics", alpha_min_semantics, ("min_prune", "min_keep"))
         check_choice("keep_mode", keep_mode, ("topk_deterministic", "weighted_sample"))
@@ -145,12 +182,7 @@ class ToProVAR(Policy):
         self.exit_si = None if self.fixed_exit is None else resolve_scale(int(self.fixed_exit), n, what="toprovar.fixed_exit")
         self.svd_si = resolve_scale(int(self.svd_scale), n, what="toprovar.svd_scale")
         self.prunable = list(protected_blocks(ctx.depth, self.protect_first, self.protect_last))
-        if self.rho_source == "mean_over_layers_heads":
-            self.rho_blocks = list(range(ctx.depth))
-        elif self.rho_source == "last_layer":
-            self.rho_blocks = [ctx.depth - 1]
-        else:
-            self.rho_blocks = sorted({b % ctx.depth for b in self.rho_layers})
+        self.rho_blocks = rho_blocks_for(self.rho_source, ctx.depth, self.rho_layers)
         self.gen = torch.Generator().manual_seed(int(self.seed))
         # per-generation state
         self.rho: dict[int, list[float]] = {}
@@ -216,6 +248,8 @@ class ToProVAR(Policy):
         fp = self._first_pruned()
         if fp is not None and si >= fp and self.depth_mode == "truncate_after_D":
             return ScalePlan(run=False)
+        if fp is not None and self.post_scales is not None and si >= fp + int(self.post_scales):
+            return ScalePlan(run=False)
         # which attention entropies this scale must report
         want: set[int] = set()
         full_queries = False
@@ -251,6 +285,7 @@ class ToProVAR(Policy):
             self.record[si] = {"skipped_blocks": sorted(blocks)}
             return blocks
         srcs = set()
+        skipped: list[int] = []
         for l in self._gated_blocks():
             src, H = self._entropy_map(l, si)
             if H is None:
@@ -262,6 +297,10 @@ class ToProVAR(Policy):
             p = self._p_keep(self._normalise(H), si, R)
             per_row = p.sum(-1)
             expected = float(per_row.max() if self.batch_keep == "max" else per_row.mean())
+            if self.layer_mode == "full" and 1.0 - expected / L >= self.layer_skip_prune - 1e-9:
+                blocks[l] = BlockPlan(mode="skip")  # layer skipping: the gate would drop most of it anyway
+                skipped.append(int(l))
+                continue
             k = min(L, max(1, math.ceil(expected - 1e-6)))
             if self.keep_multiple > 1:
                 k = min(L, -(-k // self.keep_multiple) * self.keep_multiple)
@@ -277,6 +316,8 @@ class ToProVAR(Policy):
                                   prune_kv=self.prune_kv)
             rec[int(l)] = k
         self.record[si] = {"n_keep": rec, "tokens": L, "entropy_from_scales": sorted(srcs)}
+        if self.layer_mode == "full":
+            self.record[si]["skipped_blocks"] = skipped
         return blocks
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
@@ -317,11 +358,9 @@ class ToProVAR(Policy):
             self.detail = [l for l in self.R if self.R[l] >= self.detail_min_R]
 
     def _depth_step(self, si: int, att: dict) -> None:
-        per_block = [cond_rows(att[b], self.ctx).float() for b in self.rho_blocks if b in att]
-        if not per_block:
+        rho = low_entropy_ratio(att, self.rho_blocks, self.ctx)
+        if rho is None:
             return
-        H = torch.stack(per_block).mean(0)                      # (B, n_queries), mean over layers
-        rho = (H < H.mean(-1, keepdim=True)).float().mean(-1)   # (B,)
         self.rho[si] = [float(r) for r in rho]
         for i, r in enumerate(self.rho[si]):
             hit = r >= self.tau if self.depth_rule == "rho_ge_tau" else r <= self.tau
