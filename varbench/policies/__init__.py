@@ -12,6 +12,7 @@ REGISTRY: dict[str, str] = {
     "toprovar": "varbench.policies.toprovar:ToProVAR",
     "skip_last": "varbench.policies.skip:SkipLast",
     "skipvar_fixed": "varbench.policies.skip:SkipVARFixed",
+    "skipvar": "varbench.policies.skipvar:SkipVAR",
     "compose": "varbench.policies.compose:Compose",
 }
 

@@ -1,0 +1,189 @@
+"""`skipvar`: SkipVAR's sample-adaptive decision model.
+
+Method card: `skipvar`
+----------------------
+Paper:   SkipVAR: Accelerating Visual Autoregressive Modeling via Adaptive Frequency-Aware Skipping
+         (Li et al., arXiv 2506.08908); code fakerone-li/SkipVAR @ 607be0e,
+         `infinity/models/infinity.py::autoregressive_infer_cfg_SkipVAR` (lines 463-800),
+         `infinity/models/basic.py::SelfAttention.forward_cond` (312-369).
+Changes, step by step:
+  1. as released: after the scale before the decision scale (si 8) the summed codes are kept
+     (infinity.py 766-767: `old_codes = summed_codes.clone()`).
+  2. as released: at the decision scale (si 9) the summed codes and the kept copy are resized
+     (trilinear) to the latent grid of scale 4 (8x8 on 1M) and VAE-decoded (infinity.py 736-743).
+  3. as released: features [HF_Diff, HF_Ratio] (Sobel L1 difference; FFT energy outside radius
+     int(0.4*min(H,W)/2)), or [HF_Diff] for the `_diff_only` models (infinity.py 686-748; see
+     `skipvar_features`).
+  4. as released: StandardScaler + classifier (joblib pickles, Logistic_Regression by default,
+     infinity.py 285-290): skip model k in {0..3}; only if k == 0 the uncond model j in {0..3}
+     (infinity.py 751-762).
+  5. as released: action skip k = the last k scales do not run (`break` at si 12/11/10 for
+     k = 1/2/3, infinity.py 588-593); the image decodes the codes summed so far.
+  6. as released (mechanism), with one numeric difference: uncond j = from scale n-j on (12/11/10)
+     only the conditional rows run (their K/V cache continues, the unconditional cache is dropped,
+     logits = cfg*c + (1-cfg)*c = the conditional logits; infinity.py 616-645, basic.py 340-348)
+     = `ScalePlan(drop_uncond=True)`. The release recomputes the text conditioning of those scales
+     (AdaLN input `cond_BD_step12`, cross-attention K/V `ca_kv_step12`) with bf16 autocast disabled
+     (infinity.py 486-494), while its baseline rows use autocast-computed ones; here the cond rows
+     keep the baseline's conditioning (differences at bf16 rounding level).
+  7. reconstructed (release: batch 1 only, `.item()` and the KV-cache slice `B==1`): batch > 1.
+     Decisions are per sample; the runtime applies one plan per batch, so the batch takes the
+     most conservative per-sample action (`batch_rule: conservative`: skip min k; drop the
+     unconditional branch only where every sample does) or refuses (`batch_rule: raise`). At
+     batch 1 the decision is exactly the sample's.
+  8. reconstructed (release: indices 9/8/4 and 10/11/12 hard-coded for the 13-scale 1M schedules):
+     other schedules. The decision scale counts from the end (-4 = 9 of 13), the feature grid is
+     an absolute index (4), actions count from the end. On 1M schedules this is the release.
+  9. the feature images: decoded in fp32 through the runtime's VAE (clamped to [-1, 1] as
+     released); the release decodes under bf16 autocast (numeric difference only). Without access
+     to the runtime's VAE the public uint8 `ScaleSignals.decode` is used (stats say which).
+Decision models: released folders `SkipVAR/decision_model_ssim_{84,86,88}` (2B, 3k samples,
+         targets "SSIM to the baseline >= 0.84/0.86/0.88") and `decision_model_ssim_84_diff_only`;
+         not shipped here. `python -m experiments.skipvar_train` fits the same file set on any model
+         (reconstructed: the release ships no training code; see that module's card).
+Knobs:   decision_models  folder with the four joblib files (strict: missing/invalid -> error at
+                          the first decision); None only for `decide=` injection in tests.
+         classifier       Logistic_Regression (released default) | Decision_Tree | Random_Forest.
+         decision_scale   index of the decision scale (negative from the end; -4 = 9 on 1M).
+                          Earlier -> more scales the decision can save, less reliable features.
+         feature_scale    schedule index whose latent grid the codes are resized to (4 = 8x8).
+         fft_freq_ratio   HF_Ratio radius fraction (0.4 released).
+         batch_rule       conservative | raise (batch > 1 with disagreeing samples).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from ..plan import GenerationContext, ScalePlan, ScaleSignals
+from .base import Policy
+from .common import check_choice, resolve_scale
+from .skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, DecisionModels, batch_action, features_from_images,
+                               float_decoder, load_decision_models, resize_codes)
+
+#: released action counts: skip1..3 / uncond1..3 (infinity.py 561-584)
+MAX_ACTION = 3
+
+
+class SkipVAR(Policy):
+    name = "skipvar"
+
+    def __init__(self, decision_models: Optional[str] = None, classifier: str = "Logistic_Regression",
+                 decision_scale: int = -4, feature_scale: int = 4, fft_freq_ratio: float = FFT_FREQ_RATIO,
+                 batch_rule: str = "conservative",
+                 decide: Optional[Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]] = None,
+                 n_features: int = 2):
+        check_choice("skipvar.classifier", classifier, CLASSIFIERS)
+        check_choice("skipvar.batch_rule", batch_rule, ("conservative", "raise"))
+        for k, v in (("decision_scale", decision_scale), ("feature_scale", feature_scale)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"skipvar.{k} must be an int (negative counts from the end), got {v!r}")
+        if not 0.0 < float(fft_freq_ratio) < 2.0:
+            raise ValueError(f"skipvar.fft_freq_ratio must be in (0, 2), got {fft_freq_ratio}")
+        self.decision_models, self.classifier = decision_models, classifier
+        self.decision_scale, self.feature_scale = decision_scale, feature_scale
+        self.fft_freq_ratio, self.batch_rule = float(fft_freq_ratio), batch_rule
+        self._decide, self._n_features = decide, int(n_features)   # test/training injection instead of a folder
+        self._models: Optional[DecisionModels] = None
+
+    # ------------------------------------------------------------------ decision model
+    def load(self) -> DecisionModels:
+        """Load (once) the decision models named by `decision_models`; strict."""
+        if self._models is None:
+            self._models = load_decision_models(self.decision_models, self.classifier)
+        return self._models
+
+    def _predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._decide is not None:
+            return self._decide(X)
+        return self.load().predict(X)
+
+    @property
+    def n_features(self) -> int:
+        return self._n_features if self._decide is not None else self.load().n_features
+
+    # ------------------------------------------------------------------ policy
+    def reset(self, ctx: GenerationContext) -> None:
+        super().reset(ctx)
+        n = len(ctx.schedule)
+        si = resolve_scale(self.decision_scale, n, what="skipvar.decision_scale")
+        if si is None or si < 1:
+            raise ValueError(f"skipvar.decision_scale={self.decision_scale} needs a scale with a previous one on a "
+                             f"{n}-scale schedule.")
+        if si + MAX_ACTION >= n:
+            raise ValueError(f"skipvar.decision_scale={self.decision_scale} (scale {si}) leaves {n - 1 - si} scales after "
+                             f"it; the released actions act on the last {MAX_ACTION} (needs si <= {n - 1 - MAX_ACTION}).")
+        fs = resolve_scale(self.feature_scale, n, what="skipvar.feature_scale")
+        if fs is None:
+            raise ValueError(f"skipvar.feature_scale={self.feature_scale} is outside the {n}-scale schedule.")
+        self.si_decide, self.si_feature = si, fs
+        self._old: Optional[torch.Tensor] = None
+        self.skip_k, self.uncond_j = 0, 0
+        self._trace: dict[str, Any] = {}
+
+    def plan(self, si: int) -> ScalePlan:
+        n = len(self.ctx.schedule)
+        if si <= self.si_decide:
+            return ScalePlan()
+        if self.skip_k and si >= n - self.skip_k:
+            return ScalePlan(run=False)
+        drop = self.ctx.cfg_rows and self.uncond_j > 0 and si >= n - self.uncond_j
+        return ScalePlan(drop_uncond=drop)
+
+    def _grid(self, signals: ScaleSignals) -> tuple[int, int]:
+        """The feature scale's grid on the VAE latent (x2 on patchified models, like vae_scale_schedule)."""
+        H, W = signals.summed_codes.shape[-2:]
+        hL, wL = self.ctx.schedule[-1]
+        h, w = self.ctx.schedule[self.si_feature]
+        return h * (H // hL), w * (W // wL)
+
+    def observe(self, si: int, signals: ScaleSignals) -> None:
+        if si not in (self.si_decide - 1, self.si_decide):
+            return
+        if signals.summed_codes is None:
+            raise RuntimeError("skipvar needs ScaleSignals.summed_codes (the runtime's accumulated codes).")
+        codes = resize_codes(signals.summed_codes, self._grid(signals))
+        if si == self.si_decide - 1:
+            self._old = codes.clone()
+            return
+        dec, how = float_decoder(signals.decode)
+        if dec is None:
+            raise RuntimeError("skipvar decodes the intermediate image and needs a runtime with a VAE (ScaleSignals.decode).")
+        if self._old is None:
+            raise RuntimeError(f"skipvar: scale {si - 1} was not observed (did it run?); the decision needs its codes.")
+        new_img, old_img = dec(codes), dec(self._old)
+        X = features_from_images(new_img, old_img, self.n_features, self.fft_freq_ratio)
+        skip, uncond = self._predict(X)
+        skip, uncond = [int(k) for k in np.asarray(skip).reshape(-1)], [int(j) for j in np.asarray(uncond).reshape(-1)]
+        if len(skip) != self.ctx.batch or len(uncond) != self.ctx.batch:
+            raise RuntimeError(f"skipvar: the decision gave {len(skip)}/{len(uncond)} actions for a batch of {self.ctx.batch}.")
+        for k, j in zip(skip, uncond):
+            if not (0 <= k <= MAX_ACTION and 0 <= j <= MAX_ACTION):
+                raise RuntimeError(f"skipvar: action (skip {k}, uncond {j}) is outside the released 0..{MAX_ACTION}.")
+        per_sample = [(k, 0 if k else j) for k, j in zip(skip, uncond)]
+        if self.ctx.batch > 1 and len(set(per_sample)) > 1 and self.batch_rule == "raise":
+            raise RuntimeError(f"skipvar: samples of this batch chose different actions {per_sample} and the runtime "
+                               f"applies one plan per batch; generate at batch 1 or use batch_rule=conservative.")
+        self.skip_k, self.uncond_j = batch_action([k for k, _ in per_sample], [j for _, j in per_sample])
+        self._old = None
+        self._trace = {"features": X.tolist(), "per_sample": [{"skip": k, "uncond": j} for k, j in per_sample],
+                       "feature_decode": how}
+
+    def stats(self) -> dict[str, Any]:
+        n = len(self.ctx.schedule)
+        skipped = list(range(n - self.skip_k, n)) if self.skip_k else []
+        uncond_from = n - self.uncond_j if (self.uncond_j and self.ctx.cfg_rows) else None
+        return {"decision_scale": self.si_decide, "feature_scale": self.si_feature, "skip": self.skip_k,
+                "uncond": self.uncond_j, "skipped": skipped, "uncond_dropped_from": uncond_from, **self._trace}
+
+    def describe(self) -> dict[str, Any]:
+        d = {"name": self.name, "decision_models": self.decision_models, "classifier": self.classifier,
+             "decision_scale": self.decision_scale, "feature_scale": self.feature_scale,
+             "fft_freq_ratio": self.fft_freq_ratio, "batch_rule": self.batch_rule}
+        if self._models is not None:
+            d["models"] = self._models.describe()
+        if self._decide is not None:
+            d["decide"] = "injected"
+        return d
