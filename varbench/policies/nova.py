@@ -68,10 +68,10 @@ Knobs (speed <-> quality):
   ratio_form      monotone (r grows with t, shrinks with growth: the blog's prose) |
                   blog_literal (sigmoid(rho*(t*+1)/t - lam*tanh(g)) as printed).
   rho, lam, c0    the sigmoid's slope in scale, growth penalty and offset; higher rho / c0 and
-                  lower lam -> more pruning -> faster. Defaults 1.0 / 0.5 / -0.5 (RECON): in the
-                  scenario of experiments/flops_table.py they prune ~61% at the first pruned
-                  scale rising to ~76% at 64², about 4.1x fewer FLOPs on 2B at 1024², near
-                  FastVAR's 4.2x (NOVA reports 2.89x latency, FastVAR 2.6-2.7x).
+                  lower lam -> more pruning -> faster. Defaults 1.0 / 0.5 / -0.5 (RECON), chosen so
+                  that in the scenario of experiments/flops_table.py NOVA's FLOPs ratio lands near
+                  FastVAR's (both generated into results/curated/flops_analytic.md; NOVA reports
+                  2.89x latency, FastVAR 2.6-2.7x).
   r_min, r_max    clip of every ratio (r_max = 0 makes the policy neutral).
   ratio_is_keep   read the sigmoid as a keep fraction instead (flips the direction).
   layer_entropy   attn_subsample (exact attention entropy of q_sub queries per block) | none.
