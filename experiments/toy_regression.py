@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "curated" / "toy_regression.json"
-METHODS = ["baseline", "fastvar_generalised", "nova_toy", "toprovar_toy", "skip_last_2", "skipvar_hybrid"]  # *_toy: thresholds scaled to the toy schedule; fastvar_generalised: FastVAR counted from the last scale (the release keys on widths 32/40, absent on the 16x16 toy)
+METHODS = ["baseline", "fastvar_generalised", "nova_toy", "toprovar_toy", "skip_last_2", "skipvar_hybrid", "skipvar_toy"]  # *_toy: thresholds scaled to the toy schedule; fastvar_generalised: FastVAR counted from the last scale (the release keys on widths 32/40, absent on the 16x16 toy)
 N_PROMPTS = 24           # 4 per GenEval tag
 QUALITY_TOL = 0.10       # absolute, on toy GenEval overall (24 prompts: one prompt = 1/24 of a tag mean)
 FLOPS_REL_TOL = 0.02     # relative, on the FLOPs ratio

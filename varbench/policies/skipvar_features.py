@@ -170,12 +170,15 @@ def _check_pair(role: str, model: Any, scaler: Any, path: Path) -> None:
 
 def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regression") -> DecisionModels:
     """Load a released (or `experiments.skipvar_train`-written) decision-model folder with joblib,
-    strictly: every one of the four files must exist and be a fitted estimator of the right shape."""
+    strictly: every one of the four files must exist and be a fitted estimator of the right shape.
+    A relative folder is looked up in the current directory, then inside the varbench package."""
     files = model_files(classifier)
     if folder is None or str(folder) in ("", "None", "null"):
         raise DecisionModelError("skipvar needs `decision_models`: a folder with the released decision models "
                                  f"({', '.join(files.values())}); published in {PUBLISHED_AT}.")
     d = Path(folder).expanduser()
+    if not d.is_absolute() and not d.exists() and (Path(__file__).resolve().parents[1] / d).is_dir():
+        d = Path(__file__).resolve().parents[1] / d  # a folder shipped inside the package (toy/weights/...)
     missing = [n for n in files.values() if not (d / n).is_file()]
     if missing:
         raise DecisionModelError(f"SkipVAR decision models not found: {str(d)!r} lacks {missing}. They are published in "
