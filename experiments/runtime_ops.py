@@ -133,6 +133,7 @@ def _median_of(results: list[dict]) -> dict:
     out["host_ms_per_scale"] = [statistics.median(col) for col in zip(*(r["host_ms_per_scale"] for r in results))]
     out["ar_ms"] = statistics.median(r["ar_ms"] for r in results)
     out["rounds"] = len(results)
+    out["round_ms"] = [r["host_ms_per_scale"] for r in results]
     return out
 
 
@@ -160,14 +161,17 @@ def report(new: dict, old: dict | None = None, old_name: str = "") -> str:
     head = "| scale | tokens | ops/block | host ms |"
     rule = "|---|---:|---:|---:|"
     if old:
-        head += f" ops/block @{old_name} | host ms @{old_name} | ops ratio | ms ratio |"
-        rule += "---:|---:|---:|---:|"
+        head += f" ops/block @{old_name} | host ms @{old_name} | ops ratio | ms ratio | ms ratio range over rounds |"
+        rule += "---:|---:|---:|---:|---|"
     lines += [head, rule]
     for si, (h, w) in enumerate(new["schedule"]):
         row = f"| {si} | {h}x{w} | {new['ops_per_block'][si]:.1f} | {new['host_ms_per_scale'][si]:.2f} |"
         if old:
             ob, oms = old["ops_per_block"][si], old["host_ms_per_scale"][si]
             row += f" {ob:.1f} | {oms:.2f} | {new['ops_per_block'][si] / ob:.2f} | {new['host_ms_per_scale'][si] / oms:.2f} |"
+            if "round_ms" in new:  # paired by round: each round measured both trees back to back
+                r = [a[si] / b[si] for a, b in zip(new["round_ms"], old["round_ms"])]
+                row += f" {min(r):.2f}-{max(r):.2f} |"
         lines.append(row)
     lines.append(f"AR loop: {new['ar_ms']:.1f} ms" + (f" (@{old_name}: {old['ar_ms']:.1f} ms, ratio "
                                                        f"{new['ar_ms'] / old['ar_ms']:.2f})" if old else ""))
