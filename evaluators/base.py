@@ -63,6 +63,9 @@ class Evaluator(abc.ABC):
     higher_is_better: dict[str, bool] = {}
     #: True if `update` needs `Sample.reference` (the paired baseline image).
     needs_reference: bool = False
+    #: True if the metrics already compare the image with the baseline's (fidelity: PSNR/SSIM/LPIPS
+    #: against `Sample.reference`); aggregation then shows no delta against the baseline's own value.
+    relative_to_baseline: bool = False
 
     @abc.abstractmethod
     def setup(self, device: str = "cpu") -> None:

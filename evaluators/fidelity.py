@@ -41,6 +41,7 @@ class FidelityEvaluator(Evaluator):
 
     name = "fidelity"
     needs_reference = True
+    relative_to_baseline = True   # already a comparison with the baseline: no delta in tables
     higher_is_better = {"psnr": True, "ssim": True, "lpips": False}
 
     def __init__(self, lpips: Any = "auto", lpips_net: str = "alex", device: str = "cpu"):

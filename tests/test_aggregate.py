@@ -14,12 +14,13 @@ from varbench.records import RunEntry, find_entries, records_to_frame  # noqa: E
 
 
 def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None, device="H200",
-                seeds=None, bench_sha="b" * 64, ev_version="1", created="2025-01-01T00:00:00+00:00"):
-    return {
+                seeds=None, bench_sha="b" * 64, ev_version="1", created="2025-01-01T00:00:00+00:00",
+                generation=None, timed=True, provenance=None, evaluators=None, batch="1"):
+    rec = {
         "entry_id": entry_id, "generation_id": "g" + entry_id, "created": created,
         "experiment": {"name": "synthetic", "tags": [], "overrides": []},
         "config": {"method": method},
-        "model": {"name": "infinity_2b", "preset": "2b", "resolution": [1024, 1024], "h_div_w": 1.0,
+        "model": {"name": "infinity_2b", "preset": "2b", "resolution": [1024, 1024], "h_div_w": 1.0, "dtype": "bf16",
                   "weights": {"infinity_2b_reg.pth": "0" * 64}},
         "method": {"name": method, "label": label, "config": {}, "stats": {}},
         "benchmark": {"name": "geneval", "sha256": bench_sha, "items_sha256": "i" * 64, "n_prompts": 8,
@@ -33,8 +34,20 @@ def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None
                   "decode_ms": {"median": 10.0}, "total_ms": {"median": total_ms}, "images_per_s": 1000.0 / total_ms,
                   "peak_mem_bytes": 2 * 2**30, "per_scale_ms": [1.0, 2.0]}}},
         "flops": {"total": flops, "ar": flops * 0.9, "per_scale": [flops / 2, flops / 2]},
-        "provenance": {}, "wall_s": 1.0,
+        "provenance": provenance or {}, "wall_s": 1.0,
     }
+    if generation is not None:   # the resolved config as job.py stores it (sampling settings included)
+        rec["config"] = {"method": {"name": method}, "generation": generation, "model": {"name": "infinity_2b"}}
+    if evaluators is not None:
+        rec["evaluators"] = evaluators
+    if not timed:                # timing=none: quality-only record, no timing block
+        rec["timing"] = None
+    elif batch != "1":
+        rec["timing"]["by_batch"] = {batch: rec["timing"]["by_batch"]["1"]}
+    return rec
+
+
+GEN = {"cfg": 3.0, "tau": 1.0, "top_k": 900, "top_p": 0.97, "negative_prompt": None, "seed": 0}
 
 
 def write(root, rec, traces=None, done=True):
@@ -142,12 +155,114 @@ def test_missing_baseline_is_reported(tmp_path):
         pair_with_baseline(records_to_frame(find_entries(tmp_path)))
 
 
-def test_latest_baseline_wins(store):
+def test_two_baselines_with_the_same_settings_are_refused_naming_both(store):
+    # (was: the newest baseline won silently) nothing is chosen among several matching baselines
     write(store, make_record("base02", "baseline", 80.0, 100.0, 1e12, {"geneval/overall": (0.71, 0.02)},
                              created="2025-02-01T00:00:00+00:00"))
-    paired = pair_with_baseline(records_to_frame(find_entries(store))).set_index("entry_id")
-    assert paired.loc["fast01", "baseline_entry"] == "base02"
-    assert paired.loc["fast01", "speedup"] == pytest.approx(2.0)
+    frame = records_to_frame(find_entries(store))
+    with pytest.raises(AggregationError, match=r"same generation settings.*base01.*base02") as e:
+        pair_with_baseline(frame)
+    assert "fast01" in str(e.value) and "ambiguous" in str(e.value)
+    with pytest.raises(AggregationError, match="base02"):   # --allow-unpaired does not pick one either
+        pair_with_baseline(frame, allow_unpaired=True)
+
+
+def test_cfg3_rows_pair_with_the_cfg3_baseline_not_a_newer_cfg4_one(tmp_path):
+    # issue #12 reproduction: baseline at cfg 3, skip_last_2 at cfg 3, then a baseline at cfg 4
+    write(tmp_path, make_record("b_cfg3", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                generation=GEN))
+    write(tmp_path, make_record("s_cfg3", "skip_last_2", 50.0, 70.0, 5e11, {"geneval/overall": (0.66, 0.02)},
+                                generation=GEN, created="2025-01-02T00:00:00+00:00"))
+    write(tmp_path, make_record("b_cfg4", "baseline", 80.0, 100.0, 1e12, {"geneval/overall": (0.75, 0.02)},
+                                generation={**GEN, "cfg": 4.0}, created="2025-02-01T00:00:00+00:00"))
+    paired = pair_with_baseline(records_to_frame(find_entries(tmp_path))).set_index("entry_id")
+    assert paired.loc["s_cfg3", "baseline_entry"] == "b_cfg3"
+    assert paired.loc["s_cfg3", "speedup"] == pytest.approx(2.0)
+    assert paired.loc["s_cfg3", "geneval/overall_delta"] == pytest.approx(-0.04)
+    assert paired.loc["b_cfg3", "baseline_entry"] == "b_cfg3"
+    assert paired.loc["b_cfg4", "baseline_entry"] == "b_cfg4"
+    assert paired.loc["b_cfg3", "pair_key"] != paired.loc["b_cfg4", "pair_key"]
+
+
+@pytest.mark.parametrize("key,value", [("cfg", 5.0), ("tau", 0.5), ("top_k", 2), ("top_p", 0.9),
+                                       ("negative_prompt", "blurry")])
+def test_no_baseline_with_the_same_sampling_settings_names_the_differing_key(tmp_path, key, value):
+    write(tmp_path, make_record("b_cfg3", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                generation=GEN))
+    write(tmp_path, make_record("m_other", "fastvar", 50.0, 70.0, 5e11, {"geneval/overall": (0.66, 0.02)},
+                                generation={**GEN, key: value}))
+    frame = records_to_frame(find_entries(tmp_path))
+    want = rf"no matching 'baseline' record for 'fastvar' \(entry m_other\).*config generation\.{key} " \
+           rf"\({value!r} vs baseline {GEN[key]!r}\)"
+    with pytest.raises(AggregationError, match=want):
+        pair_with_baseline(frame)
+    with pytest.warns(UserWarning, match=rf"generation\.{key}"):
+        paired = pair_with_baseline(frame, allow_unpaired=True).set_index("entry_id")
+    assert pd.isna(paired.loc["m_other", "baseline_entry"]) and pd.isna(paired.loc["m_other", "speedup"])
+
+
+def test_differing_timing_batch_size_is_refused(tmp_path):
+    write(tmp_path, make_record("b1", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                generation=GEN))
+    write(tmp_path, make_record("m4", "fastvar", 50.0, 70.0, 5e11, {"geneval/overall": (0.66, 0.02)},
+                                generation=GEN, batch="4"))
+    with pytest.raises(AggregationError, match=r"timing_bs \(4 vs baseline 1\)"):
+        pair_with_baseline(records_to_frame(find_entries(tmp_path)))
+
+
+def test_records_without_config_pair_on_coarse_keys_with_a_warning(tmp_path):
+    rec = make_record("old_b", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)})
+    del rec["config"]
+    write(tmp_path, rec)
+    write(tmp_path, make_record("new_m", "fastvar", 50.0, 70.0, 5e11, {"geneval/overall": (0.66, 0.02)},
+                                generation=GEN))
+    with pytest.warns(UserWarning, match=r"entry old_b hold no config, so sampling settings .* were not checked"):
+        paired = pair_with_baseline(records_to_frame(find_entries(tmp_path))).set_index("entry_id")
+    assert paired.loc["new_m", "baseline_entry"] == "old_b"
+
+
+FID_EVALS = {"geneval": {"version": "1"}, "fidelity": {"version": "f1"}}
+
+
+def test_fidelity_metrics_have_no_delta(tmp_path):
+    from varbench.aggregate import relative_to_baseline
+
+    assert relative_to_baseline("fidelity") and not relative_to_baseline("geneval")
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12,
+                                {"geneval/overall": (0.70, 0.02), "fidelity/psnr": (100.0, 0.0),
+                                 "fidelity/ssim": (1.0, 0.0)}, evaluators=FID_EVALS))
+    write(tmp_path, make_record("fast01", "fastvar", 40.0, 60.0, 4e11,
+                                {"geneval/overall": (0.68, 0.02), "fidelity/psnr": (25.4, 0.3),
+                                 "fidelity/ssim": (0.81, 0.01)}, evaluators=FID_EVALS))
+    out = tmp_path / "out"
+    paired = aggregate(tmp_path, out, figures=False)
+    assert "fidelity/psnr_delta" not in paired.columns and "fidelity/ssim_delta" not in paired.columns
+    assert paired.set_index("entry_id").loc["fast01", "geneval/overall_delta"] == pytest.approx(-0.02)
+    table = pd.read_csv(out / "table.csv")
+    assert "fidelity/psnr" in table.columns and "fidelity/psnr_delta" not in table.columns
+    md = (out / "table.md").read_text()
+    assert "| fidelity/psnr |" in md and "Δ fidelity/psnr" not in md and "Δ geneval/overall" in md
+    assert "25.4000 ± 0.3000" in md and "-74.6" not in md
+
+
+def test_quality_only_record_aggregates(tmp_path):
+    # timing=none on a CPU: no timing block, so the device label comes from provenance ("x86_64"),
+    # while the timed baseline's label is job._device_name's "cpu (x86_64, 2 threads)"
+    prov = {"torch": {"device_name": "x86_64"}}
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                generation=GEN, device="cpu (x86_64, 2 threads)", provenance=prov))
+    write(tmp_path, make_record("qual01", "fastvar", 1.0, 1.0, 4e11, {"geneval/overall": (0.67, 0.02)},
+                                generation=GEN, timed=False, provenance=prov))
+    paired = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id")
+    q = paired.loc["qual01"]
+    assert q["baseline_entry"] == "base01"
+    assert q["geneval/overall_delta"] == pytest.approx(-0.03)
+    assert q["speedup"] != q["speedup"] and q["flops_x"] == pytest.approx(2.5)   # no timing: NaN speed-up
+    # other hardware is still refused, named by the provenance field
+    write(tmp_path, make_record("qual02", "nova", 1.0, 1.0, 4e11, {"geneval/overall": (0.6, 0.02)},
+                                generation=GEN, timed=False, provenance={"torch": {"device_name": "H200"}}))
+    with pytest.raises(AggregationError, match=r"device_name \('H200' vs baseline 'x86_64'\)"):
+        pair_with_baseline(records_to_frame(find_entries(tmp_path)))
 
 
 def test_cli(store, tmp_path, capsys):

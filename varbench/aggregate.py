@@ -17,19 +17,35 @@ Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
 * figures (PNG): ``speed_vs_<metric>.png`` per metric, ``keep_<label>_<entry>.png`` per entry
   whose traces prune or skip anything, ``entropy_vs_scale_<group>.png`` per model/benchmark group.
 
-Pairing: a row's baseline is the record with ``method == --baseline`` and the same
-``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds, image count,
-device, dtype). Comparing across any of these would mix effects, so a row without such a baseline is an
-error that names the keys in which the nearest baseline differs (``--allow-unpaired`` keeps the
-row with empty ratios instead). If several baselines match, the most recent one is used (its id
-is in ``baseline_entry``). Evaluator versions (``version_info`` hashes) must agree between a row
-and its baseline for every evaluator both report; otherwise the error names the evaluator.
+Pairing: a row's baseline is the record with ``method == --baseline`` and
+
+* the same ``pair_key``: the hash of the record's resolved generation config minus the method
+  (:func:`varbench.records.pair_key`; the image store's exclusions plus ``method``), so cfg, tau,
+  top_k, top_p, the negative prompt, the schedule, the seed, the model and the runtime all match;
+* the same ``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds,
+  image count, device, dtype; these also catch what the config cannot, e.g. the GPU);
+* the same timing batch size (``timing_bs``) when both rows were timed.
+
+Comparing across any of these would mix effects, so a row without such a baseline is an error
+that names what differs from the nearest baseline (config keys by their dotted path, e.g.
+``generation.cfg (3.0 vs baseline 4.0)``); ``--allow-unpaired`` keeps the row with empty ratios
+instead. Several matching baselines are always an error naming every candidate entry: nothing is
+chosen silently (move or delete the stale one). Device: when both rows were timed, their timing
+device labels are compared; when either is quality-only (``timing=none``, no timing block), the
+hardware name from provenance (``device_name``) is compared instead, since the two labels are
+written differently on a CPU. Records without a ``config`` (hand-made or older than it) have no
+pairing key: they are paired on ``PAIR_KEYS`` alone with a warning that the sampling settings
+were not checked. Evaluator versions (``version_info`` hashes) must agree between a row and its
+baseline for every evaluator both report; otherwise the error names the evaluator.
 
 Columns added: ``speedup`` = baseline ar_ms / ar_ms (the AR loop), ``paired_speedup`` (from the
 record: the same ratio with the baseline timed interleaved inside the method's own job, immune to
 drift between jobs), ``e2e_speedup`` = baseline
 total_ms / total_ms (text + AR + decode), ``flops_x`` = baseline flops_total / flops_total
-(shown as "FLOPs ×"), and ``<metric>_delta`` = value - baseline value. Deltas carry no ±: both
+(shown as "FLOPs ×"), and ``<metric>_delta`` = value - baseline value, except for evaluators
+that declare ``relative_to_baseline`` (fidelity: PSNR/SSIM/LPIPS against the baseline's own
+image, already a comparison; a Δ against the baseline's self-comparison, e.g. its 100 dB PSNR
+cap, means nothing), which get no ``_delta`` column. Deltas carry no ±: both
 runs use the same prompts and seeds, so their errors are correlated and adding them in
 quadrature would overstate the spread; use the per-sample files for a paired test.
 """
@@ -74,6 +90,92 @@ def _ratio(num, den) -> float:
     return num / den
 
 
+def relative_to_baseline(evaluator: str) -> bool:
+    """True if the evaluator registered as ``evaluator`` (the ``<evaluator>/`` prefix of a metric
+    column; the evaluator's config key is its registry name) declares ``relative_to_baseline``.
+    Names not in the registry (synthetic, external) are not relative."""
+    if evaluator in _RELATIVE:
+        return _RELATIVE[evaluator]
+    try:
+        from evaluators import REGISTRY
+        from varbench.registry import resolve
+
+        rel = bool(getattr(resolve(REGISTRY, evaluator, "evaluator"), "relative_to_baseline", False)) \
+            if evaluator in REGISTRY else False
+    except ImportError as e:
+        warnings.warn(f"cannot import evaluator {evaluator!r} ({e}); treating its metrics as absolute "
+                      "(deltas against the baseline are shown)", stacklevel=3)
+        rel = False
+    _RELATIVE[evaluator] = rel
+    return rel
+
+
+_RELATIVE: dict[str, bool] = {}
+
+
+def _both_timed(row, base) -> bool:
+    return not (_missing(row.get("timing_bs")) or _missing(base.get("timing_bs")))
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _differs(row, base, keys: Sequence[str]) -> list[str]:
+    """Names of what differs between ``row`` and a candidate baseline (empty: they pair)."""
+    out = []
+    for k in keys:
+        if k == "device" and not _both_timed(row, base):
+            # a quality-only record has no timing device label; compare the provenance hardware name
+            if not (_missing(row.get("device_name")) or _missing(base.get("device_name"))):
+                if not _same(row.get("device_name"), base.get("device_name")):
+                    out.append("device_name")
+                continue
+        if not _same(row.get(k), base.get(k)):
+            out.append(k)
+    a, b = row.get("pair_key"), base.get("pair_key")
+    if not (_missing(a) or _missing(b)) and a != b:
+        out.append("pair_key")
+    if _both_timed(row, base) and not _same(int(row["timing_bs"]), int(base["timing_bs"])):
+        out.append("timing_bs")
+    return out
+
+
+def _config_diff(row, base, limit: int = 8) -> str:
+    """Dotted config keys in which two records' pairing configs differ (read from their entries)."""
+    from varbench.records import RunEntry, pair_config
+
+    try:
+        a = pair_config(RunEntry.from_dir(row["path"]).read(verify=False))
+        b = pair_config(RunEntry.from_dir(base["path"]).read(verify=False))
+    except Exception:  # noqa: BLE001 - no files (an in-memory frame): the hashes are all we can name
+        a = b = None
+    if a is None or b is None:
+        return f"pair_key ({row.get('pair_key')!r} vs baseline {base.get('pair_key')!r})"
+
+    def flat(tree, prefix=""):
+        if isinstance(tree, dict) and tree:
+            return {k: v for key, val in tree.items() for k, v in flat(val, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: tree}
+
+    fa, fb = flat(a), flat(b)
+    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+    parts = [f"config {k} ({fa.get(k, '<absent>')!r} vs baseline {fb.get(k, '<absent>')!r})" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"... {len(keys) - limit} more config keys")
+    return ", ".join(parts) or f"pair_key ({row.get('pair_key')!r} vs baseline {base.get('pair_key')!r})"
+
+
+def _describe(row, base, what: Sequence[str]) -> str:
+    parts = []
+    for k in what:
+        if k == "pair_key":
+            parts.append(_config_diff(row, base))
+        else:
+            parts.append(f"{k} ({row.get(k)!r} vs baseline {base.get(k)!r})")
+    return ", ".join(parts)
+
+
 def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool = False,
                        keys: Sequence[str] = PAIR_KEYS):
     """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x and
@@ -83,7 +185,11 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     if frame.empty:
         raise AggregationError("no finished records (entries with DONE) to aggregate")
     frame = frame.reset_index(drop=True)
+    for col in ("pair_key", "device_name", "timing_bs", "path"):
+        if col not in frame.columns:
+            frame[col] = None
     metrics = metric_columns(frame)
+    delta_metrics = [m for m in metrics if not relative_to_baseline(m.split("/", 1)[0])]
     bases = frame[frame["method"] == baseline]
     if bases.empty:
         methods = sorted(str(m) for m in frame["method"].dropna().unique())
@@ -93,23 +199,37 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     base_rows = bases.to_dict("records")
     added = []
     problems = []
+    ambiguous: dict[tuple, tuple[list, list]] = {}
     for row in records:
-        match = [b for b in base_rows if all(_same(row.get(k), b.get(k)) for k in keys)]
         out = {"baseline_entry": None, "speedup": float("nan"), "e2e_speedup": float("nan"),
-               "flops_x": float("nan"), **{f"{m}_delta": float("nan") for m in metrics}}
+               "flops_x": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
+        diffs = [(b, _differs(row, b, keys)) for b in base_rows]
+        match = [b for b, d in diffs if not d]
+        who = f"{row.get('method_label')!r} (entry {row.get('entry_id')})"
+        if len(match) > 1:
+            ids = tuple(str(b.get("entry_id")) for b in match)
+            if ids not in ambiguous:
+                ambiguous[ids] = (match, [])
+            ambiguous[ids][1].append(who)
+            added.append(out)
+            continue
         if not match:
-            nearest = max(base_rows, key=lambda b: sum(_same(row.get(k), b.get(k)) for k in keys))
-            diffs = ", ".join(f"{k} ({row.get(k)!r} vs baseline {nearest.get(k)!r})"
-                              for k in keys if not _same(row.get(k), nearest.get(k)))
-            msg = (f"no matching {baseline!r} record for {row.get('method_label')!r} (entry {row.get('entry_id')}); "
-                   f"the nearest baseline (entry {nearest.get('entry_id')}) differs in: {diffs}")
+            nearest, what = min(diffs, key=lambda bd: len(bd[1]))
+            msg = (f"no matching {baseline!r} record for {who}; the nearest baseline (entry "
+                   f"{nearest.get('entry_id')}) differs in: {_describe(row, nearest, what)}")
             if not allow_unpaired:
                 problems.append(msg)
             else:
                 warnings.warn(msg + " (kept unpaired)", stacklevel=2)
             added.append(out)
             continue
-        base = max(match, key=lambda b: str(b.get("created") or ""))
+        base = match[0]
+        if _missing(row.get("pair_key")) or _missing(base.get("pair_key")):
+            without = list(dict.fromkeys(str(r.get("entry_id")) for r in (row, base) if _missing(r.get("pair_key"))))
+            warnings.warn(f"{who} paired with baseline entry {base.get('entry_id')} on {', '.join(keys)} only: "
+                          f"entr{'y' if len(without) == 1 else 'ies'} {', '.join(without)} "
+                          "hold no config, so sampling settings (cfg, tau, top_k, top_p, negative prompt, "
+                          "schedule) were not checked", stacklevel=2)
         for col in [c for c in frame.columns if c.startswith("version/")]:
             a, b = row.get(col), base.get(col)
             if isinstance(a, str) and isinstance(b, str) and a != b:
@@ -121,15 +241,22 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
         out["speedup"] = _ratio(base.get("ar_ms"), row.get("ar_ms"))
         out["e2e_speedup"] = _ratio(base.get("total_ms"), row.get("total_ms"))
         out["flops_x"] = _ratio(base.get("flops_total"), row.get("flops_total"))
-        for m in metrics:
+        for m in delta_metrics:
             a, b = row.get(m), base.get(m)
             if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
                 out[f"{m}_delta"] = a - b
         added.append(out)
+    for match, rows in ambiguous.values():
+        cands = "; ".join(f"entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"
+                          for b in match)
+        problems.append(f"{len(match)} {baseline!r} records have the same generation settings, so the baseline "
+                        f"of {', '.join(rows)} is ambiguous: {cands}; move or delete the stale one(s) "
+                        "(nothing is chosen silently)")
     if problems:
         raise AggregationError("refusing to compare mismatched runs:\n  " + "\n  ".join(problems)
-                               + "\n(run the matching baseline, or pass --allow-unpaired to keep these rows without ratios)")
-    return pd.concat([frame, pd.DataFrame(added)], axis=1)
+                               + "\n(run the matching baseline, or pass --allow-unpaired to keep rows that have "
+                               "no matching baseline without ratios)")
+    return pd.concat([frame, pd.DataFrame(added, columns=list(out))], axis=1)
 
 
 def _order(paired, baseline: str):
@@ -158,14 +285,14 @@ def markdown_table(paired, baseline: str = "baseline") -> str:
     """Formatted table (``table.md``): one section per model/resolution/benchmark/device group."""
     table = wide_table(paired, baseline)
     # counts such as `<evaluator>/n_images` stay in table.csv but are not quality columns
-    metrics = [c for c in table.columns if c + "_delta" in table.columns and not c.rsplit("/", 1)[-1].startswith("n_")]
+    metrics = [c for c in metric_columns(table) if not c.rsplit("/", 1)[-1].startswith("n_")]
     # an evaluator with an `overall` metric shows only that here (its parts stay in table.csv)
     with_overall = {m.split("/", 1)[0] for m in metrics if m.endswith("/overall")}
     metrics = [m for m in metrics if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
     group = [k for k in GROUP_KEYS if k in table.columns]
     header = ["method", "AR ms", "speed-up", "paired speed-up", "e2e speed-up", "FLOPs ×"]
     for m in metrics:
-        header += [m, f"Δ {m}"]
+        header += [m] + ([f"Δ {m}"] if f"{m}_delta" in table.columns else [])
     parts = []
     for key, g in (table.groupby(group, dropna=False, sort=False) if group else [((), table)]):
         key = key if isinstance(key, tuple) else (key,)
@@ -180,7 +307,8 @@ def markdown_table(paired, baseline: str = "baseline") -> str:
                 val = _fmt(r.get(m), ".4f")
                 if err is not None and not (isinstance(err, float) and math.isnan(err)):
                     val += f" ± {err:.4f}"
-                cells += [val, _fmt(r.get(f"{m}_delta"), ".4f", signed=True)]
+                cells += [val] + ([_fmt(r.get(f"{m}_delta"), ".4f", signed=True)]
+                                  if f"{m}_delta" in table.columns else [])
             lines.append("| " + " | ".join(c.replace("–×", "–") for c in cells) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"

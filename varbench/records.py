@@ -87,9 +87,15 @@ import socket
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from varbench.store import atomic_write_bytes
+from varbench.store import GENERATION_EXCLUDE, atomic_write_bytes, canonical_json, config_hash
 
 SCHEMA_VERSION = 1
+
+#: What the pairing key leaves out of a record's resolved ``config``: the image store's exclusions
+#: (:data:`varbench.store.GENERATION_EXCLUDE`) plus the method. Two records with the same pairing
+#: key were generated with the same model, sampling settings (cfg, tau, top_k, top_p, negative
+#: prompt, schedule, seed), benchmark and runtime; only the method may differ.
+PAIR_EXCLUDE: tuple[str, ...] = GENERATION_EXCLUDE + ("method",)
 
 
 class EntryFinishedError(RuntimeError):
@@ -338,6 +344,25 @@ def method_label(method: Mapping) -> str:
     return f"{name}({','.join(knobs)})" if knobs else name
 
 
+def pair_key(rec: Mapping) -> str | None:
+    """The pairing key of a record: :func:`varbench.store.config_hash` of its ``config`` minus
+    :data:`PAIR_EXCLUDE` (the generation hash with the method left out). None when the record has
+    no ``config`` (hand-made or pre-config records); aggregation then warns and pairs on the
+    coarse keys only. Derived from what every record already holds, so not stored separately."""
+    cfg = rec.get("config")
+    if not isinstance(cfg, Mapping):
+        return None
+    return config_hash(cfg, PAIR_EXCLUDE)
+
+
+def pair_config(rec: Mapping) -> dict | None:
+    """The part of a record's ``config`` that :func:`pair_key` hashes (to name what differs)."""
+    cfg = rec.get("config")
+    if not isinstance(cfg, Mapping):
+        return None
+    return json.loads(canonical_json(cfg, PAIR_EXCLUDE))
+
+
 def _pick_batch(by_batch: Mapping) -> tuple[str | None, Mapping]:
     if not by_batch:
         return None, {}
@@ -387,6 +412,9 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "n_images": int(n_prompts) * int(spp) if n_prompts is not None and spp is not None else None,
         "seeds": _compact(bench.get("seeds")),
         "device": device,
+        # the hardware as provenance names it: the same field for timed and quality-only records
+        "device_name": ((rec.get("provenance") or {}).get("torch") or {}).get("device_name"),
+        "pair_key": pair_key(rec),
         "dtype": timing.get("dtype") or model.get("dtype"),
         "evaluator_versions": stable_hash(evals),
         "timing_bs": int(bs) if bs is not None else None,
@@ -419,7 +447,8 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     ``paths``: entry folders or ``record.json`` files (see :func:`find_entries`). Columns:
     experiment, entry_id, generation_id, created, status, model, preset, method, method_label,
     resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256, n_images, seeds,
-    device, dtype, evaluator_versions (short hash of all evaluators' version_info), one
+    device (the timing block's device label, else provenance's), device_name (provenance's
+    ``torch.device_name``, for every record), pair_key (:func:`pair_key`), dtype, evaluator_versions (short hash of all evaluators' version_info), one
     ``version/<evaluator>`` per evaluator, timing_bs (the batch size the timing columns come
     from: 1 if measured, else the smallest), text_ms, ar_ms, decode_ms, total_ms (medians),
     images_per_s, peak_mem_gb (GiB), flops_total, flops_ar, wall_s, path, and per metric
