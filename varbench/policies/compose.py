@@ -20,6 +20,19 @@ Knobs:
             redirected to the first member's `cache_scale`, e.g. FastVAR's 24² scale).
 
 Refused pairs (a clear error at construction): see INCOMPATIBLE.
+
+Residual caches are freed as soon as no member's later plan can read them (`release_residuals`):
+a kept scale stays alive only while some member still needs it after the current scale:
+  - a member with `residual_reads_after(si)` (FastVAR: its cache scale until its last pruned scale)
+    needs exactly what it names;
+  - any other member needs the scales it kept and has not released yet (NOVA prev_scale: the
+    previous scale), and nothing once it can no longer prune a later scale that runs (NOVA:
+    `_could_prune`, over scales no member skips by schedule);
+  - with cache=first, from the shared cache scale on every later fill of members 2.. is redirected
+    to the shared cache: such a member needs the shared cache (while it may still prune), never its
+    own kept scales.
+Members whose cache fills leave `cache_from=None` (nearest earlier cache) are not supported by
+this rule; no registered method emits them.
 """
 from __future__ import annotations
 
@@ -75,6 +88,8 @@ class Compose(Policy):
         for m in self.members:
             m.reset(ctx)
         self.shared_cache = None
+        self._alive: set[int] = set()                      # scales whose residuals the runtime holds
+        self._held: list[set[int]] = [set() for _ in self.members]  # per member: kept, not yet released
         if self.cache == "first":
             self.shared_cache = getattr(self.members[0], "cache_scale", None)
             if self.shared_cache is None:
@@ -95,8 +110,52 @@ class Compose(Policy):
             bp = dataclasses.replace(bp, cache_from=self.shared_cache)
         return bp
 
+    def _static_skips(self) -> set[int]:
+        """Scales some member never runs, fixed at reset (FastVAR's and NOVA's `skipped`)."""
+        from .fastvar import FastVAR
+        from .nova import NOVA
+
+        out: set[int] = set()
+        for m in self.members:
+            if isinstance(m, (FastVAR, NOVA)):
+                out |= set(m.skipped)
+        return out
+
+    def _may_fill_after(self, m: Policy, si: int) -> bool:
+        """Whether member m may still emit a cache fill at a scale after si that runs."""
+        from .nova import NOVA
+
+        if isinstance(m, NOVA):
+            if not m.enabled or m.fill != "cache":
+                return False
+            skips = self._static_skips()
+            return any(m._could_prune(s) for s in range(si + 1, len(self.ctx.schedule)) if s not in skips)
+        return True  # unknown member: assume it may
+
+    def _needed_after(self, si: int) -> set[int]:
+        """Kept scales some member's plan after scale si may still read (see the module docstring)."""
+        need: set[int] = set()
+        redirected = self.shared_cache is not None and si >= self.shared_cache
+        for i, (m, held) in enumerate(zip(self.members, self._held)):
+            reads = getattr(m, "residual_reads_after", None)
+            if redirected and i > 0:
+                if callable(reads) and not reads(si):
+                    continue
+                if not callable(reads) and not self._may_fill_after(m, si):
+                    continue
+                need.add(self.shared_cache)
+            elif callable(reads):
+                need |= set(reads(si))
+            elif self._may_fill_after(m, si):
+                need |= held
+        return need
+
     def plan(self, si: int) -> ScalePlan:
         plans = [m.plan(si) for m in self.members]
+        for held, p in zip(self._held, plans):
+            if p.run and p.keep_residuals:
+                held.add(si)
+            held -= p.release_residuals
         if not all(p.run for p in plans):
             return ScalePlan(run=False)
         overrides = {}
@@ -114,11 +173,15 @@ class Compose(Policy):
         att = frozenset().union(*(p.attention_entropy_for for p in plans))
         qs = [p.attention_entropy_queries for p in plans if p.attention_entropy_for]
         queries = None if (not qs or any(q is None for q in qs)) else max(qs)
-        return ScalePlan(run=True, blocks=blocks, keep_residuals=any(p.keep_residuals for p in plans)
-                         or (self.shared_cache == si), attention_entropy_for=att, attention_entropy_queries=queries,
-                         cfg=overrides["cfg"], tau=overrides["tau"], drop_uncond=any(p.drop_uncond for p in plans),
-                         # free a cache only if no member still keeps it (a shared cache is never freed)
-                         release_residuals=frozenset.intersection(*(p.release_residuals for p in plans)) - {self.shared_cache})
+        keep = any(p.keep_residuals for p in plans) or (self.shared_cache == si)
+        if keep:
+            self._alive.add(si)
+        # freed after this scale runs: every kept scale no member's later plan can read
+        release = frozenset(self._alive - self._needed_after(si))
+        self._alive -= release
+        return ScalePlan(run=True, blocks=blocks, keep_residuals=keep, attention_entropy_for=att,
+                         attention_entropy_queries=queries, cfg=overrides["cfg"], tau=overrides["tau"],
+                         drop_uncond=any(p.drop_uncond for p in plans), release_residuals=release)
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
         for m in self.members:

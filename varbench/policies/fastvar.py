@@ -259,8 +259,18 @@ class FastVAR(Policy):
             sel = PivotalSelector(self.n_keep[si], self.cfg_selection)
             bp = BlockPlan(mode="prune", selector=sel, n_keep=self.n_keep[si], sublayers=self.sublayers,
                            fill=self.fill, cache_from=self.cache_scale, prune_kv=self.prune_kv)
-            return ScalePlan(blocks={b: bp for b in self.blocks})
+            # the cache is read by pruned scales only: free it once the last of them has run
+            release = (frozenset({self.cache_scale}) if self.cache_scale is not None and not self.residual_reads_after(si)
+                       else frozenset())
+            return ScalePlan(blocks={b: bp for b in self.blocks}, release_residuals=release)
         return ScalePlan()
+
+    def residual_reads_after(self, si: int) -> frozenset:
+        """The scales whose kept residuals this policy's plans after scale `si` may read (the cache
+        scale while a pruned scale is still to come). `compose` uses it to free caches early."""
+        if self.cache_scale is None or not any(s > si for s in self.n_keep):
+            return frozenset()
+        return frozenset({self.cache_scale})
 
     def stats(self) -> dict[str, Any]:
         ctx = self.ctx
