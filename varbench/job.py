@@ -74,10 +74,23 @@ def _jsonable(obj):
 
 def generate_missing(rt, policy, prompt_set, store: ImageStore, cfg: DictConfig, traces_path: Path,
                      method_name: str) -> int:
-    """Generate and store every image of the benchmark that the store lacks. Returns the count."""
+    """Generate and store every image of the benchmark that the store lacks, or whose file no
+    longer matches its recorded sha256 (said on stdout). Returns the count.
+
+    Per batch: the image files are written, then their trace rows appended to ``traces_path``
+    (fsynced), and only then are the images committed to the store's ``images.jsonl``; an image
+    counts as stored only once committed, so a kill or a full disk at any point leaves no stored
+    image without its trace row (an uncommitted image is regenerated on the next run)."""
     from PIL import Image
 
     todo = store.missing(prompt_set.items, prompt_set.samples_per_prompt)
+    bad = store.corrupt(prompt_set.items, prompt_set.samples_per_prompt)
+    if bad:
+        shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
+        print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
+              f"recorded when it was generated: {shown}")
+        todo = sorted(set(todo) | set(bad))
     if not todo:
         return 0
     by_index = {it.index: it for it in prompt_set.items}
@@ -89,12 +102,15 @@ def generate_missing(rt, policy, prompt_set, store: ImageStore, cfg: DictConfig,
         prompts = [by_index[p].prompt for p, _ in chunk]
         seeds = [image_seed(cfg.generation.seed, p, s) for p, s in chunk]
         out = rt.generate(prompts, seeds, policy, **kw)
-        rows = []
+        rows, written = [], []
         for b, (p, s) in enumerate(chunk):
             item = by_index[p]
-            store.save(p, s, Image.fromarray(out.images[b].cpu().numpy()), metadata={**item.metadata, "prompt": item.prompt})
+            _, digest = store.write_image(p, s, Image.fromarray(out.images[b].cpu().numpy()),
+                                          metadata={**item.metadata, "prompt": item.prompt})
             rows.append(_trace_row(out, b, p, s, method_name))
-        append_jsonl(traces_path, rows)
+            written.append((p, s, digest))
+        append_jsonl(traces_path, rows)   # traces first: a committed image always has its trace row
+        store.commit(written)
         bar.update(len(chunk))
     bar.close()
     return len(todo)
@@ -159,6 +175,7 @@ def run_job(cfg: DictConfig) -> Path:
     ehash = entry_hash(resolved)
     entry = RunEntry(store_root / exp, ehash)
     if entry.is_done() and not cfg.runtime.force:
+        entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
         log.info("finished record found, skipping: %s", entry.dir)
         print(f"[varbench] skip (finished): {entry.dir}")
         return entry.dir
@@ -180,7 +197,8 @@ def run_job(cfg: DictConfig) -> Path:
         if any(c.name == "fidelity" for c in (cfg.get("evaluator") or {}).values()):
             bcfg = _baseline_cfg(cfg)
             ref_store = ImageStore(store_root, generation_hash(OmegaConf.to_container(bcfg, resolve=True)))
-            if ref_store.missing(prompt_set.items, prompt_set.samples_per_prompt):
+            if (ref_store.missing(prompt_set.items, prompt_set.samples_per_prompt)
+                    or ref_store.corrupt(prompt_set.items, prompt_set.samples_per_prompt)):
                 from .policies.baseline import Baseline
 
                 ref_store.write_manifest(OmegaConf.to_container(bcfg, resolve=True))

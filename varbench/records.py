@@ -11,7 +11,7 @@ Usage::
         entry.append_samples("hpsv2", rows)          # per batch; fsynced
         entry.append_traces(trace_rows)
         entry.write_record(record)                   # atomic
-        entry.mark_done()                            # DONE = sha256 of record.json, written last
+        entry.mark_done()                            # DONE = sha256 of every file, written last
     df = records_to_frame(find_entries("results"))   # tidy, one row per finished record
 
     import pandas as pd                              # per-sample rows, for pandas users:
@@ -34,8 +34,19 @@ Entry folder ``<root>/entries/<entry_hash>/``:
                    "ms": float | null}, ...],
        "stats": {method-specific, e.g. "activation_scale", "depth_D", "layer_labels": [str]}}
 
-* ``DONE``: written last; contains the sha256 of ``record.json``. An entry with ``DONE`` is
-  finished and is never rewritten unless ``force=True``.
+* ``DONE``: written last; seals every file of the entry (all regular files under the folder
+  except ``DONE``, ``LOCK`` and dot-named temp files) by sha256. Format (JSON)::
+
+      {"format": "varbench-done/2",
+       "files": {"record.json": "<sha256 hex>", "samples_hpsv2.jsonl": "<sha256 hex>", ...}}
+
+  An entry with ``DONE`` is finished and is never rewritten unless ``force=True``. Reading a
+  finished entry checks the seal (:meth:`RunEntry.verify`): a changed, missing or unsealed file,
+  or an empty or garbled ``DONE``, raises :class:`SealError` naming the file. A ``DONE`` written
+  by older code (one line: the sha256 of ``record.json`` alone) raises :class:`LegacySealError`,
+  whose message gives the fix: ``python -m varbench.records reseal <entry folder>`` (checks
+  record.json against the old hash, then seals every file as it is now) or a rerun with
+  ``runtime.force=true``.
 * ``LOCK``: present while a job writes the entry (see :meth:`RunEntry.lock`).
 
 ``record.json`` schema (``schema_version`` 1)::
@@ -104,6 +115,32 @@ class EntryFinishedError(RuntimeError):
 
 class EntryLockedError(RuntimeError):
     """Another job holds the entry's LOCK."""
+
+
+class SealError(ValueError):
+    """A finished entry does not match its DONE seal (or DONE itself is empty or garbled)."""
+
+
+class LegacySealError(SealError):
+    """DONE was written by older code and seals record.json only (see :meth:`RunEntry.reseal`)."""
+
+
+DONE_FORMAT = "varbench-done/2"
+_UNSEALED = ("DONE", "LOCK")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _legacy_message(entry_dir: Path) -> str:
+    return (f"{entry_dir}: DONE was written by older varbench and seals record.json only, so the other "
+            f"files cannot be checked. Run `python -m varbench.records reseal {entry_dir}` (checks record.json "
+            f"against the old hash, then seals every file as it is now), or rerun its job with runtime.force=true")
 
 
 def utc_now() -> str:
@@ -271,30 +308,102 @@ class RunEntry:
         self._check_writable(force)
         return append_jsonl(self.traces_path, rows)
 
+    def _sealed_files(self) -> list[str]:
+        """Relative (posix) paths of the files DONE seals: every regular file but DONE, LOCK and
+        dot-named temp files."""
+        out = []
+        for p in self.dir.rglob("*"):
+            rel = p.relative_to(self.dir)
+            if p.is_file() and rel.as_posix() not in _UNSEALED and not any(part.startswith(".") for part in rel.parts):
+                out.append(rel.as_posix())
+        return sorted(out)
+
     def mark_done(self) -> Path:
-        """Write DONE (the sha256 of record.json); the last step of a job."""
+        """Write DONE (the sha256 of every file of the entry); the last step of a job."""
         if not self.record_path.is_file():
             raise FileNotFoundError(f"cannot mark {self.dir} done: write_record() first")
         for p in [self.traces_path, *self.dir.glob("samples_*.jsonl")]:
             _repair_tail(p)  # a finished entry's JSONL files are always clean for pandas
-        digest = hashlib.sha256(self.record_path.read_bytes()).hexdigest()
-        atomic_write_bytes(self.done_path, (digest + "\n").encode())
+        files = {rel: _sha256(self.dir / rel) for rel in self._sealed_files()}
+        text = json.dumps({"format": DONE_FORMAT, "files": files}, indent=1, sort_keys=True) + "\n"
+        atomic_write_bytes(self.done_path, text.encode())
         return self.done_path
+
+    def seal(self) -> dict[str, str]:
+        """The sealed ``{relative path: sha256}`` of a finished entry's DONE.
+
+        Raises :class:`SealError` for an empty or garbled DONE and :class:`LegacySealError` for a
+        DONE written by older code (the sha256 of record.json alone)."""
+        raw = self.done_path.read_bytes()
+        text = raw.decode("utf-8", errors="replace").strip()
+        if not text:
+            raise SealError(f"{self.done_path} is empty: the entry's seal is lost, so nothing in it can be "
+                            f"trusted; rerun its job with runtime.force=true")
+        if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+            raise LegacySealError(_legacy_message(self.dir))
+        try:
+            data = json.loads(text)
+            files = data["files"]
+            ok = (data.get("format") == DONE_FORMAT and isinstance(files, dict) and "record.json" in files
+                  and all(isinstance(v, str) and len(v) == 64 for v in files.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            ok = False
+        if not ok:
+            raise SealError(f"{self.done_path} is garbled (not a {DONE_FORMAT} seal naming record.json): the "
+                            f"entry cannot be checked; rerun its job with runtime.force=true")
+        return dict(files)
+
+    def verify(self, names: Iterable[str] | None = None) -> None:
+        """Check a finished entry against DONE: every sealed file (or only ``names``, relative
+        paths) must exist with its sealed sha256, and (when checking all) no unsealed file may have
+        appeared. Raises :class:`SealError` naming the first offending file; no-op without DONE."""
+        if not self.is_done():
+            return
+        files = self.seal()
+        fix = "rerun its job with runtime.force=true"
+        if names is None:
+            extra = sorted(set(self._sealed_files()) - set(files))
+            if extra:
+                raise SealError(f"{self.dir / extra[0]} appeared after the entry was marked DONE (not in its "
+                                f"seal); {fix}")
+            names = files
+        for rel in names:
+            path = self.dir / rel
+            if rel not in files:
+                if path.exists():
+                    raise SealError(f"{path} appeared after the entry was marked DONE (not in its seal); {fix}")
+                continue  # never existed: nothing to check (e.g. no traces for this entry)
+            if not path.is_file():
+                raise SealError(f"{path} is missing from a finished entry (DONE seals it); {fix}")
+            got = _sha256(path)
+            if got != files[rel]:
+                raise SealError(f"{path} changed after it was marked DONE (DONE says {files[rel][:12]}, "
+                                f"file is {got[:12]}); {fix}")
+
+    def reseal(self) -> Path:
+        """Upgrade a DONE written by older code: record.json must still match the old hash; then
+        every file is sealed as it is now (the other files are taken on trust, once)."""
+        text = self.done_path.read_text(errors="replace").strip() if self.is_done() else ""
+        if not (len(text) == 64 and all(c in "0123456789abcdef" for c in text)):
+            self.seal()  # raises for empty / garbled
+            return self.done_path  # already a current seal
+        got = _sha256(self.record_path)
+        if got != text:
+            raise SealError(f"{self.record_path} changed after it was marked DONE (DONE says {text[:12]}, file "
+                            f"is {got[:12]}); not resealing: rerun its job with runtime.force=true")
+        return self.mark_done()
 
     # reading -------------------------------------------------------------------------------
     def read(self, verify: bool = True) -> dict:
-        """The record dict. With ``verify`` and DONE present, its hash must match record.json."""
-        data = self.record_path.read_bytes()
-        if verify and self.is_done():
-            want = self.done_path.read_text().strip()
-            got = hashlib.sha256(data).hexdigest()
-            if want and want != got:
-                raise ValueError(f"{self.record_path} changed after it was marked DONE "
-                                 f"(DONE says {want[:12]}, file is {got[:12]}); rerun with runtime.force=true")
-        return json.loads(data)
+        """The record dict. With ``verify`` and DONE present, every sealed file is checked
+        (:meth:`verify`)."""
+        if verify:
+            self.verify()
+        return json.loads(self.record_path.read_bytes())
 
     def read_samples(self, evaluator: str) -> list[dict]:
         """Per-sample rows, deduplicated by (prompt_index, sample_index), later rows winning."""
+        self.verify([self.samples_path(evaluator).name])
         rows = read_jsonl(self.samples_path(evaluator))
         by_key = {(int(r["prompt_index"]), int(r["sample_index"])): r for r in rows}
         return list(by_key.values())
@@ -304,6 +413,7 @@ class RunEntry:
         return {(int(r["prompt_index"]), int(r["sample_index"])) for r in read_jsonl(self.samples_path(evaluator))}
 
     def read_traces(self) -> list[dict]:
+        self.verify([self.traces_path.name])
         return read_jsonl(self.traces_path)
 
 
@@ -456,14 +566,24 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     """
     import pandas as pd
 
-    rows = []
+    rows, legacy = [], []
     for p in paths:
         p = Path(p)
         entry_dir = p.parent if p.name == "record.json" else p
         entry = RunEntry.from_dir(entry_dir)
         if not entry.is_done():
             continue
-        rows.append(record_to_row(entry.read(), str(entry_dir)))
+        try:
+            rows.append(record_to_row(entry.read(), str(entry_dir)))
+        except LegacySealError:
+            legacy.append(entry_dir)
+    if legacy:  # one message for all of them, with the command that fixes them
+        dirs = " ".join(str(d) for d in legacy)
+        raise LegacySealError(f"{len(legacy)} entr{'y' if len(legacy) == 1 else 'ies'} sealed by older varbench "
+                              f"(DONE holds record.json's hash only, so the other files cannot be checked): "
+                              f"{dirs}. Run `python -m varbench.records reseal {dirs}` (checks record.json "
+                              f"against the old hash, then seals every file as it is now), or rerun those jobs "
+                              f"with runtime.force=true")
     return pd.DataFrame(rows)
 
 
@@ -471,3 +591,29 @@ def metric_columns(frame) -> list[str]:
     """The ``<evaluator>/<metric>`` value columns of a frame (not ``_err``/``_delta``/``version/``)."""
     return [c for c in frame.columns
             if "/" in c and not c.startswith("version/") and not c.endswith(("_err", "_delta"))]
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """``python -m varbench.records {verify,reseal} PATH...``: check finished entries against
+    DONE, or upgrade DONE files written by older code (see :meth:`RunEntry.reseal`)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m varbench.records", description=main.__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=["verify", "reseal"])
+    ap.add_argument("paths", nargs="+", help="entry folders, or folders to search for them")
+    args = ap.parse_args(None if argv is None else list(argv))
+    bad = 0
+    for d in [e for p in args.paths for e in find_entries(p)]:
+        entry = RunEntry.from_dir(d)
+        try:
+            entry.reseal() if args.command == "reseal" else entry.verify()
+            print(f"ok: {d}")
+        except SealError as e:
+            bad += 1
+            print(f"error: {e}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
