@@ -36,7 +36,7 @@ def main(cfg: DictConfig) -> None:
         overrides = list(HydraConfig.get().overrides.task)
         print(f"[varbench] job failed ({' '.join(overrides)}): {type(e).__name__}: {e}")
         log.error("job failed:\n%s", traceback.format_exc())
-        path = failures_path(cfg)
+        path = failures_path(HydraConfig.get().sweep.dir)  # the sweep's folder: the end-of-sweep callback reads it
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(json.dumps({"overrides": overrides, "error": f"{type(e).__name__}: {e}"}) + "\n")

@@ -9,9 +9,23 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 
-def failures_path(cfg: DictConfig) -> Path:
-    """Where the jobs of the current sweep note their failures (one JSON line each)."""
-    return Path(cfg.hydra.sweep.dir if "hydra" in cfg else cfg.paths.output_dir) / "failed_jobs.jsonl"
+def failures_path(sweep_dir: str | Path) -> Path:
+    """Where the jobs of a sweep note their failures (one JSON line each): `<hydra.sweep.dir>/failed_jobs.jsonl`.
+    A job reads the folder from `HydraConfig.get().sweep.dir` (its task config has no `hydra` node)."""
+    return Path(sweep_dir) / "failed_jobs.jsonl"
+
+
+def report_failures(sweep_dir: str | Path) -> int:
+    """Print each failed job of the sweep (overrides and error); the number failed."""
+    path = failures_path(sweep_dir)
+    if not path.exists():
+        return 0
+    failed = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if failed:
+        print(f"[varbench] {len(failed)} job(s) of this sweep failed (details in the job logs under {sweep_dir}):")
+        for f in failed:
+            print(f"  FAILED {' '.join(f['overrides'])}: {f['error']}")
+    return len(failed)
 
 
 def aggregate_experiment(cfg: DictConfig) -> Path | None:
@@ -31,13 +45,17 @@ def aggregate_experiment(cfg: DictConfig) -> Path | None:
 
 
 class AggregateOnMultirunEnd(Callback):
+    """Clears the sweep's failure notes at the start; at the end, aggregates the finished records,
+    reports the failed jobs and exits non-zero if any failed."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        failures_path(config.hydra.sweep.dir).unlink(missing_ok=True)  # a relaunch into the same folder
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.get("aggregate", True):
-            aggregate_experiment(config)
-        path = Path(config.hydra.sweep.dir) / "failed_jobs.jsonl"
-        if path.exists():
-            failed = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            print(f"[varbench] {len(failed)} job(s) of this sweep failed (details in the job logs):")
-            for f in failed:
-                print(f"  {' '.join(f['overrides'])}: {f['error']}")
+        try:
+            if config.get("aggregate", True):
+                aggregate_experiment(config)
+        finally:
+            n_failed = report_failures(config.hydra.sweep.dir)
+        if n_failed:
             raise SystemExit(1)

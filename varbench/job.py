@@ -169,6 +169,9 @@ def score(entry: RunEntry, evaluators_cfg, prompt_set, store: ImageStore, ref_st
 def run_job(cfg: DictConfig) -> Path:
     """Run (or skip, or resume) the job for `cfg`; returns the entry folder."""
     t0 = time.perf_counter()
+    from .validate import validate_config
+
+    validate_config(cfg)  # before any compute: a bad setting fails here, named
     resolved = OmegaConf.to_container(cfg, resolve=True)
     store_root = Path(cfg.paths.store_dir)
     exp = str(cfg.experiment_name)

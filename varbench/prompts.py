@@ -290,7 +290,13 @@ def _load_geneval(cfg: Any) -> tuple[list[PromptItem], dict]:
                 meta = json.loads(line)
             except json.JSONDecodeError as e:
                 raise PromptSetError(f"{path}:{i + 1} is not a JSON object ({e})") from e
+            if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
+                raise PromptSetError(f"{path}:{i + 1} has no \"prompt\" text (a GenEval line is a JSON object "
+                                     f"with \"prompt\", \"tag\", \"include\"); got {line.strip()[:80]!r}")
             items.append(PromptItem(i, meta["prompt"], meta))
+    if not items:
+        raise PromptSetError(f"{path} holds no prompts (an empty file); benchmark.path must be GenEval's "
+                             "evaluation_metadata.jsonl")
     return items, dict(source_path=str(path), sha256=sha, expected_sha256=expected,
                        source_url=GENEVAL_FILE.urls[0], files={path.name: sha})
 
@@ -300,6 +306,11 @@ def _load_imagereward(cfg: Any) -> tuple[list[PromptItem], dict]:
     sha, expected = _resolve_file(IMAGEREWARD_FILE, path, bool(_get(cfg, "allow_download", False)),
                                   "ImageReward prompt file benchmark-prompts.json", _urls(cfg))
     data = _read_json(path)
+    if not isinstance(data, list) or not data:
+        raise PromptSetError(f"{path} must be a non-empty JSON list of {{\"id\", \"prompt\"}} objects")
+    for i, row in enumerate(data):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "id" not in row:
+            raise PromptSetError(f"{path}: entry {i} (0-based) needs \"id\" and \"prompt\" text, got {str(row)[:80]!r}")
     items = [PromptItem(i, row["prompt"], {"id": row["id"]}) for i, row in enumerate(data)]
     return items, dict(source_path=str(path), sha256=sha, expected_sha256=expected,
                        source_url=IMAGEREWARD_FILE.urls[0], files={path.name: sha})
@@ -327,6 +338,8 @@ def _load_hpsv2(cfg: Any) -> tuple[list[PromptItem], dict]:
         prompts = _read_json(path)
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
             raise PromptSetError(f"{path} must be a JSON list of prompt strings")
+        if not prompts:
+            raise PromptSetError(f"{path} holds no prompts (an empty list); the official files have 800")
         if len(prompts) > 800:
             raise PromptSetError(f"{path} has {len(prompts)} prompts; the official files have 800")
         items.extend(PromptItem(offsets[s] + j, p, {"style": s, "style_index": j})
@@ -480,6 +493,8 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         items, kw = got
         full_size = len(items)
         default_spp = 1
+    if not items:
+        raise PromptSetError(f"benchmark.loader {loader!r} gave no prompts (source: {kw.get('source_path') or loader})")
     limit, per_tag = _get(cfg, "limit", None), _get(cfg, "limit_per_tag", None)
     for key, val in (("limit", limit), ("limit_per_tag", per_tag)):
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):

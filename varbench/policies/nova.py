@@ -176,6 +176,11 @@ class NOVA(Policy):
                              "count after the scale's plan is fixed, which static-shape plans cannot express.")
         if not 0.0 <= r_min <= r_max <= 1.0:
             raise ValueError(f"nova: need 0 <= r_min <= r_max <= 1, got r_min={r_min}, r_max={r_max}")
+        for key, v, lo in (("keep_multiple", keep_multiple, 1), ("skip_last_scales", skip_last_scales, 0),
+                           ("t_min_tokens", t_min_tokens, 0), ("min_tokens_to_prune", min_tokens_to_prune, 0),
+                           ("q_sub", 1 if q_sub is None else q_sub, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"nova.{key} must be an integer >= {lo}{' or null' if key == 'q_sub' else ''}, got {v!r}")
         if keep_multiple < 1 or skip_last_scales < 0:
             raise ValueError("nova: keep_multiple must be >= 1 and skip_last_scales >= 0")
         sublayers = tuple(sublayers)

@@ -1,0 +1,30 @@
+"""A real `python -m varbench -m` sweep on the tiny model with one job made to fail (issue #12
+item 11): the sweep exits non-zero and names the failed job and its error; the good job's record
+and the table are still written. As lightning-hydra-template's tests/test_sweeps.py, in a subprocess."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
+    sweep = tmp_path / "sweep"
+    (sweep).mkdir()
+    (sweep / "failed_jobs.jsonl").write_text('{"overrides": ["stale"], "error": "from an earlier launch"}\n')
+    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
+           "benchmark.limit=1", "runtime.progress=false", "method.name=baseline,bogus",
+           f"paths.root_dir={tmp_path}", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "1 job(s) of this sweep failed" in out, out
+    assert "FAILED" in out and "method.name=bogus" in out and "Unknown method 'bogus'" in out, out
+    assert "stale" not in out                                       # notes of an earlier launch are cleared
+    failed = [json.loads(x) for x in (sweep / "failed_jobs.jsonl").read_text().splitlines()]
+    assert len(failed) == 1 and "method.name=bogus" in failed[0]["overrides"]
+    assert list((tmp_path / "store" / "smoke").glob("**/DONE"))      # the good job still finished
+    assert "| Baseline |" in out                                    # and the table was written
