@@ -411,9 +411,23 @@ class GenEvalEvaluator(Evaluator):
             self._tmp = None
 
     def version_info(self) -> dict[str, Any]:
+        from varbench.provenance import sha256_file
+
+        # files by name and sha256, never by path: identical scorers on two machines agree
+        info = dict(self._info)
+        for key in ("detector_weights", "clip_weights"):
+            if info.get(key):
+                info[key] = Path(info[key]).name
+        info.pop("detector_dir", None)                    # its files' sha256 are in detector_sha256
+        script = info.pop("official_script", None)
+        if script:
+            info["official_script_sha256"] = sha256_file(script) if Path(script).is_file() else None
+        conv = info.get("detector_conversion")
+        if isinstance(conv, dict) and conv.get("source_file"):
+            info["detector_conversion"] = {**conv, "source_file": Path(str(conv["source_file"])).name}
         return {"scorer": "geneval", "backend": self.backend, "rules": {**self.rules, "position_threshold": self.position_threshold},
                 "rules_source": "djghosh13/geneval@af4902f evaluate_images.py", "prompt_rewrite": self.prompt_rewrite,
-                "color_templates": list(R.COLOR_TEMPLATES), **self._precision_info(), **self._info}
+                "color_templates": list(R.COLOR_TEMPLATES), **self._precision_info(), **info}
 
     def _precision_info(self) -> dict[str, Any]:
         if self.backend == "official":  # the upstream script decides: clip_benchmark amp=True

@@ -173,7 +173,8 @@ class HPSv2Evaluator(Evaluator):
 
         return {
             "scorer": f"hps{self.version}", "implementation": "varbench open_clip re-implementation of tgxs002/HPSv2",
-            "model_name": self.model_name, "weights": str(self._path) if self._path else None, "weights_sha256": self._sha,
+            # the weights by name and sha256, never by path: identical scorers on two machines agree
+            "model_name": self.model_name, "weights": Path(self._path).name if self._path else None, "weights_sha256": self._sha,
             "preprocess": "longest-side-224 bicubic tensor resize + zero pad + OpenAI norm",
             "antialias": self.antialias, "precision": self.precision, "score_scale": 100,
             "torchvision": torchvision.__version__,

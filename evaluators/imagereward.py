@@ -233,9 +233,15 @@ class ImageRewardEvaluator(Evaluator):
     def version_info(self) -> dict[str, Any]:
         import transformers
 
+        from varbench.provenance import sha256_file
+
+        # files by name and sha256, never by path: identical scorers on two machines agree
+        vocab = Path(self._tok_path) / "vocab.txt" if self._tok_path else None
         return {"scorer": "imagereward-v1.0", "implementation": "varbench transformers-BLIP re-implementation of THUDM/ImageReward",
-                "weights": str(self._path) if self._path else None, "weights_sha256": self._sha,
-                "tokenizer_dir": str(self._tok_path) if self._tok_path else None, "max_length": MAX_LENGTH,
+                "weights": Path(self._path).name if self._path else None, "weights_sha256": self._sha,
+                "tokenizer_vocab_sha256": sha256_file(vocab) if vocab is not None and vocab.is_file() else None,
+                "max_length": MAX_LENGTH,
                 "normalisation": [IR_MEAN, IR_STD], "preprocess": "shorter-side-224 PIL bicubic + centre crop + CLIP norm",
-                "model_config": self.model_config or "ImageReward-v1.0 (ViT-L/16 + BERT-base)",
+                "model_config": ({"file": Path(self.model_config).name, "sha256": sha256_file(self.model_config)}
+                                 if self.model_config else "ImageReward-v1.0 (ViT-L/16 + BERT-base)"),
                 "transformers": transformers.__version__}

@@ -9,7 +9,7 @@ from PIL import Image
 
 from varbench.records import (EntryFinishedError, EntryLockedError, RunEntry, append_jsonl, find_entries,
                               read_jsonl)
-from varbench.store import (ENTRY_EXCLUDE, GENERATION_EXCLUDE, ImageStore, canonical_json, config_hash,
+from varbench.store import (ENTRY_EXCLUDE, GENERATION_KEYS, ImageStore, canonical_json, config_hash,
                             entry_hash, generation_hash)
 
 CFG = {
@@ -49,8 +49,9 @@ def test_hash_is_stable_and_order_independent():
     ("timing.repeats", 9, False, True),             # timing changes the record, not the images
     ("evaluator.hpsv2.v", 2, False, True),          # a new scorer re-scores, never regenerates
     ("benchmark.limit", 10, False, True),           # indices are stable across subsets
-    ("method.ratio", 0.5, True, True),
-    ("runtime.batch_size", 8, True, True),          # batch size may change bf16 numerics
+    ("method.ratio", 0.5, False, True),             # not a GENERATION_KEYS path (knobs live under method.knobs)
+    ("method.name", "nova", True, True),
+    ("runtime.batch_size", 8, False, True),         # images do not depend on the batch (per-image generators)
 ])
 def test_default_exclusions(key, value, gen_changes, entry_changes):
     other = _with(CFG, key, value)
@@ -64,8 +65,57 @@ def test_explicit_exclude_and_omegaconf():
     assert config_hash(node) == config_hash({"a": 1, "b": {"c": 2, "d": 1}})  # resolved
     assert config_hash({"a": 1, "b": {"c": 2}}, exclude=["b.c"]) == config_hash({"a": 1, "b": {}})
     assert config_hash({"a": 1}, exclude=["no.such.key"]) == config_hash({"a": 1})
-    assert "paths" in ENTRY_EXCLUDE and "evaluator" in GENERATION_EXCLUDE
+    assert "paths" in ENTRY_EXCLUDE and "evaluator" not in GENERATION_KEYS
     assert canonical_json({"b": 1, "a": [1.5, None]}) == '{"a":[1.5,null],"b":1}'
+
+
+def test_weight_and_prompt_sha256_enter_every_key_paths_do_not():
+    """Issue #12 item 6: changed weights change the generation, entry and pairing keys; moving
+    the same files elsewhere (another weights_dir) changes none of them."""
+    from varbench.store import pair_key
+
+    cfg = _with(_with(CFG, "model.weights", "/machine_a/w.pth"), "benchmark.path", "/machine_a/p.jsonl")
+    moved = _with(_with(cfg, "model.weights", "/machine_b/w.pth"), "benchmark.path", "/machine_b/p.jsonl")
+    w1, w2 = {"w.pth": "a" * 64}, {"w.pth": "b" * 64}
+    assert generation_hash(cfg, w1, "p1") == generation_hash(moved, w1, "p1")
+    assert entry_hash(cfg, w1, "p1") == entry_hash(moved, w1, "p1")
+    assert generation_hash(cfg, w1, "p1") != generation_hash(cfg, w2, "p1")
+    assert entry_hash(cfg, w1, "p1") != entry_hash(cfg, w2, "p1")
+    assert generation_hash(cfg, w1, "p1") != generation_hash(cfg, w1, "p2")
+    rec = {"config": cfg, "model": {"weights": w1}, "benchmark": {"sha256": "p1"}}
+    assert pair_key(rec) != pair_key({**rec, "model": {"weights": w2}})
+    assert pair_key(rec) == pair_key({**rec, "config": _with(cfg, "method.name", "nova")})  # method left out
+    assert pair_key({"model": {}}) is None
+
+
+def test_device_and_dtype_hash_as_resolved_type():
+    base = _with(_with(CFG, "runtime.device", "cuda"), "runtime.dtype", "bfloat16")
+    assert generation_hash(base) == generation_hash(_with(base, "runtime.device", "cuda:1"))
+    assert generation_hash(base) == generation_hash(_with(base, "runtime.dtype", "bf16"))
+    assert generation_hash(base) != generation_hash(_with(base, "runtime.device", "cpu"))
+
+
+def test_sha256_file_caches_by_path_size_mtime(tmp_path, monkeypatch):
+    from varbench import provenance
+
+    monkeypatch.setenv("VARBENCH_SHA_CACHE", str(tmp_path / "cache.json"))
+    monkeypatch.setattr(provenance, "DISK_CACHE_MIN_BYTES", 1)
+    f = tmp_path / "w.pt"
+    f.write_bytes(b"old weights")
+    first = provenance.sha256_file(f)
+    assert json.loads((tmp_path / "cache.json").read_text()) == {
+        f"{os.path.realpath(f)}|{f.stat().st_size}|{f.stat().st_mtime_ns}": first}
+    provenance._SHA_CACHE.clear()
+    assert provenance.sha256_file(f) == first                       # served from the disk cache
+    f.write_bytes(b"new weights")                                   # retrained: size/mtime change
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    assert provenance.sha256_file(f) != first
+    # folders contribute every (non-hidden) file under a path-free name
+    d = tmp_path / "shards"
+    (d / ".cache").mkdir(parents=True)
+    (d / "a.safetensors").write_bytes(b"a")
+    (d / ".cache" / "x").write_bytes(b"x")
+    assert list(provenance.weight_hashes({"shards": d, "w.pt": f, "none": None})) == ["shards/a.safetensors", "w.pt"]
 
 
 def test_hash_refuses_non_json_values():

@@ -20,8 +20,9 @@ Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
 Pairing: a row's baseline is the record with ``method == --baseline`` and
 
 * the same ``pair_key``: the hash of the record's resolved generation config minus the method
-  (:func:`varbench.records.pair_key`; the image store's exclusions plus ``method``), so cfg, tau,
-  top_k, top_p, the negative prompt, the schedule, the seed, the model and the runtime all match;
+  (:func:`varbench.store.pair_key`: the image store's explicit ``GENERATION_KEYS`` minus ``method``,
+  plus the sha256 of the weight and prompt files), so cfg, tau, top_k, top_p, the negative prompt,
+  the schedule, the seed, the model, its weights and the pixel-relevant runtime all match;
 * the same ``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds,
   image count, device, dtype; these also catch what the config cannot, e.g. the GPU);
 * the same timing batch size (``timing_bs``) when both rows were timed.
@@ -361,6 +362,12 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     if not entries:
         raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}")
     frame = records_to_frame(entries)
+    # pair on varbench.store.pair_key: the image store's explicit generation key (incl. the weights'
+    # sha256) minus the method, so pairing and image reuse agree on what "same generation" means
+    from varbench.records import RunEntry
+    from varbench.store import pair_key
+
+    frame["pair_key"] = [pair_key(RunEntry.from_dir(p).read(verify=False)) for p in frame["path"]]
     frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
     bad = frame[frame["status"].fillna("ok") != "ok"]
     if not bad.empty:

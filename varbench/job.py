@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
 from .prompts import load_prompt_set
-from .provenance import collect_provenance, sha256_file
+from .provenance import collect_provenance, weight_hashes
 from .records import RunEntry, append_jsonl, read_jsonl, utc_now
 from .store import ImageStore, entry_hash, generation_hash
 
@@ -175,7 +175,12 @@ def run_job(cfg: DictConfig) -> Path:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     store_root = Path(cfg.paths.store_dir)
     exp = str(cfg.experiment_name)
-    ehash = entry_hash(resolved)
+    device = resolve_device(str(cfg.runtime.device))
+    dtype = resolve_dtype(str(cfg.runtime.dtype), device)
+    _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
+    prompt_set = load_prompt_set(cfg.benchmark)
+    weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
+    ehash = entry_hash(resolved, weights, prompt_set.sha256)
     entry = RunEntry(store_root / exp, ehash)
     if entry.is_done() and not cfg.runtime.force:
         entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
@@ -183,10 +188,7 @@ def run_job(cfg: DictConfig) -> Path:
         print(f"[varbench] skip (finished): {entry.dir}")
         return entry.dir
 
-    device = resolve_device(str(cfg.runtime.device))
-    dtype = resolve_dtype(str(cfg.runtime.dtype), device)
-    prompt_set = load_prompt_set(cfg.benchmark)
-    ghash = generation_hash(resolved)
+    ghash = generation_hash(resolved, weights, prompt_set.sha256)
     store = ImageStore(store_root, ghash)
     with entry.lock():
         rt = configure_runtime(build_runtime(cfg.model, device, dtype), cfg.runtime)
@@ -199,7 +201,8 @@ def run_job(cfg: DictConfig) -> Path:
         ref_store = None
         if any(c.name == "fidelity" for c in (cfg.get("evaluator") or {}).values()):
             bcfg = _baseline_cfg(cfg)
-            ref_store = ImageStore(store_root, generation_hash(OmegaConf.to_container(bcfg, resolve=True)))
+            bres = _pin_runtime(OmegaConf.to_container(bcfg, resolve=True), device, dtype)
+            ref_store = ImageStore(store_root, generation_hash(bres, weights, prompt_set.sha256))
             if (ref_store.missing(prompt_set.items, prompt_set.samples_per_prompt)
                     or ref_store.corrupt(prompt_set.items, prompt_set.samples_per_prompt)):
                 from .policies.baseline import Baseline
@@ -249,7 +252,7 @@ def run_job(cfg: DictConfig) -> Path:
                       "resolution": generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
                                                           kw.get("schedule")),
                       "h_div_w": float(cfg.generation.h_div_w), "dtype": str(dtype).replace("torch.", ""),
-                      "weights": _weight_hashes(cfg.model)},
+                      "weights": weights},
             "method": {"name": cfg.method.name, "label": cfg.method.get("label"),
                        "config": OmegaConf.to_container(cfg.method, resolve=True), "stats": _jsonable(probe.policy_stats)},
             "benchmark": {**prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
@@ -280,15 +283,39 @@ def _publish(cfg, record, probe, store, prompt_set) -> None:
     sink.publish(record, per_scale_rows=rows, images=images)
 
 
-def _weight_hashes(model_cfg) -> dict:
-    out = {}
+def _pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """Replace ``runtime.device``/``runtime.dtype`` ``auto`` in a resolved config by what they
+    resolved to here (in place; returned): ``auto`` and its resolution make the same pixels."""
+    rt = tree.get("runtime")
+    if isinstance(rt, dict):
+        if str(rt.get("device")) == "auto":
+            rt["device"] = device.type
+        if str(rt.get("dtype")) == "auto":
+            rt["dtype"] = str(dtype).replace("torch.", "")
+    return tree
+
+
+def _weight_files(model_cfg) -> dict:
+    """``{name: path}`` of every file or folder the model loads weights from (none for random init)."""
+    if model_cfg.get("preset") == "toy":
+        from .toy.load import FILES, WEIGHTS_DIR
+
+        return {name: WEIGHTS_DIR / name for name in FILES.values()}
     if model_cfg.get("random_weights"):
-        return out
-    for p in (model_cfg.get("weights"), model_cfg.get("vae")):
-        if p and Path(p).is_file():
-            out[Path(p).name] = sha256_file(p)
+        return {}
+    out = {}
+    paths = [model_cfg.get("weights"), model_cfg.get("vae")]
+    if model_cfg.get("text_encoder") == "t5":
+        paths.append(model_cfg.get("text_encoder_path"))
+    for p in paths:
+        if p:
+            out[Path(str(p)).name] = str(p)
     return out
 
+
+def _weight_hashes(model_cfg) -> dict:
+    """``{file name: sha256}`` of the model's weights (folders: ``<folder>/<file>``); no paths."""
+    return weight_hashes(_weight_files(model_cfg))
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":

@@ -3,7 +3,7 @@
 Usage::
 
     from varbench.store import ImageStore, generation_hash, entry_hash
-    gen = generation_hash(resolved_cfg)           # exclude=GENERATION_EXCLUDE by default
+    gen = generation_hash(resolved_cfg, weights, prompt_set.sha256)   # GENERATION_KEYS + sha256s
     store = ImageStore("results", gen)            # -> results/images/<gen>/
     store.write_manifest(resolved_cfg)            # once: what made these images (generation.json)
     for p, s in store.missing(prompt_set.items, prompt_set.samples_per_prompt):
@@ -32,15 +32,23 @@ refuses such a file (:class:`ImageHashError`).
 
 Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the canonical JSON
 (sorted keys, no whitespace, UTF-8, NaN refused) of a config *minus* the dotted key paths in
-``exclude``. The caller decides what is volatile; the defaults are:
+``exclude``. The two keys built on it:
 
-* ``ENTRY_EXCLUDE`` (the run record's key): where files go and how results are mirrored do not
-  change a number, so ``paths``, ``logger``, ``hydra`` and the runtime's bookkeeping switches are
-  left out. Timing settings and the evaluator list *are* hashed: they change the record.
-* ``GENERATION_EXCLUDE`` (the image store's key): additionally the evaluator list, timing,
-  experiment name/tags, and ``benchmark.limit``/``benchmark.limit_per_tag`` (prompt indices are
-  stable across subsets, so a quick run's images are valid images of the full run). Adding an
-  evaluator thus re-scores stored images instead of regenerating them.
+* :func:`generation_hash` (the image store's key) hashes an explicit list, ``GENERATION_KEYS``:
+  only what changes pixels (the model's preset/VAE/text encoder/random-init seed/schedule, every
+  ``generation.*`` setting, ``method.name`` and ``method.knobs``, the prompt set's loader/seed/
+  size/rewriter, ``runtime.device`` as a device *type* and ``runtime.dtype``, both resolved
+  (``auto`` must be resolved by the caller: :func:`varbench.job.run_job` pins them),
+  ``runtime.fused_entropy``), plus the sha256 of every weight file (``weights``, from
+  :func:`varbench.provenance.weight_hashes`; never their paths) and of the prompt file(s)
+  (``benchmark_sha256``). A key not in the list (labels, evaluators, timing, progress bars,
+  ``runtime.cuda_graphs``: graphed bits equal eager, batch size, limits: prompt indices are stable
+  across subsets) never regenerates images.
+* :func:`entry_hash` (the run record's key) hashes the config minus ``ENTRY_EXCLUDE`` (where files
+  go, mirroring, and switches that change no number of the record), with weight/prompt-file paths
+  replaced by the same sha256 values.
+* :func:`pair_key` (aggregation): the generation key minus the method, read back from a record
+  (``config`` + ``model.weights`` + ``benchmark.sha256``).
 """
 from __future__ import annotations
 
@@ -52,15 +60,38 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+#: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
+#: ``benchmark_sha256``): a path differs between machines, the bytes do not.
+PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_path", "benchmark.path")
+
+#: Left out of the entry hash: where files go, result mirroring, and switches that change no number
+#: of the record (every name here exists in conf/).
 ENTRY_EXCLUDE: tuple[str, ...] = (
-    "paths", "logger", "hydra",
-    "runtime.force", "runtime.dry_run", "runtime.allow_dirty", "runtime.resume",
+    "paths", "logger", "hydra", "aggregate",
+    "runtime.force", "runtime.progress", "runtime.save_images",
+) + PATH_KEYS
+
+#: Everything that changes a generated pixel (dotted paths into the resolved config; a path names
+#: its whole subtree). Anything else is left out of the image store's key.
+GENERATION_KEYS: tuple[str, ...] = (
+    "model.preset", "model.vae_preset", "model.text_encoder", "model.random_weights", "model.seed",
+    "model.schedule",
+    "generation.h_div_w", "generation.pn", "generation.cfg", "generation.tau", "generation.top_k",
+    "generation.top_p", "generation.negative_prompt", "generation.seed",
+    "method.name", "method.knobs",
+    "benchmark.loader", "benchmark.seed", "benchmark.n_prompts", "benchmark.rewriter",
+    "runtime.device", "runtime.dtype", "runtime.fused_entropy",
 )
+#: The pairing key: the generation key without the method.
+PAIR_KEYS: tuple[str, ...] = tuple(k for k in GENERATION_KEYS if not k.startswith("method."))
+
+#: Deprecated (the image store no longer hashes by exclusion); kept so old importers still load.
 GENERATION_EXCLUDE: tuple[str, ...] = ENTRY_EXCLUDE + (
     "evaluator", "timing", "experiment_name", "tags",
     "benchmark.limit", "benchmark.limit_per_tag", "benchmark.allow_download", "benchmark.url",
 )
 
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 def _to_plain(cfg: Any) -> Any:
     """OmegaConf nodes -> plain containers (resolved); anything else is returned as is."""
@@ -113,15 +144,60 @@ def config_hash(cfg: Any, exclude: Iterable[str] = ()) -> str:
     return hashlib.sha256(canonical_json(cfg, exclude).encode("utf-8")).hexdigest()[:16]
 
 
-def generation_hash(cfg: Any, exclude: Iterable[str] = GENERATION_EXCLUDE) -> str:
-    """Key of the image store folder (see module docstring for the default exclusions)."""
-    return config_hash(cfg, exclude)
+def _select(tree: Mapping, dotted: str) -> tuple[bool, Any]:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
 
 
-def entry_hash(cfg: Any, exclude: Iterable[str] = ENTRY_EXCLUDE) -> str:
-    """Key of the run-record entry (see module docstring for the default exclusions)."""
-    return config_hash(cfg, exclude)
+def _normalise(key: str, value: Any) -> Any:
+    if key == "runtime.device" and isinstance(value, str):
+        return value.split(":", 1)[0]            # cuda:1 and cuda make the same pixels
+    if key == "runtime.dtype" and isinstance(value, str):
+        return _DTYPE_ALIASES.get(value, value)
+    return value
 
+
+def generation_key(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
+                   keys: Sequence[str] = GENERATION_KEYS) -> dict:
+    """The exact tree :func:`generation_hash` hashes: ``{"config": {dotted key: value}, "weights":
+    {file name: sha256}, "benchmark_sha256": ...}``. Keys absent from ``cfg`` are left out."""
+    tree = _canon(_to_plain(cfg))
+    if not isinstance(tree, dict):
+        raise TypeError("generation_key expects a mapping at the top level")
+    picked = {}
+    for k in keys:
+        present, value = _select(tree, k)
+        if present:
+            picked[k] = _normalise(k, value)
+    return {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256}
+
+
+def generation_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None) -> str:
+    """Key of the image store folder: :data:`GENERATION_KEYS` of ``cfg`` (device/dtype resolved
+    by the caller) plus the weight files' and prompt files' sha256 (see the module docstring)."""
+    return config_hash(generation_key(cfg, weights, benchmark_sha256))
+
+
+def entry_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
+               exclude: Iterable[str] = ENTRY_EXCLUDE) -> str:
+    """Key of the run-record entry: ``cfg`` minus ``exclude`` plus the weight/prompt sha256 values."""
+    tree = json.loads(canonical_json(cfg, exclude))
+    return config_hash({"config": tree, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256})
+
+
+def pair_key(rec: Mapping) -> str | None:
+    """Pairing key of a run record: its generation key without the method (:data:`PAIR_KEYS`),
+    from ``config``, ``model.weights`` and ``benchmark.sha256``. None without a ``config``."""
+    cfg = rec.get("config")
+    if not isinstance(cfg, Mapping):
+        return None
+    weights = (rec.get("model") or {}).get("weights") or {}
+    bench_sha = (rec.get("benchmark") or {}).get("sha256")
+    return config_hash(generation_key(cfg, weights, bench_sha, keys=PAIR_KEYS))
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a same-folder temp file, fsync, and ``os.replace``."""
