@@ -362,12 +362,6 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     if not entries:
         raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}")
     frame = records_to_frame(entries)
-    # pair on varbench.store.pair_key: the image store's explicit generation key (incl. the weights'
-    # sha256) minus the method, so pairing and image reuse agree on what "same generation" means
-    from varbench.records import RunEntry
-    from varbench.store import pair_key
-
-    frame["pair_key"] = [pair_key(RunEntry.from_dir(p).read(verify=False)) for p in frame["path"]]
     frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
     bad = frame[frame["status"].fillna("ok") != "ok"]
     if not bad.empty:

@@ -98,15 +98,11 @@ import socket
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from varbench.store import GENERATION_EXCLUDE, atomic_write_bytes, canonical_json, config_hash
+from varbench.store import PAIR_KEYS, atomic_write_bytes, canonical_json, config_hash, generation_key
+from varbench.store import pair_key as _store_pair_key
 
 SCHEMA_VERSION = 1
 
-#: What the pairing key leaves out of a record's resolved ``config``: the image store's exclusions
-#: (:data:`varbench.store.GENERATION_EXCLUDE`) plus the method. Two records with the same pairing
-#: key were generated with the same model, sampling settings (cfg, tau, top_k, top_p, negative
-#: prompt, schedule, seed), benchmark and runtime; only the method may differ.
-PAIR_EXCLUDE: tuple[str, ...] = GENERATION_EXCLUDE + ("method",)
 
 
 class EntryFinishedError(RuntimeError):
@@ -455,22 +451,18 @@ def method_label(method: Mapping) -> str:
 
 
 def pair_key(rec: Mapping) -> str | None:
-    """The pairing key of a record: :func:`varbench.store.config_hash` of its ``config`` minus
-    :data:`PAIR_EXCLUDE` (the generation hash with the method left out). None when the record has
-    no ``config`` (hand-made or pre-config records); aggregation then warns and pairs on the
-    coarse keys only. Derived from what every record already holds, so not stored separately."""
-    cfg = rec.get("config")
-    if not isinstance(cfg, Mapping):
-        return None
-    return config_hash(cfg, PAIR_EXCLUDE)
+    """The pairing key of a record (:func:`varbench.store.pair_key`: the image store's generation key
+    minus the method, weights' sha256 included). None when the record has no ``config``
+    (hand-made or pre-config records); aggregation then warns and pairs on the coarse keys only."""
+    return _store_pair_key(rec)
 
 
 def pair_config(rec: Mapping) -> dict | None:
-    """The part of a record's ``config`` that :func:`pair_key` hashes (to name what differs)."""
+    """The settings :func:`pair_key` hashes, by dotted key (to name what differs)."""
     cfg = rec.get("config")
     if not isinstance(cfg, Mapping):
         return None
-    return json.loads(canonical_json(cfg, PAIR_EXCLUDE))
+    return generation_key(cfg, keys=PAIR_KEYS)["config"]
 
 
 def _pick_batch(by_batch: Mapping) -> tuple[str | None, Mapping]:

@@ -85,12 +85,6 @@ GENERATION_KEYS: tuple[str, ...] = (
 #: The pairing key: the generation key without the method.
 PAIR_KEYS: tuple[str, ...] = tuple(k for k in GENERATION_KEYS if not k.startswith("method."))
 
-#: Deprecated (the image store no longer hashes by exclusion); kept so old importers still load.
-GENERATION_EXCLUDE: tuple[str, ...] = ENTRY_EXCLUDE + (
-    "evaluator", "timing", "experiment_name", "tags",
-    "benchmark.limit", "benchmark.limit_per_tag", "benchmark.allow_download", "benchmark.url",
-)
-
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 
 def _to_plain(cfg: Any) -> Any:
