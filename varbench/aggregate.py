@@ -59,7 +59,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from varbench.records import find_entries, metric_columns, records_to_frame
+from varbench.records import SealError, find_entries, metric_columns, records_to_frame
 
 PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
                               "n_images", "device", "dtype")
@@ -391,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
                            figures=not args.no_figures)
-    except AggregationError as e:
+    except (AggregationError, SealError) as e:  # a broken or legacy-sealed entry: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(markdown_table(paired, args.baseline))

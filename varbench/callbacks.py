@@ -31,12 +31,13 @@ def report_failures(sweep_dir: str | Path) -> int:
 def aggregate_experiment(cfg: DictConfig) -> Path | None:
     """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/."""
     from .aggregate import AggregationError, aggregate, markdown_table
+    from .records import SealError
 
     src = Path(cfg.paths.store_dir) / str(cfg.experiment_name)
     out = Path(cfg.paths.results_dir) / str(cfg.experiment_name)
     try:
         paired = aggregate(src, out)
-    except AggregationError as e:
+    except (AggregationError, SealError) as e:
         print(f"[varbench] no table written: {e}")
         return None
     print(markdown_table(paired))
