@@ -17,7 +17,7 @@ GPU with its default init. Text: precomputed random features of the real text wi
 decode *without* T5 encoding. 1024² (`pn=1M`, 13 scales), cfg 4, tau 1, seeds 0..B-1 (the same in every
 repeat, so data-dependent methods make the same plan every time).
 
-Methods (each method's default preset, `conf/method/<preset>.yaml`, loaded with OmegaConf when installed,
+Methods (each method's default preset, `varbench/conf/method/<preset>.yaml`, loaded with OmegaConf when installed,
 else PyYAML with the same `defaults:` merge):
   2B: baseline, fastvar (the release's 2B setting), nova, toprovar, skip_last_2
   8B: baseline, fastvar_8b_paper (the only FastVAR preset written for 8B: ToProVAR Table 8's setting),
@@ -103,13 +103,13 @@ from typing import Any, Optional
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-METHOD_DIR = ROOT / "conf" / "method"
+METHOD_DIR = ROOT / "varbench" / "conf" / "method"
 SCHEMA = "device_bench/1"
 GIB = 1024 ** 3
 RANDOM_NOTE = ("weights are RANDOM (real architectures): times, memory and FLOPs only; images mean nothing, and "
                "entropy-driven methods decide from a random model's entropies")
 
-#: role -> method presets (conf/method/<preset>.yaml) in priority order; the baseline first
+#: role -> method presets (varbench/conf/method/<preset>.yaml) in priority order; the baseline first
 METHODS = {
     "2b": ["baseline", "fastvar", "nova", "toprovar", "skip_last_2"],
     "8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2"],

@@ -47,7 +47,7 @@ from varbench.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf" / "method"
+CONF = ROOT / "varbench" / "conf" / "method"
 TABLE = ROOT / "results" / "curated" / "flops_analytic.md"
 DOCS = [ROOT / "docs" / "methods.md"]
 MODELS = {"2b": "infinity_2b", "8b": "infinity_8b"}

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-FIX = ROOT / "tests" / "fixtures" / "evaluators"
+FIX = ROOT / "varbench" / "toy" / "scorers"   # the tiny random scorers
 SCHEMA = "scorer_throughput/1"
 RANDOM_NOTE = ("weights are RANDOM (same architecture and file format as the released checkpoints): "
                "seconds and memory only; every score in this run is meaningless")
@@ -110,7 +110,7 @@ def synthetic_image(rng: np.random.Generator, size: int):
 
 def synthetic_samples(n: int, size: int, seed: int = 0) -> list:
     """`n` Samples with GenEval metadata (tag/include/exclude), an HPS style and a reference image (fidelity)."""
-    from evaluators.base import Sample
+    from varbench.evaluators.base import Sample
 
     rng = np.random.default_rng(seed)
     out = []
@@ -242,7 +242,7 @@ def imagereward_upstream_shapes(config: dict) -> Shapes:
     = our module's keys renamed back, plus what the upstream file carries and scoring drops: BLIP's
     `vision_proj`/`text_proj` (256-d contrastive heads) and the text `embeddings.position_ids` buffer.
     """
-    from evaluators.imagereward import ImageRewardModel
+    from varbench.evaluators.imagereward import ImageRewardModel
 
     ours = module_shapes(lambda: ImageRewardModel(config))
     names = unmap_imagereward_keys(ours)
@@ -282,7 +282,7 @@ def write_geneval(folder: Path, m2f_config, clip_name: str, clip_config: Optiona
     from safetensors.torch import save_file
     from transformers import Mask2FormerForUniversalSegmentation
 
-    from evaluators.geneval_rules import COCO80_GENEVAL
+    from varbench.evaluators.geneval_rules import COCO80_GENEVAL
 
     m2f = folder / "m2f"
     m2f.mkdir(parents=True, exist_ok=True)
@@ -304,7 +304,7 @@ def write_alexnet_hub(hub_dir: Path, device: str) -> Path:
     LPIPS, is stored as stride-0 zeros (a few bytes on disk, full shape after loading)."""
     import torchvision
 
-    from evaluators.fidelity import LPIPS_BACKBONE_FILES
+    from varbench.evaluators.fidelity import LPIPS_BACKBONE_FILES
 
     shapes = module_shapes(lambda: torchvision.models.alexnet())
     state = random_state({k: v for k, v in shapes.items() if k.startswith("features.")}, device, seed=5)
@@ -327,7 +327,7 @@ def prepare(key: str, size: str, work: Path, device: str, files: dict) -> tuple[
             files["hps"] = write_hps(work, model_name, cfg, device)
         return {"weights": str(files["hps"]), "model_name": model_name, "model_config": cfg, **extra}, notes
     if name == "imagereward":
-        from evaluators.imagereward import REAL_CONFIG
+        from varbench.evaluators.imagereward import REAL_CONFIG
 
         if size == "real":
             config, cfg_path = REAL_CONFIG, None
@@ -344,7 +344,7 @@ def prepare(key: str, size: str, work: Path, device: str, files: dict) -> tuple[
         return {"weights": str(files["ir"]), "tokenizer_dir": str(files["ir_tok"]), "model_config": cfg_path, **extra}, notes
     if name == "geneval":
         if size == "real":
-            from evaluators.geneval_convert_mmdet import build_hf_config
+            from varbench.evaluators.geneval_convert_mmdet import build_hf_config
 
             m2f_cfg, clip_name, clip_cfg, scale = build_hf_config(), "ViT-L-14-quickgelu", None, (1333, 800)
         else:
@@ -404,7 +404,7 @@ def _gb(n: int) -> float:
 def run_scorer(key: str, size: str, work: Path, device: str, samples: list, batch: int, files: dict,
                max_seconds: float) -> dict:
     """Write files, build + set up the evaluator, warm up, time `update()` batches; one result dict."""
-    from evaluators import build_evaluator
+    from varbench.evaluators import build_evaluator
 
     name = SCORERS[key][0]
     cuda = str(device).startswith("cuda")
@@ -474,9 +474,9 @@ def run_scorer(key: str, size: str, work: Path, device: str, samples: list, batc
 def preprocess_seconds(name: str, samples: list) -> Optional[float]:
     """Seconds per image of the evaluator's own CPU preprocessing alone (HPS, ImageReward), for the breakdown."""
     if name == "hpsv2":
-        from evaluators.hpsv2 import hps_preprocess as fn
+        from varbench.evaluators.hpsv2 import hps_preprocess as fn
     elif name == "imagereward":
-        from evaluators.imagereward import ir_preprocess as fn
+        from varbench.evaluators.imagereward import ir_preprocess as fn
     else:
         return None
     t0 = time.perf_counter()

@@ -84,7 +84,7 @@ def ssim_to(images: torch.Tensor, reference: torch.Tensor) -> list[float]:
 def compose_cfg(model: str, benchmark: Optional[str], overrides: Sequence[str] = ()):
     from hydra import compose, initialize_config_dir
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf"
     ov = [f"model={model}", f"benchmark={benchmark or 'protocol/' + model}", *overrides]
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         return compose(config_name="config", overrides=ov)
@@ -184,8 +184,8 @@ def fit_models(rows: list[dict], threshold: float, out: Path, classifiers: Seque
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="toy", help="conf/model option (toy, tiny, infinity_2b, infinity_8b)")
-    ap.add_argument("--benchmark", default=None, help="conf/benchmark option for the prompts (default: protocol/<model>)")
+    ap.add_argument("--model", default="toy", help="varbench/conf/model option (toy, tiny, infinity_2b, infinity_8b)")
+    ap.add_argument("--benchmark", default=None, help="varbench/conf/benchmark option for the prompts (default: protocol/<model>)")
     ap.add_argument("--limit", type=int, default=None, help="first N prompts of the benchmark")
     ap.add_argument("--threshold", type=float, default=0.84, help="SSIM target (released: 0.84, 0.86, 0.88)")
     ap.add_argument("--classifier", default="all", help="Logistic_Regression | Decision_Tree | Random_Forest | all")

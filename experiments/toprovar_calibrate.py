@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import torch
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 
 
 class EntropyProbe:
@@ -200,7 +200,7 @@ def render(rep: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 epilog="Other arguments are Hydra overrides of conf/config.yaml (model=..., benchmark=...).")
+                                 epilog="Other arguments are Hydra overrides of varbench/conf/config.yaml (model=..., benchmark=...).")
     ap.add_argument("--method", default="toprovar", help="ToProVAR preset whose rho knobs (rho_source, d_min_tokens, "
                                                          "depth_rule) the calibration follows; toy: toprovar_toy")
     ap.add_argument("--ssim", type=float, default=0.8, help="SSIM bar to the full-scale image (paper: 0.8)")

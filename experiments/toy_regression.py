@@ -27,15 +27,15 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
     """{method: {"toy_geneval": overall, "per_tag": {...}, "flops": per-image FLOPs, "flops_x": ratio}}."""
     from hydra import compose, initialize_config_dir
 
-    from evaluators.base import Sample
-    from evaluators.toy_geneval import ToyGenEval
+    from varbench.evaluators.base import Sample
+    from varbench.evaluators.toy_geneval import ToyGenEval
     from varbench.build import build_policy_from_cfg
     from varbench.toy import world
     from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
     rt = load_toy_runtime("cpu")
     prompts = world.prompt_set(n_prompts, seed=0)
-    conf = Path(__file__).resolve().parents[1] / "conf" / "method"
+    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf" / "method"
     out = {}
     for name in methods:
         with initialize_config_dir(config_dir=str(conf), version_base="1.3"):

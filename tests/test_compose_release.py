@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def nova_on_fastvar(**over):
-    knobs = yaml.safe_load((ROOT / "conf/method/nova_on_fastvar.yaml").read_text())["knobs"]
+    knobs = yaml.safe_load((ROOT / "varbench/conf/method/nova_on_fastvar.yaml").read_text())["knobs"]
     return build_policy("compose", **{**knobs, **over})
 
 

@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 GROUPS = ["model", "method", "benchmark", "timing", "runtime", "logger", "paths"]
 
 
@@ -28,7 +28,7 @@ def test_every_option_composes(group, option):
 
 @pytest.mark.parametrize("option", options("evaluator"))
 def test_every_evaluator_composes_and_is_registered(option):
-    import evaluators
+    from varbench import evaluators
 
     cfg = _compose([f"evaluator=[{option}]"])
     assert list(cfg.evaluator) == [option]
@@ -43,7 +43,7 @@ def test_every_experiment_composes_and_sweeps_real_options(exp):
     for key, values in params.items():
         if key in GROUPS:
             for v in str(values).split(","):
-                assert v.strip() in options(key), f"{exp}: sweep names {key}={v} but conf/{key}/{v}.yaml does not exist"
+                assert v.strip() in options(key), f"{exp}: sweep names {key}={v} but varbench/conf/{key}/{v}.yaml does not exist"
 
 
 @pytest.mark.parametrize("exp", [e for e in options("experiment") if e != "smoke"])

@@ -8,10 +8,10 @@ import pytest
 import yaml
 from PIL import Image
 
-from evaluators import REGISTRY, build_evaluator
-from evaluators.base import Sample
+from varbench.evaluators import REGISTRY, build_evaluator
+from varbench.evaluators.base import Sample
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "evaluator"
+CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf" / "evaluator"
 
 
 def _img(seed, noise=0):

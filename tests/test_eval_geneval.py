@@ -19,11 +19,13 @@ import pytest
 import torch
 from PIL import Image
 
-from evaluators import build_evaluator
-from evaluators import geneval_rules as R
-from evaluators.base import Sample
+from varbench.resources import TINY_SCORERS_DIR
+from varbench.evaluators import build_evaluator
+from varbench.evaluators import geneval_rules as R
+from varbench.evaluators.base import Sample
 
-FIX = Path(__file__).parent / "fixtures" / "evaluators"
+FIX = Path(__file__).parent / "fixtures" / "evaluators"   # goldens and their images
+TINY = TINY_SCORERS_DIR   # the tiny random scorers, bundled with the package
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "geneval"
 CASES = [json.loads(l) for l in (FIX / "geneval_cases.jsonl").read_text().splitlines()]
 
@@ -66,7 +68,7 @@ def test_class_names_match_official_file():
 
 
 def test_postprocess_mask_boxes_and_scores():
-    from evaluators.geneval import Mask2FormerDetector
+    from varbench.evaluators.geneval import Mask2FormerDetector
 
     det = Mask2FormerDetector.__new__(Mask2FormerDetector)
     det.max_per_image = 100
@@ -89,7 +91,7 @@ def test_postprocess_mask_boxes_and_scores():
 def tiny_native():
     """The committed tiny random Mask2Former + QuickGELU CLIP (tests/fixtures/evaluators/make_geneval_tiny.py),
     the same files `evaluator=geneval_tiny` (smoke experiment) reads."""
-    return FIX / "geneval_tiny"
+    return TINY / "geneval_tiny"
 
 
 def _native(d, **kw):
@@ -178,9 +180,9 @@ def test_precision_defaults_to_upstream_and_is_recorded(tiny_native):
     precision was requested and which ran."""
     import yaml
 
-    from evaluators.geneval import GenEvalEvaluator
+    from varbench.evaluators.geneval import GenEvalEvaluator
 
-    conf = Path(__file__).resolve().parents[1] / "conf" / "evaluator"
+    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf" / "evaluator"
     for f in ("geneval.yaml", "geneval_tiny.yaml"):
         assert next(iter(yaml.safe_load((conf / f).read_text()).values()))["precision"] == "auto"
     assert GenEvalEvaluator().precision == "auto"
@@ -200,7 +202,7 @@ def test_precision_defaults_to_upstream_and_is_recorded(tiny_native):
 
 
 def test_colour_step_autocast_only_on_cuda(tiny_native):
-    from evaluators.geneval import ColorClassifier
+    from varbench.evaluators.geneval import ColorClassifier
 
     clf = ColorClassifier(None, None, 224, "cpu", amp=True)
     with clf._autocast():

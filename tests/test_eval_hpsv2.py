@@ -19,15 +19,17 @@ import pytest
 import torch
 from PIL import Image
 
-from evaluators import build_evaluator
-from evaluators.base import Sample
+from varbench.resources import TINY_SCORERS_DIR
+from varbench.evaluators import build_evaluator
+from varbench.evaluators.base import Sample
 
-FIX = Path(__file__).parent / "fixtures" / "evaluators"
+FIX = Path(__file__).parent / "fixtures" / "evaluators"   # goldens and their images
+TINY = TINY_SCORERS_DIR   # the tiny random scorers, bundled with the package
 GOLD = json.loads((FIX / "hps_golden.json").read_text())
 
 
 def _ev(**kw):
-    args = dict(weights=str(FIX / "hps_tiny_random.pt"), model_name="hps_tiny", model_config=str(FIX / "hps_tiny.json"),
+    args = dict(weights=str(TINY / "hps_tiny_random.pt"), model_name="hps_tiny", model_config=str(TINY / "hps_tiny.json"),
                 batch_size=2, device="cpu")
     args.update(kw)
     return build_evaluator("hpsv2", **args)
@@ -41,7 +43,7 @@ def ev():
 
 
 def test_preprocessing_matches_upstream_pixel_for_pixel():
-    from evaluators.hpsv2 import hps_preprocess
+    from varbench.evaluators.hpsv2 import hps_preprocess
 
     for row in GOLD["rows"]:
         t = hps_preprocess(Image.open(FIX / "images" / row["image"]))
@@ -52,7 +54,7 @@ def test_preprocessing_matches_upstream_pixel_for_pixel():
 
 
 def test_antialias_is_a_real_knob():
-    from evaluators.hpsv2 import hps_preprocess
+    from varbench.evaluators.hpsv2 import hps_preprocess
 
     img = Image.open(FIX / "images" / GOLD["rows"][0]["image"])
     assert (hps_preprocess(img, antialias=True) - hps_preprocess(img, antialias=False)).abs().max() > 1e-3
@@ -78,7 +80,7 @@ def test_scores_match_upstream(ev):
 
 
 def test_non_square_224_is_padded():
-    from evaluators.hpsv2 import hps_preprocess
+    from varbench.evaluators.hpsv2 import hps_preprocess
 
     t = hps_preprocess(Image.new("RGB", (224, 100), "white"))
     assert t.shape == (3, 224, 224)
@@ -95,7 +97,7 @@ def test_missing_weights_names_file_path_and_source(tmp_path):
 
 def test_v20_file_refused_for_v21(tmp_path):
     f = tmp_path / "HPS_v2_compressed.pt"
-    f.write_bytes((FIX / "hps_tiny_random.pt").read_bytes())
+    f.write_bytes((TINY / "hps_tiny_random.pt").read_bytes())
     with pytest.raises(ValueError, match="v2.0"):
         _ev(weights=str(f), version="v2.1").setup("cpu")
 

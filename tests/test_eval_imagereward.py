@@ -23,16 +23,18 @@ import pytest
 import torch
 from PIL import Image
 
-from evaluators import build_evaluator
-from evaluators.base import Sample
+from varbench.resources import TINY_SCORERS_DIR
+from varbench.evaluators import build_evaluator
+from varbench.evaluators.base import Sample
 
-FIX = Path(__file__).parent / "fixtures" / "evaluators"
+FIX = Path(__file__).parent / "fixtures" / "evaluators"   # goldens and their images
+TINY = TINY_SCORERS_DIR   # the tiny random scorers, bundled with the package
 GOLD = json.loads((FIX / "imagereward_golden.json").read_text())
 
 
 def _ev(**kw):
-    args = dict(weights=str(FIX / "imagereward_tiny_random.pt"), tokenizer_dir=str(FIX / "ir_tiny_tokenizer"),
-                model_config=str(FIX / "imagereward_tiny.json"), batch_size=3, device="cpu")
+    args = dict(weights=str(TINY / "imagereward_tiny_random.pt"), tokenizer_dir=str(TINY / "ir_tiny_tokenizer"),
+                model_config=str(TINY / "imagereward_tiny.json"), batch_size=3, device="cpu")
     args.update(kw)
     return build_evaluator("imagereward", **args)
 
@@ -45,7 +47,7 @@ def ev():
 
 
 def test_preprocessing_matches_upstream_pixel_for_pixel():
-    from evaluators.imagereward import ir_preprocess
+    from varbench.evaluators.imagereward import ir_preprocess
 
     for row in GOLD["rows"]:
         t = ir_preprocess(Image.open(FIX / "images" / row["image"]))
@@ -74,9 +76,9 @@ def test_scores_match_upstream(ev):
 
 
 def test_key_map_is_strict():
-    from evaluators.imagereward import map_imagereward_state_dict
+    from varbench.evaluators.imagereward import map_imagereward_state_dict
 
-    sd = torch.load(FIX / "imagereward_tiny_random.pt")
+    sd = torch.load(TINY / "imagereward_tiny_random.pt")
     mapped, dropped = map_imagereward_state_dict(sd)
     assert "vision.embeddings.class_embedding" in mapped and "vision.post_layernorm.weight" in mapped
     assert all(k.startswith(("blip.vision_proj", "blip.text_proj", "blip.text_encoder.embeddings.position_ids"))
@@ -95,6 +97,6 @@ def test_missing_files(tmp_path):
 
 def test_truncated_checkpoint(tmp_path):
     bad = tmp_path / "ImageReward.pt"
-    bad.write_bytes((FIX / "imagereward_tiny_random.pt").read_bytes()[:1000])
+    bad.write_bytes((TINY / "imagereward_tiny_random.pt").read_bytes()[:1000])
     with pytest.raises(ValueError, match="could not load"):
         _ev(weights=str(bad)).setup("cpu")

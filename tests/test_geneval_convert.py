@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from evaluators.geneval_convert_mmdet import (CONVERTER_VERSION, HF_ONLY, ConversionError, build_hf_config,
+from varbench.resources import TINY_SCORERS_DIR
+from varbench.evaluators.geneval_convert_mmdet import (CONVERTER_VERSION, HF_ONLY, ConversionError, build_hf_config,
                                               convert_state_dict, expected_hf_shapes, expected_mmdet_shapes, main,
                                               merge_permutation, swin_relative_position_index)
 
@@ -299,8 +300,8 @@ def test_input_not_modified(tiny):
 def test_cli_round_trip_loads_in_geneval_detector(tiny, tmp_path):
     from PIL import Image
 
-    from evaluators.geneval import Mask2FormerDetector
-    from evaluators.geneval_rules import COCO80_GENEVAL
+    from varbench.evaluators.geneval import Mask2FormerDetector
+    from varbench.evaluators.geneval_rules import COCO80_GENEVAL
     from varbench.provenance import sha256_file
 
     cfg, src, hf = tiny
@@ -322,9 +323,9 @@ def test_cli_round_trip_loads_in_geneval_detector(tiny, tmp_path):
     assert len(per_class) == 80 and sum(len(a) for a in per_class) == min(100, cfg.num_queries * 80)
     assert all(np.isfinite(a).all() for a in per_class if len(a))
     # the evaluator records which mmdet file the folder was converted from
-    from evaluators import build_evaluator
+    from varbench.evaluators import build_evaluator
 
-    clip = Path(__file__).parent / "fixtures" / "evaluators" / "geneval_tiny"
+    clip = TINY_SCORERS_DIR / "geneval_tiny"
     ev = build_evaluator("geneval", backend="native", weights_dir=str(tmp_path), detector_dir="hf",
                          detector_name="mmdet-converted", clip_weights=str(clip / "clip.bin"), clip_model="clip_tiny_qg",
                          clip_model_config=str(clip / "clip_tiny_qg.json"), detector_scale=(64, 64), device="cpu")

@@ -16,7 +16,7 @@ from varbench.job import _pin_runtime, _weight_files, _weight_hashes
 from varbench.store import (ENTRY_EXCLUDE, GENERATION_KEYS, PATH_KEYS, entry_hash, generation_hash, generation_key,
                             pair_key)
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 
 EXPERIMENTS = {
     "smoke": ["+experiment=smoke"],

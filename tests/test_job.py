@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 
 from varbench.job import run_job
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 
 
 def _cfg(tmp_path, *extra):

@@ -51,7 +51,7 @@ def test_defaults_are_the_documented_reconstructions():
     assert {k: d[k] for k in UNSTATED} == UNSTATED
     _, _, knobs = load_method("nova")
     assert {k: knobs.get(k, d[k]) for k in UNSTATED} == UNSTATED   # preset = constructor defaults
-    text = (Path(__file__).resolve().parents[1] / "conf" / "method" / "nova.yaml").read_text()
+    text = (Path(__file__).resolve().parents[1] / "varbench" / "conf" / "method" / "nova.yaml").read_text()
     for k in UNSTATED:
         line = next(l for l in text.splitlines() if l.strip().lstrip("# ").startswith(f"{k}:"))
         assert "RECON" in line, line

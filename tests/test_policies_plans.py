@@ -354,7 +354,7 @@ def test_every_method_config_builds_its_policy():
 
     from experiments.flops_table import load_method
 
-    confs = sorted((Path(__file__).resolve().parents[1] / "conf" / "method").glob("*.yaml"))
+    confs = sorted((Path(__file__).resolve().parents[1] / "varbench" / "conf" / "method").glob("*.yaml"))
     assert len(confs) >= 20
     for c in confs:
         name, label, knobs = load_method(c.stem)

@@ -181,7 +181,7 @@ def test_registered_loader_gets_selection_applied():
                                         ("dpgbench", 1065), ("smoke", 8)])
 def test_benchmark_configs_load(name, count):
     omegaconf = pytest.importorskip("omegaconf")
-    conf = Path(__file__).resolve().parents[1] / "conf" / "benchmark" / f"{name}.yaml"
+    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf" / "benchmark" / f"{name}.yaml"
     cfg = omegaconf.OmegaConf.create({"paths": {"data_dir": str(DATA)}, "benchmark": omegaconf.OmegaConf.load(conf)})
     ps = load_prompt_set(cfg.benchmark)
     assert len(ps) == count and ps.name == name

@@ -71,7 +71,7 @@ def test_unknown_scorer_is_refused():
 
 def test_imagereward_real_file_roundtrips_through_map():
     """The real-size ImageReward.pt layout we write maps back, key for key and shape for shape, onto the model."""
-    from evaluators.imagereward import REAL_CONFIG, ImageRewardModel, map_imagereward_state_dict
+    from varbench.evaluators.imagereward import REAL_CONFIG, ImageRewardModel, map_imagereward_state_dict
 
     upstream = st.imagereward_upstream_shapes(REAL_CONFIG)
     fake = {k: torch.empty(s, dtype=d, device="meta") for k, (s, d) in upstream.items()}
@@ -94,7 +94,7 @@ def test_real_size_open_clip_and_detector_shapes():
     """HPS file = full ViT-H-14; colour CLIP = ViT-L-14; detector = Swin-S Mask2Former with 80 classes."""
     from transformers import Mask2FormerForUniversalSegmentation
 
-    from evaluators.geneval_convert_mmdet import build_hf_config
+    from varbench.evaluators.geneval_convert_mmdet import build_hf_config
 
     hps = st.open_clip_shapes("ViT-H-14")
     assert round(_nparams(hps) / 1e6, 2) == 986.11
@@ -119,7 +119,7 @@ def test_geneval_folder_loads_without_missing_keys(tmp_path):
 
 
 def test_bert_vocab_matches_the_real_layout(tmp_path):
-    from evaluators.imagereward import REAL_CONFIG, load_tokenizer
+    from varbench.evaluators.imagereward import REAL_CONFIG, load_tokenizer
 
     st.write_bert_vocab(tmp_path, ["A", "photo", "of", "a", "dog."])
     lines = (tmp_path / "vocab.txt").read_text().splitlines()

@@ -132,7 +132,7 @@ def test_image_sha256_is_stored_and_checked_on_load(tmp_path):
 def _cfg(tmp_path, *extra):
     from hydra import compose, initialize_config_dir
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         return compose(config_name="config", overrides=[
             "+experiment=smoke", "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",

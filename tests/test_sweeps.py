@@ -16,7 +16,7 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     (sweep / "failed_jobs.jsonl").write_text('{"overrides": ["stale"], "error": "from an earlier launch"}\n')
     cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
            "benchmark.limit=1", "runtime.progress=false", "method.name=baseline,bogus",
-           f"paths.root_dir={tmp_path}", f"hydra.sweep.dir={sweep}"]
+           f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
     env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from evaluators import build_evaluator
-from evaluators.base import Sample
-from evaluators.toy_geneval import ToyGenEval, detect, geneval_rules, group_detections
+from varbench.evaluators import build_evaluator
+from varbench.evaluators.base import Sample
+from varbench.evaluators.toy_geneval import ToyGenEval, detect, geneval_rules, group_detections
 from varbench.toy import world
 from varbench.toy.world import ToyObject, ToyScene, prompt_set, render, sample_scene
 
@@ -373,7 +373,7 @@ def test_bad_metadata_gets_a_clear_error():
 
 def test_component_labeller_matches_flood_fill():
     """The numpy labeller is exact: same partition as a plain 8-connected flood fill."""
-    from evaluators.toy_geneval import _label_components
+    from varbench.evaluators.toy_geneval import _label_components
     rng = np.random.default_rng(0)
     for _ in range(20):
         classes = rng.integers(-1, 3, size=(17, 23))
@@ -400,7 +400,7 @@ def test_benchmark_config_loads_through_prompt_loader():
 
     from varbench import prompts as P
 
-    cfg = omegaconf.OmegaConf.load(Path(__file__).resolve().parents[1] / "conf" / "benchmark" / "toy.yaml")
+    cfg = omegaconf.OmegaConf.load(Path(__file__).resolve().parents[1] / "varbench" / "conf" / "benchmark" / "toy.yaml")
     added = "toy" not in P.LOADERS
     if added:  # until varbench.prompts registers it itself
         P.register_loader("toy", "varbench.toy.world:load_toy_prompts")

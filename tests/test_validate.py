@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from varbench.prompts import PromptSetError, load_prompt_set
 from varbench.validate import ConfigError, validate_config
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
 
 

@@ -5,13 +5,14 @@ import json
 import logging
 import os
 import traceback
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+from .resources import CONF_DIR
+
+CONF = str(CONF_DIR)
 log = logging.getLogger("varbench")
 
 

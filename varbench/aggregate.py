@@ -98,7 +98,7 @@ def relative_to_baseline(evaluator: str) -> bool:
     if evaluator in _RELATIVE:
         return _RELATIVE[evaluator]
     try:
-        from evaluators import REGISTRY
+        from varbench.evaluators import REGISTRY
         from varbench.registry import resolve
 
         rel = bool(getattr(resolve(REGISTRY, evaluator, "evaluator"), "relative_to_baseline", False)) \

@@ -125,7 +125,7 @@ def _baseline_cfg(cfg: DictConfig) -> DictConfig:
 def score(entry: RunEntry, evaluators_cfg, prompt_set, store: ImageStore, ref_store: ImageStore | None,
           device: torch.device, progress: bool) -> dict[str, dict]:
     """Run each configured evaluator over the stored images; finished evaluators are reused."""
-    from evaluators import Sample, build_evaluator
+    from varbench.evaluators import Sample, build_evaluator
 
     results = {}
     keys = [(it, s) for it in prompt_set.items for s in range(prompt_set.samples_per_prompt)]

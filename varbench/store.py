@@ -65,7 +65,7 @@ from typing import Any, Iterable, Mapping, Sequence
 PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_path", "benchmark.path")
 
 #: Left out of the entry hash: where files go, result mirroring, and switches that change no number
-#: of the record (every name here exists in conf/).
+#: of the record (every name here exists in varbench/conf/).
 ENTRY_EXCLUDE: tuple[str, ...] = (
     "paths", "logger", "hydra", "aggregate",
     "runtime.force", "runtime.progress", "runtime.save_images",

@@ -43,7 +43,7 @@ Steps (layer_mode=full, the default, is the paper's full method, A.1.5 "Scale + 
   9. exit       with post_scales = k, only k scales from the onset run; later ones are dropped
                 (a reading of "adaptive scale skipping" in the combined variants) - reconstructed;
                 default null: every scale runs.
-Table 10 rows (conf/method/toprovar_*.yaml): fixed exit (fixed_exit=-4: 32² on '1M'; the paper's
+Table 10 rows (varbench/conf/method/toprovar_*.yaml): fixed exit (fixed_exit=-4: 32² on '1M'; the paper's
 exit scale is not given - reconstructed), scale only (depth_mode=truncate_after_D: every scale
 after D dropped - as published), scale + token (layer_mode=uniform: every layer gated, R = 1 - as
 published), scale + layer (layer_mode=skip_detail_layers: Detail layers skipped, Global layers in

@@ -171,7 +171,7 @@ def train_vae(cfg: TrainConfig, log=print) -> tuple[BSQVAE, dict]:
 @torch.no_grad()
 def vae_recon_geneval(vae: BSQVAE, n: int, seed: int) -> dict:
     """ToyGenEval of ground-truth renders after encode -> bits -> summed codes -> decode."""
-    from evaluators.toy_geneval import ToyGenEval
+    from varbench.evaluators.toy_geneval import ToyGenEval
     from PIL import Image
 
     ev = ToyGenEval()
@@ -313,8 +313,8 @@ def evaluate_runtime(rt, n_prompts: int, n_samples: int, prompt_seed: int, sampl
     """Toy GenEval of `rt` on prompt_set(n_prompts, prompt_seed), `n_samples` seeds per prompt.
 
     Sample j of prompt i uses seed 1000 * j + i."""
-    from evaluators.base import Sample
-    from evaluators.toy_geneval import ToyGenEval
+    from varbench.evaluators.base import Sample
+    from varbench.evaluators.toy_geneval import ToyGenEval
     from PIL import Image
 
     items = world.prompt_set(n_prompts, prompt_seed)

@@ -150,8 +150,8 @@ def relation_scores(box_a, box_b, threshold: float = 0.1) -> tuple[float, float]
 
 def relations(box_a, box_b) -> set[str]:
     """Set of GenEval relations ("left of", "right of", "above", "below") of box A to box B:
-    GenEval's own rule (`evaluators.geneval_rules.relative_position`)."""
-    from evaluators.geneval_rules import relative_position
+    GenEval's own rule (`varbench.evaluators.geneval_rules.relative_position`)."""
+    from varbench.evaluators.geneval_rules import relative_position
 
     return relative_position((np.asarray(box_a, dtype=float),), (np.asarray(box_b, dtype=float),), 0.1)
 
@@ -359,7 +359,7 @@ def load_toy_prompts(cfg) -> "PromptSet":  # noqa: F821 - imported lazily below
     n, seed, spp = get("n_prompts", 120), get("seed", 0), get("samples_per_prompt", 4)
     for key, val, lo in (("n_prompts", n, 1), ("seed", seed, 0), ("samples_per_prompt", spp, 1)):
         if not isinstance(val, int) or isinstance(val, bool) or val < lo:
-            raise PromptSetError(f"benchmark.{key} must be an integer >= {lo}, got {val!r} (conf/benchmark/toy.yaml)")
+            raise PromptSetError(f"benchmark.{key} must be an integer >= {lo}, got {val!r} (varbench/conf/benchmark/toy.yaml)")
     prompts = prompt_set(n, seed)
     payload = WORLD_VERSION + "\n" + "".join(json.dumps(p["metadata"], sort_keys=True) + "\n" for p in prompts)
     return PromptSet(

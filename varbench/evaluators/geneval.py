@@ -55,7 +55,7 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 PUBLISHED_DET = ("mmdet: https://download.openmmlab.com/mmdetection/v2.0/mask2former/ "
                  "(mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco; convert with "
-                 "`python -m evaluators.geneval_convert_mmdet SRC.pth OUT_DIR`) or HF facebook/mask2former-swin-small-coco-instance (save_pretrained folder)")
+                 "`python -m varbench.evaluators.geneval_convert_mmdet SRC.pth OUT_DIR`) or HF facebook/mask2former-swin-small-coco-instance (save_pretrained folder)")
 PUBLISHED_CLIP = ("HF timm/vit_large_patch14_clip_224.openai (open_clip_pytorch_model.bin), "
                   "i.e. open_clip ViT-L-14 'openai' weights")
 
@@ -306,7 +306,7 @@ class GenEvalEvaluator(Evaluator):
                       "detector_config_sha256": check_sha256(cfg, None, what="detector config"),
                       "detector_scale": list(self.detector_scale), "clip_model": self.clip_model,
                       "clip_weights": str(clip_path), "clip_sha256": check_sha256(clip_path, None, what="CLIP")}
-        conv = det_dir / "conversion.json"  # written by evaluators.geneval_convert_mmdet: provenance of mmdet weights
+        conv = det_dir / "conversion.json"  # written by varbench.evaluators.geneval_convert_mmdet: provenance of mmdet weights
         if conv.is_file():
             rec = json.loads(conv.read_text())
             self._info["detector_conversion"] = {k: rec.get(k) for k in

@@ -1,4 +1,4 @@
-"""Evaluators: one module per metric behind `evaluators.base.Evaluator`.
+"""Evaluators: one module per metric behind `varbench.evaluators.base.Evaluator`.
 
 `build_evaluator(name, cfg)` looks a name up in `REGISTRY` (module path + class), imports it lazily
 (so `import evaluators` stays light and heavy deps load only when used), and suggests the closest
@@ -22,8 +22,8 @@ def build_evaluator(name: str, **kwargs) -> Evaluator:
     return resolve(REGISTRY, name, "evaluator")(**kwargs)
 
 
-register("toy_geneval", "evaluators.toy_geneval:ToyGenEval")
-register("hpsv2", "evaluators.hpsv2:HPSv2Evaluator")
-register("imagereward", "evaluators.imagereward:ImageRewardEvaluator")
-register("geneval", "evaluators.geneval:GenEvalEvaluator")
-register("fidelity", "evaluators.fidelity:FidelityEvaluator")
+register("toy_geneval", "varbench.evaluators.toy_geneval:ToyGenEval")
+register("hpsv2", "varbench.evaluators.hpsv2:HPSv2Evaluator")
+register("imagereward", "varbench.evaluators.imagereward:ImageRewardEvaluator")
+register("geneval", "varbench.evaluators.geneval:GenEvalEvaluator")
+register("fidelity", "varbench.evaluators.fidelity:FidelityEvaluator")

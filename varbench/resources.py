@@ -1,0 +1,25 @@
+"""Where varbench's own files live once installed: the Hydra configs and the bundled toy files.
+
+Two roots, never mixed up: the *package directory* (this folder: ``conf/``, the toy model's and the
+tiny scorers' weights; read-only, the same in a checkout and after ``pip install``) and the *output
+root* (``paths.output_root``, default the launch directory: store, results, Hydra logs, and by
+default the folders where released weights and prompt files are looked for).
+
+Configs name package files as ``${vb.package_dir:}/toy/scorers/...``; the resolver is registered
+when ``varbench`` is imported, which every entry point does before composing a config.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CONF_DIR = PACKAGE_DIR / "conf"
+TINY_SCORERS_DIR = PACKAGE_DIR / "toy" / "scorers"
+
+
+def register_resolvers() -> None:
+    """``${vb.package_dir:}`` -> the installed package folder (idempotent)."""
+    if not OmegaConf.has_resolver("vb.package_dir"):
+        OmegaConf.register_new_resolver("vb.package_dir", lambda: str(PACKAGE_DIR))
