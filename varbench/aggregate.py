@@ -315,39 +315,6 @@ def markdown_table(paired, baseline: str = "baseline") -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def write_figures(paired, out: Path) -> list[Path]:
-    """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces."""
-    from varbench import plots
-    from varbench.records import RunEntry
-
-    # the in-process interleaved ratio when the records have it: separately timed jobs drift (2x on a CPU)
-    speed = "paired_speedup" if "paired_speedup" in paired.columns and paired["paired_speedup"].notna().any() else "speedup"
-    written = plots.speed_quality_scatter(paired, out, speed_col=speed)
-    group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
-    for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
-        key = key if isinstance(key, tuple) else (key,)
-        series = {}
-        for _, r in g.iterrows():
-            if not r.get("path"):
-                continue
-            traces = RunEntry.from_dir(r["path"]).read_traces()
-            if not traces:
-                continue
-            label = str(r["method_label"])
-            series[label if label not in series else f"{label} [{r['entry_id'][:6]}]"] = traces
-            mat = plots.keep_matrix(traces)
-            if mat.size and not (mat == 1.0).all():
-                labels = (traces[0].get("stats") or {}).get("layer_labels")
-                written.append(plots.keep_ratio_heatmap(
-                    traces, out / f"keep_{plots.slug(label)}_{str(r['entry_id'])[:8]}.png",
-                    title=label, layer_labels=labels))
-        if any(plots.entropy_by_scale(t).size for t in series.values()):
-            name = plots.slug("_".join(str(k) for k in key)) if key else "all"
-            written.append(plots.entropy_curves(series, out / f"entropy_vs_scale_{name}.png",
-                                                title=" · ".join(str(k) for k in key)))
-    return written
-
-
 def unfinished_entries(path: str | Path) -> list[Path]:
     """Entry folders under ``path`` (``entries/<hash>/``) that have no DONE yet."""
     return sorted(p for p in Path(path).rglob("*") if p.is_dir() and p.parent.name == "entries"
@@ -375,6 +342,8 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     wide_table(paired, baseline).to_csv(out / "table.csv", index=False)
     (out / "table.md").write_text(markdown_table(paired, baseline), encoding="utf-8")
     if figures:
+        from varbench.plots import write_figures  # the figures live with the plotting code
+
         write_figures(paired, out)
     return paired
 

@@ -15,6 +15,7 @@ with the Agg canvas, so no display or global backend switch is needed.
 """
 from __future__ import annotations
 
+
 import math
 import re
 from pathlib import Path
@@ -161,3 +162,35 @@ def speed_quality_scatter(frame, out_dir: str | Path, metrics: Sequence[str] | N
         fig.savefig(path, format="png")
         paths.append(path)
     return paths
+
+
+def write_figures(paired, out: Path) -> list[Path]:
+    """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces."""
+    from varbench.records import RunEntry
+
+    # the in-process interleaved ratio when the records have it: separately timed jobs drift (2x on a CPU)
+    speed = "paired_speedup" if "paired_speedup" in paired.columns and paired["paired_speedup"].notna().any() else "speedup"
+    written = speed_quality_scatter(paired, out, speed_col=speed)
+    group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
+    for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
+        key = key if isinstance(key, tuple) else (key,)
+        series = {}
+        for _, r in g.iterrows():
+            if not r.get("path"):
+                continue
+            traces = RunEntry.from_dir(r["path"]).read_traces()
+            if not traces:
+                continue
+            label = str(r["method_label"])
+            series[label if label not in series else f"{label} [{r['entry_id'][:6]}]"] = traces
+            mat = keep_matrix(traces)
+            if mat.size and not (mat == 1.0).all():
+                labels = (traces[0].get("stats") or {}).get("layer_labels")
+                written.append(keep_ratio_heatmap(
+                    traces, out / f"keep_{slug(label)}_{str(r['entry_id'])[:8]}.png",
+                    title=label, layer_labels=labels))
+        if any(entropy_by_scale(t).size for t in series.values()):
+            name = slug("_".join(str(k) for k in key)) if key else "all"
+            written.append(entropy_curves(series, out / f"entropy_vs_scale_{name}.png",
+                                                title=" · ".join(str(k) for k in key)))
+    return written
