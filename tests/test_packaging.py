@@ -4,6 +4,7 @@ top-level `evaluators`/`experiments` that could shadow other packages), and its 
 a folder outside any checkout, writing under the output root and nowhere else."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,7 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+    # build from a copy: setuptools writes build/ and *.egg-info/ next to the sources
+    src = tmp_path_factory.mktemp("src") / "varbench-src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".wheelhouse", "store", "outputs", "results",
+                                                             "build", "*.egg-info", "__pycache__", "tests", "wandb"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
                    check=True, capture_output=True, text=True, timeout=300)
     (whl,) = out.glob("varbench-*.whl")
     return whl
