@@ -221,8 +221,8 @@ def test_traces_and_lock(tmp_path):
     e.append_traces([row])
     assert e.read_traces() == [row]
     with e.lock():
-        with pytest.raises(EntryLockedError, match="delete"):
-            with RunEntry(tmp_path, "e3").lock():
+        with pytest.raises(EntryLockedError, match="runtime.lock_wait_s"):
+            with RunEntry(tmp_path, "e3").lock(wait_s=0):
                 pass
     with e.lock():  # released
         pass

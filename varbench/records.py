@@ -6,7 +6,7 @@ Usage::
     entry = RunEntry("results", entry_hash)          # -> results/entries/<entry_hash>/
     if entry.is_done():
         ...                                          # finished: skip (unless runtime.force)
-    with entry.lock():                               # O_EXCL LOCK file: one writer per entry
+    with entry.lock(wait_s=600):                     # LOCK (OS lock, dies with its holder): one writer
         todo = [k for k in keys if k not in entry.scored_keys("hpsv2")]   # resume
         entry.append_samples("hpsv2", rows)          # per batch; fsynced
         entry.append_traces(trace_rows)
@@ -94,11 +94,11 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from varbench.store import PAIR_KEYS, atomic_write_bytes, canonical_json, config_hash, generation_key
+from varbench.locks import DEFAULT_WAIT_S
 from varbench.store import pair_key as _store_pair_key
 
 SCHEMA_VERSION = 1
@@ -258,27 +258,23 @@ class RunEntry:
             self.done_path.unlink()  # the entry is unfinished again until mark_done
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[Path]:
-        """Hold ``LOCK`` (created with O_EXCL) for the duration of the block.
+    def lock(self, wait_s: float | None = DEFAULT_WAIT_S) -> Iterator[Path]:
+        """Hold the entry's ``LOCK`` (:class:`varbench.locks.FileLock`: an OS lock the kernel drops
+        when the holder dies) for the duration of the block; one writer per entry.
 
-        A second job on the same entry gets EntryLockedError naming the holder. A LOCK left by a
-        killed job must be deleted by hand (the message says so): guessing staleness from pids is
-        wrong across Slurm nodes.
+        A second job on the same entry waits up to ``wait_s`` seconds (``runtime.lock_wait_s``;
+        None or negative: forever; 0: not at all) for the live holder, saying whom it waits for,
+        then raises :class:`EntryLockedError` naming the holder and the knob. A LOCK left by a
+        killed job (SIGKILL, OOM, node loss) is taken over at once and the job resumes. On entry,
+        temp files left in the entry folder by killed writes (``*.tmp``) are removed.
         """
+        from varbench.locks import FileLock, clean_stray_tmp
+
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "LOCK"
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = path.read_text(errors="replace").strip() if path.exists() else "?"
-            raise EntryLockedError(f"{self.dir} is being written by another job ({holder}). If that job "
-                                   f"is dead, delete {path} and relaunch.") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(f"host={socket.gethostname()} pid={os.getpid()} since={utc_now()}\n")
-        try:
+        with FileLock(path, what=f"entry {self.dir}", wait_s=wait_s, error=EntryLockedError):
+            clean_stray_tmp(self.dir, recursive=True, patterns=("*.tmp",))   # only this entry's writers, all locked out
             yield path
-        finally:
-            path.unlink(missing_ok=True)
 
     # writing -------------------------------------------------------------------------------
     def write_record(self, record: Mapping, force: bool = False) -> Path:

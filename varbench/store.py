@@ -52,13 +52,16 @@ Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the cano
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from varbench.locks import DEFAULT_WAIT_S, FileLock, clean_stray_tmp, file_mode
 
 #: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
 #: ``benchmark_sha256``): a path differs between machines, the bytes do not.
@@ -68,7 +71,7 @@ PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_
 #: of the record (every name here exists in varbench/conf/).
 ENTRY_EXCLUDE: tuple[str, ...] = (
     "paths", "logger", "hydra", "aggregate",
-    "runtime.force", "runtime.progress", "runtime.save_images",
+    "runtime.force", "runtime.progress", "runtime.save_images", "runtime.lock_wait_s",
 ) + PATH_KEYS
 
 #: Everything that changes a generated pixel (dotted paths into the resolved config; a path names
@@ -194,11 +197,17 @@ def pair_key(rec: Mapping) -> str | None:
     return config_hash(generation_key(cfg, weights, bench_sha, keys=PAIR_KEYS))
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a same-folder temp file, fsync, and ``os.replace``."""
+    """Write ``data`` to ``path`` via a same-folder temp file, fsync, and ``os.replace``.
+
+    The file gets the mode ``open()`` would give it (``0o666 & ~umask``; ``mkstemp`` alone makes
+    0600, unreadable by the rest of a group sharing the store). A killed write leaves a
+    ``.<name>.<random>.tmp`` file, removed by :func:`varbench.locks.clean_stray_tmp` when the next
+    job takes the folder's lock."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -251,6 +260,28 @@ class ImageStore:
     def has(self, prompt_index: int, sample_index: int) -> bool:
         """The image file exists and is committed (its sha256 row is in ``images.jsonl``)."""
         return (int(prompt_index), int(sample_index)) in self.index() and self.path(prompt_index, sample_index).is_file()
+
+    @contextlib.contextmanager
+    def generation_lock(self, wait_s: float | None = DEFAULT_WAIT_S) -> Iterator[FileLock]:
+        """Hold ``<store>/LOCK`` while generating into this store: one generating job per
+        generation hash (a sweep's method jobs all need the baseline's images for fidelity).
+
+        A job that finds another live job generating here waits up to ``wait_s`` seconds
+        (``runtime.lock_wait_s``; None or negative: forever), saying whom it waits for, then
+        raises :class:`varbench.locks.LockTimeoutError` naming the holder and the knob. A lock
+        left by a killed job is taken over at once. On entry, temp files of killed writes
+        (``.*.tmp``, anywhere under the store folder) are removed. Check :meth:`missing` again
+        inside the block: the job waited for may have generated everything::
+
+            with store.generation_lock(wait_s=cfg.runtime.lock_wait_s):
+                if store.missing(items, spp):
+                    generate(...)
+        """
+        lock = FileLock(self.dir / "LOCK", what=f"image store {self.dir} (its images are being generated)",
+                        wait_s=wait_s)
+        with lock:
+            clean_stray_tmp(self.dir, recursive=True)
+            yield lock
 
     def write_manifest(self, cfg: Any) -> Path:
         """Store the hashed config beside the images (idempotent; first writer wins)."""
