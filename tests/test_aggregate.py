@@ -15,15 +15,16 @@ from varbench.records import RunEntry, find_entries, records_to_frame  # noqa: E
 
 def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None, device="H200",
                 seeds=None, bench_sha="b" * 64, ev_version="1", created="2025-01-01T00:00:00+00:00",
-                generation=None, timed=True, provenance=None, evaluators=None, batch="1"):
+                generation=None, timed=True, provenance=None, evaluators=None, batch="1", paired=None,
+                preset=None, overrides=(), items_sha="i" * 64, n_prompts=8):
     rec = {
         "entry_id": entry_id, "generation_id": "g" + entry_id, "created": created,
-        "experiment": {"name": "synthetic", "tags": [], "overrides": []},
+        "experiment": {"name": "synthetic", "tags": [], "overrides": list(overrides)},
         "config": {"method": method},
         "model": {"name": "infinity_2b", "preset": "2b", "resolution": [1024, 1024], "h_div_w": 1.0, "dtype": "bf16",
                   "weights": {"infinity_2b_reg.pth": "0" * 64}},
-        "method": {"name": method, "label": label, "config": {}, "stats": {}},
-        "benchmark": {"name": "geneval", "sha256": bench_sha, "items_sha256": "i" * 64, "n_prompts": 8,
+        "method": {"name": method, "label": label, "config": {}, "stats": {}, **({"preset": preset} if preset else {})},
+        "benchmark": {"name": "geneval", "sha256": bench_sha, "items_sha256": items_sha, "n_prompts": n_prompts,
                       "samples_per_prompt": 2, "seeds": seeds or {"base": 0}},
         "evaluators": {"geneval": {"version": ev_version}, "hpsv2": {"version": "2.1"}},
         "metrics": {f"{k}": v[0] for k, v in metrics.items()},
@@ -40,6 +41,8 @@ def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None
         rec["config"] = {"method": {"name": method}, "generation": generation, "model": {"name": "infinity_2b"}}
     if evaluators is not None:
         rec["evaluators"] = evaluators
+    if paired is not None:       # the block timed_pass writes when the baseline is timed in the same job
+        rec["timing"]["by_batch"]["1"]["paired"] = paired
     if not timed:                # timing=none: quality-only record, no timing block
         rec["timing"] = None
     elif batch != "1":
@@ -111,7 +114,7 @@ def test_speedup_and_deltas(store, tmp_path):
     assert f["hpsv2/score_delta"] == pytest.approx(0.005)
     b = paired.loc["base01"]
     assert b["speedup"] == pytest.approx(1.0) and b["geneval/overall_delta"] == pytest.approx(0.0)
-    for name in ("table.md", "table.csv", "tidy.csv"):
+    for name in ("table.md", "table.tex", "table.csv", "tidy.csv"):
         assert (out / name).is_file()
     md = (out / "table.md").read_text()
     assert "2.50×" in md and "0.6800 ± 0.0200" in md and "-0.0200" in md
@@ -241,8 +244,8 @@ def test_fidelity_metrics_have_no_delta(tmp_path):
     table = pd.read_csv(out / "table.csv")
     assert "fidelity/psnr" in table.columns and "fidelity/psnr_delta" not in table.columns
     md = (out / "table.md").read_text()
-    assert "| fidelity/psnr |" in md and "Δ fidelity/psnr" not in md and "Δ geneval/overall" in md
-    assert "25.4000 ± 0.3000" in md and "-74.6" not in md
+    assert "| PSNR (dB) ↑ |" in md and "Δ PSNR" not in md and "Δ GenEval overall" in md
+    assert "25.40 ± 0.30" in md and "-74.6" not in md
 
 
 def test_quality_only_record_aggregates(tmp_path):
@@ -284,3 +287,122 @@ def test_failed_records_are_skipped_and_unfinished_reported(store, tmp_path, cap
     with pytest.warns(UserWarning, match="fail01"):
         assert main([str(store), "--out", str(tmp_path / "o2"), "--no-figures"]) == 0
     assert "unfinished entry (no DONE) not included: half01" in capsys.readouterr().out
+
+
+# -- paired speed-ups with intervals, presets, sections (issue #14) ----------------------------------
+def paired_block(method_ms, ref_ms, speed=lambda i: 1.0, repeats=9, order="abba"):
+    """What timed_pass records for a method and the baseline interleaved on a fake machine whose
+    call ``i`` takes ``work * speed(i)`` ms (deterministic: no wall clock)."""
+    import torch
+    from types import SimpleNamespace
+
+    from varbench.timing import timed_pass
+
+    calls = []
+
+    def gen(ms):
+        def g(bs):
+            calls.append(ms)
+            t = ms * speed(len(calls) - 1)
+            return SimpleNamespace(timings_ms={"text": 1.0, "ar": t, "decode": 2.0, "per_scale": [t]})
+        return g
+
+    block = timed_pass(gen(method_ms), [1], 0, repeats, torch.device("cpu"), reference=gen(ref_ms),
+                       order=order)["1"]["paired"]
+    block["loadavg"] = None     # this machine's real load average is no part of the fake pass
+    return block
+
+
+def test_tidy_csv_carries_the_paired_interval_columns(tmp_path):
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)}))
+    # separately timed job says 100/40 = 2.5x (unpaired), the interleaved pass measures 2.0x
+    write(tmp_path, make_record("fast01", "fastvar", 40.0, 60.0, 4e11, {"geneval/overall": (0.68, 0.02)},
+                                paired=paired_block(50.0, 100.0, speed=lambda i: 1.0 + 0.01 * i),
+                                preset="fastvar_light"))
+    aggregate(tmp_path, tmp_path / "out", figures=False)
+    tidy = pd.read_csv(tmp_path / "out" / "tidy.csv").set_index("entry_id")     # one line for pandas users
+    f = tidy.loc["fast01"]
+    assert f["method_preset"] == "fastvar_light" and f["n_repeats"] == 9
+    assert f["paired_speedup_ci_low"] <= 2.0 <= f["paired_speedup_ci_high"]
+    assert f["paired_speedup_ci_low"] <= f["paired_speedup"] <= f["paired_speedup_ci_high"]
+    assert f["paired_speedup_ci_level"] >= 0.95 and bool(f["speedup_reliable"])
+    assert f["speedup"] == pytest.approx(2.5)          # the unpaired ratio stays in the CSVs ...
+    table = pd.read_csv(tmp_path / "out" / "table.csv")
+    assert {"speedup", "paired_speedup_ci_low", "speedup_reliable", "n_repeats"} <= set(table.columns)
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "2.50×" in md                                # (that is FLOPs ×, 1e12 / 4e11) ...
+    assert md.count("2.50×") == 1 and "paired speed-up AR" in md   # ... but leaves the main table
+    row = next(line for line in md.splitlines() if line.startswith("| fastvar_light "))
+    lo, hi = f["paired_speedup_ci_low"], f["paired_speedup_ci_high"]
+    assert f"{f['paired_speedup']:.2f}× [{lo:.2f}, {hi:.2f}]" in row and "†" not in row
+    assert "| 16 / 9 |" in row                          # n: 8 prompts x 2 images, 9 timed repeats
+
+
+def test_noisy_pass_is_marked_unreliable_with_its_reason(tmp_path):
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)}))
+    burst = [1.0, 1.0, 1.0, 2.5, 1.0, 1.0, 2.5, 1.0, 1.0, 1.0, 1.0, 2.5, 1.0, 1.0, 2.5, 1.0, 1.0, 1.0]
+    write(tmp_path, make_record("nova01", "nova", 90.0, 110.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                paired=paired_block(50.0, 50.0, speed=lambda i: burst[i]), preset="nova_fast"))
+    paired = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id")
+    n = paired.loc["nova01"]
+    assert not n["speedup_reliable"] and "interval width" in n["unreliable_reason"]
+    md = (tmp_path / "out" / "table.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| nova_fast "))
+    assert "†" in row and "† unreliable speed-up" in md and "nova_fast: interval width" in md
+
+
+def test_same_work_as_the_baseline_is_one_within_its_interval_and_marked(tmp_path):
+    fid = {"geneval": {"version": "1"}, "fidelity": {"version": "f1", "psnr_cap_db_in_mean": 100.0}}
+    metrics = {"geneval/overall": (0.70, 0.02), "fidelity/psnr": (100.0, 0.0), "fidelity/ssim": (1.0, 0.0)}
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, metrics, evaluators=fid))
+    # thresholds that never fire: same FLOPs, same bits; a drifting machine; separate jobs said 3.92x
+    write(tmp_path, make_record("nova01", "nova", 100.0 / 3.92, 30.0, 1e12, metrics, evaluators=fid,
+                                paired=paired_block(50.0, 50.0, speed=lambda i: 1.0 + 0.01 * i), preset="nova_safe"))
+    paired = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id")
+    n = paired.loc["nova01"]
+    assert bool(n["identical_images"]) and n["flops_x"] == 1.0
+    assert n["paired_speedup_ci_low"] <= 1.0 <= n["paired_speedup_ci_high"]
+    md = (tmp_path / "out" / "table.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| nova_safe ‡ "))
+    assert "3.92" not in md and "| ∞ |" in row and "PSNR ∞" in md and "‡ executed work equals" in md
+    base_row = next(line for line in md.splitlines() if line.startswith("| baseline "))
+    assert base_row.rstrip(" |").endswith("—")          # no Δ of the baseline against itself
+
+
+def test_rows_on_other_prompts_get_their_own_section(tmp_path):
+    # the same methods on all 8 prompts and on a limit of 2: never one section under one label
+    for tag, items, n in (("all", "i" * 64, 8), ("lim", "j" * 64, 2)):
+        write(tmp_path, make_record(f"base_{tag}", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.7, 0.02)},
+                                    items_sha=items, n_prompts=n))
+        write(tmp_path, make_record(f"nova_{tag}", "nova", 50.0, 70.0, 5e11, {"geneval/overall": (0.6, 0.02)},
+                                    items_sha=items, n_prompts=n, overrides=["method=nova_fast"]))
+    aggregate(tmp_path, tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "table.md").read_text()
+    sections = md.split("### ")[1:]
+    assert len(sections) == 2
+    assert "(8 prompts × 2 images)" in sections[0] and "baseline entry base_all" in sections[0]
+    assert "(2 prompts × 2 images)" in sections[1] and "baseline entry base_lim" in sections[1]
+    for sec in sections:    # each with its own baseline and the preset from the command line
+        assert sum(line.startswith("| baseline ") for line in sec.splitlines()) == 1
+        assert sum(line.startswith("| nova_fast ") for line in sec.splitlines()) == 1
+
+
+def test_record_timed_before_the_interval_protocol_is_unreliable(tmp_path):
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)}))
+    old = {"ar_speedup": 1.71, "e2e_speedup": 1.5, "reference_ar_ms": 100.0, "reference_total_ms": 120.0}
+    write(tmp_path, make_record("nova01", "nova", 58.0, 80.0, 1e12, {"geneval/overall": (0.70, 0.02)}, paired=old))
+    n = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id").loc["nova01"]
+    assert n["paired_speedup"] == pytest.approx(1.71) and pd.isna(n["paired_speedup_ci_low"])
+    assert not n["speedup_reliable"] and "no per-repeat ratios" in n["unreliable_reason"]
+    assert "1.71× †" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_config_thresholds_of_the_record_decide_reliability(tmp_path):
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)}))
+    rec = make_record("nova01", "nova", 58.0, 80.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                      paired=paired_block(50.0, 50.0, speed=lambda i: 1.0 + 0.05 * i))   # drift: wide interval
+    frame_default = records_to_frame([write(tmp_path, rec).dir]).iloc[0]
+    assert not frame_default["speedup_reliable"]
+    rec["config"]["timing"] = {"max_ci_rel_width": 5.0, "max_reference_spread": 5.0}   # lenient knobs
+    rec["entry_id"] = "nova02"
+    assert bool(records_to_frame([write(tmp_path, rec).dir]).iloc[0]["speedup_reliable"])

@@ -13,7 +13,10 @@ Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
 
 * ``tidy.csv``: the frame with the paired columns (one row per record, every column);
 * ``table.csv``: the wide table, numbers only (``<metric>``, ``<metric>_err``, ``<metric>_delta``);
-* ``table.md``: the same, formatted (``value ± err``, ``Δ`` signed), grouped by model/benchmark;
+* ``table.md``: the same, formatted (:mod:`varbench.tables`: one section per baseline, paired
+  speed-ups with their intervals, ``value ± err``, ``Δ`` signed, GenEval per-tag breakdown,
+  footnotes saying what ``±`` and the intervals are and which cells are unreliable);
+* ``table.tex``: the same tables in LaTeX (booktabs);
 * figures (PNG): ``speed_vs_<metric>.png`` per metric, ``keep_<label>_<entry>.png`` per entry
   whose traces prune or skip anything, ``entropy_vs_scale_<group>.png`` per model/benchmark group.
 
@@ -39,16 +42,26 @@ pairing key: they are paired on ``PAIR_KEYS`` alone with a warning that the samp
 were not checked. Evaluator versions (``version_info`` hashes) must agree between a row and its
 baseline for every evaluator both report; otherwise the error names the evaluator.
 
-Columns added: ``speedup`` = baseline ar_ms / ar_ms (the AR loop), ``paired_speedup`` (from the
-record: the same ratio with the baseline timed interleaved inside the method's own job, immune to
-drift between jobs), ``e2e_speedup`` = baseline
-total_ms / total_ms (text + AR + decode), ``flops_x`` = baseline flops_total / flops_total
-(shown as "FLOPs ×"), and ``<metric>_delta`` = value - baseline value, except for evaluators
+Columns added: ``is_baseline``, ``speedup`` = baseline ar_ms / ar_ms and ``e2e_speedup`` = baseline
+total_ms / total_ms (text + AR + decode): the *unpaired* ratios of separately timed jobs, kept in
+the CSVs only (they drift with the machine: 2x between jobs on a shared CPU), ``flops_x`` =
+baseline flops_total / flops_total (shown as "FLOPs ×"). The paired speed-ups come from each
+record (:func:`varbench.records.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
+(median per-repeat ratio against the baseline timed interleaved in the method's own job),
+``paired_speedup_ci_low/high``, ``paired_e2e_speedup_ci_low/high``, ``paired_speedup_ci_level``,
+``n_repeats``, ``speedup_reliable`` and ``unreliable_reason`` (:mod:`varbench.timing`). Also
+``<metric>_delta`` = value - baseline value, except for evaluators
 that declare ``relative_to_baseline`` (fidelity: PSNR/SSIM/LPIPS against the baseline's own
 image, already a comparison; a Δ against the baseline's self-comparison, e.g. its 100 dB PSNR
 cap, means nothing), which get no ``_delta`` column. Deltas carry no ±: both
 runs use the same prompts and seeds, so their errors are correlated and adding them in
 quadrature would overstate the spread; use the per-sample files for a paired test.
+
+Reading the results in pandas::
+
+    df = pd.read_csv("results/nova_sweep/tidy.csv")   # one row per record, every column above
+    df[["method_preset", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
+        "n_repeats", "speedup_reliable", "flops_x"]]
 """
 from __future__ import annotations
 
@@ -202,7 +215,8 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     problems = []
     ambiguous: dict[tuple, tuple[list, list]] = {}
     for row in records:
-        out = {"baseline_entry": None, "speedup": float("nan"), "e2e_speedup": float("nan"),
+        out = {"baseline_entry": None, "is_baseline": row.get("method") == baseline,
+               "speedup": float("nan"), "e2e_speedup": float("nan"),
                "flops_x": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
         diffs = [(b, _differs(row, b, keys)) for b in base_rows]
         match = [b for b, d in diffs if not d]
@@ -261,58 +275,54 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
 
 
 def _order(paired, baseline: str):
+    """Rows grouped by model/resolution/benchmark/device and by the baseline they pair with,
+    the baseline first in each, then by preset name."""
     group = [k for k in GROUP_KEYS if k in paired.columns]
+    extra = [k for k in ("prompts_sha256", "n_images", "baseline_entry") if k in paired.columns]
+    name = "method_preset" if "method_preset" in paired.columns else "method_label"
     paired = paired.assign(_is_base=(paired["method"] != baseline).astype(int))
-    return paired.sort_values(group + ["_is_base", "method_label"], kind="stable").drop(columns="_is_base")
+    return paired.sort_values(group + extra + ["_is_base", name, "method_label"], kind="stable",
+                              na_position="last").drop(columns="_is_base")
+
+
+#: identification and timing columns of ``table.csv``, in order (the metrics follow)
+WIDE_COLUMNS: tuple[str, ...] = (
+    "method", "method_preset", "method_label", "entry_id", "baseline_entry", "is_baseline", "prompts_sha256",
+    "n_images", "n_repeats", "ar_ms", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
+    "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
+    "speedup_reliable", "unreliable_reason", "speedup", "e2e_speedup", "flops_x", "identical_images",
+    "skipped_metrics")
 
 
 def wide_table(paired, baseline: str = "baseline"):
-    """The numeric wide table (``table.csv``)."""
+    """The numeric wide table (``table.csv``): group keys, :data:`WIDE_COLUMNS`, then per metric
+    ``<metric>``, ``<metric>_err``, ``<metric>_delta``. ``speedup``/``e2e_speedup`` are the unpaired
+    ratios (separate jobs); the paired ones and their intervals are the ``paired_*`` columns."""
     metrics = metric_columns(paired)
-    cols = [k for k in GROUP_KEYS if k in paired.columns] + ["method", "method_label", "entry_id", "ar_ms", "speedup", "paired_speedup",
-                                                            "total_ms", "e2e_speedup", "flops_x"]
+    cols = [k for k in GROUP_KEYS if k in paired.columns] + list(WIDE_COLUMNS)
     for m in metrics:
         cols += [m, f"{m}_err", f"{m}_delta"]
     return _order(paired, baseline)[[c for c in cols if c in paired.columns]].reset_index(drop=True)
 
 
-def _fmt(v, spec: str = ".3f", signed: bool = False) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    return format(v, ("+" if signed else "") + spec)
+def _ordered_with_all(paired, baseline: str):
+    return _order(paired, baseline).reset_index(drop=True)
 
 
 def markdown_table(paired, baseline: str = "baseline") -> str:
-    """Formatted table (``table.md``): one section per model/resolution/benchmark/device group."""
-    table = wide_table(paired, baseline)
-    # counts such as `<evaluator>/n_images` stay in table.csv but are not quality columns
-    metrics = [c for c in metric_columns(table) if not c.rsplit("/", 1)[-1].startswith("n_")]
-    # an evaluator with an `overall` metric shows only that here (its parts stay in table.csv)
-    with_overall = {m.split("/", 1)[0] for m in metrics if m.endswith("/overall")}
-    metrics = [m for m in metrics if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
-    group = [k for k in GROUP_KEYS if k in table.columns]
-    header = ["method", "AR ms", "speed-up", "paired speed-up", "e2e speed-up", "FLOPs ×"]
-    for m in metrics:
-        header += [m] + ([f"Δ {m}"] if f"{m}_delta" in table.columns else [])
-    parts = []
-    for key, g in (table.groupby(group, dropna=False, sort=False) if group else [((), table)]):
-        key = key if isinstance(key, tuple) else (key,)
-        parts.append("### " + " · ".join(f"{k}={v}" for k, v in zip(group, key)))
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
-        for _, r in g.iterrows():
-            cells = [str(r["method_label"]), _fmt(r.get("ar_ms"), ".1f"), _fmt(r.get("speedup"), ".2f") + "×",
-                     (_fmt(1.0, ".2f") if r.get("method") == baseline else _fmt(r.get("paired_speedup"), ".2f")) + "×",
-                     _fmt(r.get("e2e_speedup"), ".2f") + "×", _fmt(r.get("flops_x"), ".2f") + "×"]
-            for m in metrics:
-                err = r.get(f"{m}_err")
-                val = _fmt(r.get(m), ".4f")
-                if err is not None and not (isinstance(err, float) and math.isnan(err)):
-                    val += f" ± {err:.4f}"
-                cells += [val] + ([_fmt(r.get(f"{m}_delta"), ".4f", signed=True)]
-                                  if f"{m}_delta" in table.columns else [])
-            lines.append("| " + " | ".join(c.replace("–×", "–") for c in cells) + " |")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts) + "\n"
+    """Formatted table (``table.md``; :mod:`varbench.tables`): one section per baseline."""
+    from varbench.tables import build_sections, footnotes, render_markdown
+
+    table = _ordered_with_all(paired, baseline)
+    return render_markdown(build_sections(table, baseline), footnotes(table, baseline))
+
+
+def latex_table(paired, baseline: str = "baseline") -> str:
+    """The same tables in LaTeX (``table.tex``; booktabs)."""
+    from varbench.tables import build_sections, footnotes, render_latex
+
+    table = _ordered_with_all(paired, baseline)
+    return render_latex(build_sections(table, baseline), footnotes(table, baseline))
 
 
 def unfinished_entries(path: str | Path) -> list[Path]:
@@ -341,6 +351,7 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     paired.to_csv(out / "tidy.csv", index=False)
     wide_table(paired, baseline).to_csv(out / "table.csv", index=False)
     (out / "table.md").write_text(markdown_table(paired, baseline), encoding="utf-8")
+    (out / "table.tex").write_text(latex_table(paired, baseline), encoding="utf-8")
     if figures:
         from varbench.plots import write_figures  # the figures live with the plotting code
 
@@ -368,7 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unfinished:
         print(f"note: {len(unfinished)} unfinished entr{'y' if len(unfinished) == 1 else 'ies'} (no DONE) "
               f"not included: {', '.join(p.name for p in unfinished[:10])}{' ...' if len(unfinished) > 10 else ''}")
-    print(f"wrote {out}/table.md, table.csv, tidy.csv ({len(paired)} records)")
+    print(f"wrote {out}/table.md, table.tex, table.csv, tidy.csv ({len(paired)} records)")
     return 0
 
 

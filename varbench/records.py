@@ -93,7 +93,9 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import math
 import os
+import statistics
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -462,6 +464,7 @@ def pair_config(rec: Mapping) -> dict | None:
 
 
 def _pick_batch(by_batch: Mapping) -> tuple[str | None, Mapping]:
+    """The timing block the tidy columns come from: batch size 1 if timed, else the smallest."""
     if not by_batch:
         return None, {}
     if "1" in by_batch:
@@ -471,10 +474,98 @@ def _pick_batch(by_batch: Mapping) -> tuple[str | None, Mapping]:
 
 
 def _median(block: Any) -> float:
+    """The median of a ``{"median", "p10", "p90"}`` block (or a bare number); NaN if absent."""
     if isinstance(block, Mapping):
         v = block.get("median")
         return float(v) if v is not None else float("nan")
     return float(block) if block is not None else float("nan")
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v) if v is not None else float("nan")
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _method_preset(rec: Mapping) -> str | None:
+    """The Hydra choice of the method group (``nova_fast``): ``method.preset`` when the job wrote
+    it, else the last ``method=...`` command-line override, else None."""
+    method = rec.get("method") or {}
+    if method.get("preset"):
+        return str(method["preset"])
+    exp = rec.get("experiment")
+    for o in reversed((exp.get("overrides") or []) if isinstance(exp, Mapping) else []):
+        if isinstance(o, str) and o.startswith("method="):
+            return o.split("=", 1)[1]
+    return None
+
+
+def _paired_columns(rec: Mapping, tb: Mapping) -> dict[str, Any]:
+    """The paired speed-up columns: medians of per-repeat ratios, their intervals and the
+    reliability verdict (:mod:`varbench.timing`), re-derived from the stored ratios with the
+    record's own ``config.timing`` thresholds (the defaults where it has none). A record timed
+    before the interval protocol keeps its ratio of medians, with no interval, marked unreliable."""
+    from varbench import timing as T
+
+    nan = float("nan")
+    p = tb.get("paired") or {}
+    n_rep = tb.get("n_repeats", (rec.get("timing") or {}).get("repeats"))
+    out = {"paired_speedup": _num(p.get("ar_speedup")), "paired_speedup_ci_low": nan, "paired_speedup_ci_high": nan,
+           "paired_speedup_ci_level": nan, "paired_e2e_speedup": _num(p.get("e2e_speedup")), "paired_e2e_speedup_ci_low": nan,
+           "paired_e2e_speedup_ci_high": nan, "n_repeats": int(n_rep) if n_rep is not None else None,
+           "reference_spread": _num(p.get("reference_spread")), "timing_order": p.get("order"),
+           "speedup_reliable": None, "unreliable_reason": None}
+    if not p:
+        return out
+    cfg = (rec.get("config") or {}).get("timing") if isinstance(rec.get("config"), Mapping) else None
+    kw = T.protocol_kwargs(cfg if isinstance(cfg, Mapping) else {})
+    kw.pop("order")
+    ar, e2e = p.get("ar_ratios"), p.get("e2e_ratios")
+    if not ar:
+        out["speedup_reliable"] = False
+        out["unreliable_reason"] = "no per-repeat ratios (timed before the interval protocol): no interval"
+        return out
+    block = dict(p)
+    block["ar_speedup"], block["e2e_speedup"] = statistics.median(ar), statistics.median(e2e or ar)
+    block["ar_ci_low"], block["ar_ci_high"], block["ci_level"] = T.median_ci(ar, kw["ci_level"])
+    e_lo, e_hi, _ = T.median_ci(e2e, kw["ci_level"]) if e2e else (None, None, 0.0)
+    block["n_repeats"] = len(ar)
+    reliable, reasons = T.judge(block, **kw)
+    out.update({"paired_speedup": block["ar_speedup"], "paired_speedup_ci_low": block["ar_ci_low"],
+                "paired_speedup_ci_high": block["ar_ci_high"], "paired_speedup_ci_level": block["ci_level"],
+                "paired_e2e_speedup": block["e2e_speedup"], "paired_e2e_speedup_ci_low": _num(e_lo),
+                "paired_e2e_speedup_ci_high": _num(e_hi), "n_repeats": len(ar), "speedup_reliable": reliable,
+                "unreliable_reason": "; ".join(reasons) or None})
+    return out
+
+
+def _skipped_metrics(evals: Mapping) -> str | None:
+    """``<evaluator>/<part>: <status>`` for every part an evaluator reports as skipped or disabled
+    in its version_info (e.g. fidelity's LPIPS without backbone weights); None if none."""
+    out = []
+    for name, info in (evals or {}).items():
+        for key, val in (info.items() if isinstance(info, Mapping) else []):
+            if isinstance(val, str) and val.startswith(("skipped", "disabled")):
+                out.append(f"{name}/{key}: {val}")
+    return "; ".join(out) or None
+
+
+def _identical_images(rec: Mapping, path: str | None) -> bool | None:
+    """Whether every image is bit-identical to its baseline image, from the fidelity evaluator:
+    every per-sample PSNR infinite (``samples_fidelity.jsonl``), or without that file, the mean
+    PSNR at the evaluator's cap with SSIM exactly 1. None without fidelity metrics."""
+    metrics = rec.get("metrics") or {}
+    if "fidelity/psnr" not in metrics:
+        return None
+    if path is not None:
+        rows = read_jsonl(Path(path) / "samples_fidelity.jsonl")
+        vals = [r.get("psnr") for r in rows if r.get("psnr") is not None]
+        if vals:
+            return all(math.isinf(v) and v > 0 for v in vals)
+    cap = ((rec.get("evaluators") or {}).get("fidelity") or {}).get("psnr_cap_db_in_mean")
+    psnr, ssim = metrics.get("fidelity/psnr"), metrics.get("fidelity/ssim")
+    return bool(cap is not None and psnr is not None and psnr >= cap and ssim == 1.0)
 
 
 def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
@@ -492,6 +583,7 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     n_prompts, spp = bench.get("n_prompts"), bench.get("samples_per_prompt")
     peak = tb.get("peak_mem_bytes")
     device = timing.get("device") or (((rec.get("provenance") or {}).get("torch") or {}).get("device_name"))
+    selection = bench.get("selection")
     row: dict[str, Any] = {
         "experiment": exp.get("name") if isinstance(exp, Mapping) else exp,
         "entry_id": rec.get("entry_id"),
@@ -501,13 +593,19 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "model": model.get("name"),
         "preset": model.get("preset"),
         "method": method.get("name"),
+        "method_preset": _method_preset(rec) or method.get("name"),
         "method_label": method_label(method),
         "resolution": f"{res[0]}x{res[1]}" if isinstance(res, (list, tuple)) and len(res) == 2 else (res or None),
         "h_div_w": model.get("h_div_w"),
         "benchmark": bench.get("name"),
         "benchmark_sha256": bench.get("sha256"),
         "prompts_sha256": bench.get("items_sha256"),
+        "n_prompts": int(n_prompts) if n_prompts is not None else None,
+        "samples_per_prompt": int(spp) if spp is not None else None,
         "n_images": int(n_prompts) * int(spp) if n_prompts is not None and spp is not None else None,
+        # the prompt selection (limit, limit_per_tag), so sections never merge different subsets
+        "prompt_selection": _compact({k: v for k, v in selection.items() if v is not None})
+        if isinstance(selection, Mapping) else _compact(selection),
         "seeds": _compact(bench.get("seeds")),
         "device": device,
         # the hardware as provenance names it: the same field for timed and quality-only records
@@ -521,11 +619,13 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "decode_ms": _median(tb.get("decode_ms")),
         "total_ms": _median(tb.get("total_ms")),
         "images_per_s": float(tb["images_per_s"]) if tb.get("images_per_s") is not None else nan,
-        # in-process ratio against the baseline timed interleaved in the same job (timing.paired_baseline)
-        "paired_speedup": float((tb.get("paired") or {}).get("ar_speedup", nan)),
+        # in-process ratios against the baseline timed interleaved in the same job (timing.paired_baseline)
+        **_paired_columns(rec, tb),
         "peak_mem_gb": peak / 2**30 if peak is not None else nan,  # GiB
         "flops_total": float(flops["total"]) if flops.get("total") is not None else nan,
         "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,
+        "identical_images": _identical_images(rec, path),
+        "skipped_metrics": _skipped_metrics(evals),
         "wall_s": rec.get("wall_s"),
         "path": path,
     }
@@ -543,15 +643,29 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     """Tidy ``pandas.DataFrame``: one row per finished record.
 
     ``paths``: entry folders or ``record.json`` files (see :func:`find_entries`). Columns:
-    experiment, entry_id, generation_id, created, status, model, preset, method, method_label,
-    resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256, n_images, seeds,
+    experiment, entry_id, generation_id, created, status, model, preset (the model's), method (the
+    policy name, e.g. ``nova``), method_preset (the config chosen, e.g. ``nova_fast``; tables show
+    it), method_label, resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256,
+    n_prompts, samples_per_prompt, n_images, prompt_selection (limit / limit_per_tag), seeds,
     device (the timing block's device label, else provenance's), device_name (provenance's
-    ``torch.device_name``, for every record), pair_key (:func:`pair_key`), dtype, evaluator_versions (short hash of all evaluators' version_info), one
-    ``version/<evaluator>`` per evaluator, timing_bs (the batch size the timing columns come
-    from: 1 if measured, else the smallest), text_ms, ar_ms, decode_ms, total_ms (medians),
-    images_per_s, peak_mem_gb (GiB), flops_total, flops_ar, wall_s, path, and per metric
-    ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err``.
+    ``torch.device_name``, for every record), pair_key (:func:`pair_key`), dtype,
+    evaluator_versions (short hash of all evaluators' version_info), one ``version/<evaluator>``
+    per evaluator, timing_bs (the batch size the timing columns come from: 1 if measured, else
+    the smallest), text_ms, ar_ms, decode_ms, total_ms (medians over repeats), images_per_s;
+    the paired speed-up against the baseline timed interleaved in the same job
+    (:mod:`varbench.timing`): paired_speedup (AR loop) and paired_e2e_speedup (medians of
+    per-repeat baseline/method ratios), paired_speedup_ci_low/high and
+    paired_e2e_speedup_ci_low/high (their distribution-free intervals; ``<column>_ci_low`` names
+    the column bounded), paired_speedup_ci_level (the coverage attained), n_repeats,
+    reference_spread (the baseline's own p90-p10 over median), timing_order, speedup_reliable
+    (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total,
+    flops_ar, identical_images (every image bit-identical to the baseline's, from fidelity; None
+    without it), skipped_metrics (evaluator parts skipped, e.g. LPIPS without weights), wall_s,
+    path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
+    evaluator's standard error of the mean; fidelity's PSNR mean caps identical pairs, see
+    ``identical_images``).
     """
+
     import pandas as pd
 
     rows, legacy = [], []

@@ -1,0 +1,146 @@
+"""Table rendering (issue #14 item 2): readable headers with units, cells, GenEval's per-tag
+breakdown, LaTeX export, footnotes for skipped evaluators, PSNR of identical images."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from varbench import tables as T  # noqa: E402
+from varbench.aggregate import aggregate, latex_table, markdown_table, pair_with_baseline  # noqa: E402
+from varbench.records import RunEntry, find_entries, record_to_row, records_to_frame  # noqa: E402
+
+TAGS = [t for t, _ in T.GENEVAL_TAGS if t != "overall"]
+
+
+def record(entry_id, method, *, geneval=None, psnr=None, lpips_status=None, flops=1e12, n_prompts=6, spp=2,
+           preset=None):
+    """A minimal finished record: toy GenEval per tag (+ overall = mean of tags), optional fidelity."""
+    geneval = geneval or {t: 1.0 for t in TAGS}
+    metrics = {f"toy_geneval/{t}": v for t, v in geneval.items()}
+    metrics["toy_geneval/overall"] = sum(geneval.values()) / len(geneval)
+    evals = {"toy_geneval": {"version": "toy_geneval-1"}}
+    if psnr is not None:
+        metrics.update({"fidelity/psnr": psnr, "fidelity/ssim": 1.0 if psnr >= 100 else 0.9, "fidelity/n_images": 12.0})
+        evals["fidelity"] = {"scorer": "fidelity", "psnr_cap_db_in_mean": 100.0,
+                             "lpips": lpips_status or "on (alex, alexnet-owt-7be5be79.pth)"}
+    return {"entry_id": entry_id, "generation_id": "g" + entry_id, "created": "2025-01-01T00:00:00+00:00",
+            "config": {"method": {"name": method}},
+            "experiment": {"name": "t", "tags": [], "overrides": [f"method={preset or method}"]},
+            "model": {"name": "toy", "preset": "toy", "resolution": [64, 64], "h_div_w": 1.0, "dtype": "float32"},
+            "method": {"name": method, "label": f"{method} label", "config": {}, "stats": {}},
+            "benchmark": {"name": "toy", "sha256": "b" * 64, "items_sha256": "i" * 64, "n_prompts": n_prompts,
+                          "samples_per_prompt": spp, "seeds": {"base": 0}},
+            "evaluators": evals, "metrics": metrics,
+            "uncertainty": {k: 0.01 for k in metrics if not k.endswith("n_images")},
+            "timing": {"device": "cpu", "dtype": "float32", "repeats": 9, "by_batch": {"1": {
+                "text_ms": {"median": 1.0}, "ar_ms": {"median": 80.0}, "decode_ms": {"median": 10.0},
+                "total_ms": {"median": 91.0}}}},
+            "flops": {"total": flops, "ar": flops}}
+
+
+def write(root, rec, fidelity_rows=None):
+    e = RunEntry(root, rec["entry_id"])
+    e.write_record(rec)
+    if fidelity_rows:
+        e.append_samples("fidelity", fidelity_rows)
+    e.mark_done()
+    return e
+
+
+def test_readable_headers_with_units():
+    assert T.metric_header("toy_geneval/overall") == "toy GenEval overall"
+    assert T.metric_header("fidelity/psnr") == "PSNR (dB) ↑" and T.metric_header("fidelity/lpips") == "LPIPS ↓"
+    assert T.metric_header("hpsv2/score") == "HPSv2 score"
+    assert T.metric_header("newscorer/some_metric") == "newscorer some metric"   # unknown: still no slash
+
+
+def test_cells():
+    assert T.speed_cell(1.523, 1.481, 1.571, True, 9) == "1.52× [1.48, 1.57]"
+    assert T.speed_cell(1.09, 0.7, 1.6, False, 9) == "1.09× [0.70, 1.60] †"
+    assert T.speed_cell(1.2, 1.2, 1.2, False, 1) == "1.20× [n/a] †"          # one repeat: no interval
+    assert T.speed_cell(float("nan"), None, None, None, None) == "–"
+    assert T.value_cell(0.99166, 0.00833, 120) == "0.9917 ± 0.0083"
+    assert T.value_cell(0.5, float("nan"), 1) == "0.5000 ± n/a"                # n = 1: no standard error
+    assert T.value_cell(100.0, 0.0, 120, 2, identical=True) == "∞"
+
+
+def test_tex_escapes_and_symbols():
+    assert T.tex("toy_geneval 50% & #1 {x}") == r"toy\_geneval 50\% \& \#1 \{x\}"
+    assert T.tex("1.52× ± 0.1 Δ ∞ †") == r"1.52$\times$ $\pm$ 0.1 $\Delta$ $\infty$ $^\dagger$"
+
+
+@pytest.fixture
+def store(tmp_path):
+    inf_rows = [{"prompt_index": p, "sample_index": s, "psnr": math.inf, "ssim": 1.0} for p in range(6) for s in range(2)]
+    skipped = "skipped: /root/.cache/torch/hub/checkpoints/alexnet-owt-7be5be79.pth not present"
+    write(tmp_path, record("b", "baseline", psnr=100.0, lpips_status=skipped), inf_rows)
+    worse = {t: (0.5 if t == "counting" else 1.0) for t in TAGS}
+    write(tmp_path, record("s", "skip_last", geneval=worse, psnr=29.8, lpips_status=skipped, flops=5e11,
+                           preset="skip_last_1"),
+          [{**r, "psnr": 29.8, "ssim": 0.9} for r in inf_rows])
+    # close to identical, but one pair differs: the capped mean is not shown as infinite
+    near = [{**r, "psnr": 95.0 if i == 0 else math.inf} for i, r in enumerate(inf_rows)]
+    write(tmp_path, record("n", "nova", psnr=100.0, lpips_status=skipped, preset="nova_toy"), near)
+    return tmp_path
+
+
+def test_identical_images_come_from_the_per_sample_psnr(store):
+    frame = records_to_frame(find_entries(store)).set_index("entry_id")
+    assert frame.loc["b", "identical_images"] == True          # noqa: E712 - every pair inf
+    assert frame.loc["n", "identical_images"] == False         # noqa: E712 - one pair finite
+    assert "fidelity/lpips: skipped" in frame.loc["b", "skipped_metrics"]
+    assert frame.loc["s", "method_preset"] == "skip_last_1"    # from the command-line override
+    # without the per-sample file: the mean at the cap with SSIM exactly 1
+    assert record_to_row(record("x", "nova", psnr=100.0))["identical_images"] is True
+    assert record_to_row(record("y", "nova"))["identical_images"] is None
+
+
+def test_markdown_table_reads_well(store, tmp_path):
+    paired = aggregate(store, tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "table.md").read_text()
+    lines = md.splitlines()
+    header = next(line for line in lines if line.startswith("| method "))
+    for h in ("n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]", "FLOPs ×", "PSNR (dB) ↑",
+              "toy GenEval overall", "Δ toy GenEval overall"):
+        assert f"| {h} |" in header, h
+    assert "/" not in header.replace("n (images / repeats)", "")          # no raw evaluator/metric names
+    base = next(line for line in lines if line.startswith("| baseline "))
+    assert "| ∞ |" in base and "1 (reference)" in base and base.rstrip(" |").endswith("—")
+    nova = next(line for line in lines if line.startswith("| nova_toy "))
+    assert "∞" not in nova and "100.00 ± 0.01" in nova                    # capped mean, not infinite
+    assert "| 12 / 9 |" in nova                                           # 6 prompts x 2, 9 repeats
+    assert "± = the evaluator's standard error" in md
+    assert "LPIPS not reported: fidelity/lpips skipped:" in md and "alexnet-owt-7be5be79.pth not present" in md
+    assert "-70" not in md and "Δ PSNR" not in md
+    # GenEval breakdown: the six tags and overall, in the paper's order, 2 decimals
+    bd = md[md.index("#### toy GenEval by tag"):]
+    assert "| method | Single obj. | Two obj. | Counting | Colors | Position | Color attr. | Overall |" in bd
+    row = next(line for line in bd.splitlines() if line.startswith("| skip_last_1 "))
+    overall = paired.set_index("entry_id").loc["s", "toy_geneval/overall"]
+    assert row == f"| skip_last_1 | 1.00 | 1.00 | 0.50 | 1.00 | 1.00 | 1.00 | {overall:.2f} |"
+
+
+def test_latex_export_matches_the_markdown(store, tmp_path):
+    paired = aggregate(store, tmp_path / "out", figures=False)
+    tex = (tmp_path / "out" / "table.tex").read_text()
+    assert tex == latex_table(paired)
+    assert r"\begin{tabular}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
+    assert r"skip\_last\_1" in tex and r"$\infty$" in tex and r"$\Delta$ toy GenEval overall" in tex
+    assert "Color attr." in tex and "_" not in tex.replace(r"\_", "")       # every underscore escaped
+    md = markdown_table(paired)
+    n_md_tables = md.count("\n| method |")
+    assert tex.count(r"\begin{tabular}") == n_md_tables == 2               # main + GenEval breakdown
+    # same rows in both: each markdown row's method cell appears as a LaTeX row
+    for line in md.splitlines():
+        if line.startswith("| ") and not line.startswith("| method"):
+            assert T.tex(line.split(" | ")[0][2:]) + " & " in tex
+
+
+def test_one_image_gives_na(tmp_path):
+    write(tmp_path, record("b", "baseline", n_prompts=1, spp=1))
+    write(tmp_path, record("m", "nova", n_prompts=1, spp=1))
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    assert "± n/a" in md and "± 0.0100" not in md

@@ -1,0 +1,294 @@
+"""Paper tables from a paired frame (:func:`varbench.aggregate.pair_with_baseline`): markdown
+(``table.md``) and LaTeX (``table.tex``), built from one list of :class:`Section` so both say the same.
+
+One section per baseline: a row appears under the baseline it was paired with, so rows that
+differ in prompts, limits, seeds, sampling settings or device never share a section (a row kept
+without a baseline, ``--allow-unpaired``, gets a section of its own settings). The title names
+the model, resolution, benchmark with its prompt count, images per prompt and selection, the
+device and the baseline entry.
+
+Columns: ``method`` (the preset chosen, e.g. ``nova_fast``; the policy name alone would merge
+variants), ``label``, ``n`` (images scored / timed repeats), ``AR (ms)`` (median), the paired
+speed-ups (AR loop and end to end) with their intervals, ``FLOPs ×``, then per metric its value
+``± err`` and ``Δ`` against the baseline (absent for metrics that already compare with the
+baseline's image, and ``—`` on the baseline's own row). An evaluator with an ``overall`` metric
+shows only that; GenEval-style evaluators get a per-tag breakdown table (six tags + overall).
+Footnotes state what ``±`` and the intervals are, which cells are unreliable and why, which rows
+do the baseline's exact work, and which evaluator parts were skipped. The ratio of separately
+timed jobs (``speedup``) is in ``table.csv``/``tidy.csv`` only: it drifts with the machine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from varbench.records import metric_columns
+
+#: GenEval's tags in the order the paper's tables print them, with their column names
+GENEVAL_TAGS: tuple[tuple[str, str], ...] = (
+    ("single_object", "Single obj."), ("two_object", "Two obj."), ("counting", "Counting"),
+    ("colors", "Colors"), ("position", "Position"), ("color_attr", "Color attr."), ("overall", "Overall"))
+
+#: readable names of evaluators and metrics (units and the better direction where known)
+EVALUATOR_NAMES = {"geneval": "GenEval", "toy_geneval": "toy GenEval", "hpsv2": "HPSv2", "imagereward": "ImageReward",
+                   "fidelity": ""}
+METRIC_NAMES = {"psnr": "PSNR (dB) ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓", "overall": "overall", "score": "score"}
+#: digits per metric (PSNR in dB needs fewer)
+METRIC_DIGITS = {"psnr": 2}
+
+DAGGER, DDAGGER, DASH = "†", "‡", "—"
+
+
+@dataclass
+class Section:
+    """One table: a title, a header and rows of cell strings (unicode; LaTeX converts them)."""
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    subtables: list["Section"] = field(default_factory=list)
+
+
+def _nan(v: Any) -> bool:
+    if v is None:
+        return True
+    try:
+        return not isinstance(v, str) and math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _flag(v: Any) -> bool | None:
+    """A boolean column read back from CSV or a frame (None/NaN -> None)."""
+    if _nan(v):
+        return None
+    if isinstance(v, str):
+        return v.strip().lower() in ("true", "1", "yes")
+    return bool(v)
+
+
+def metric_header(metric: str) -> str:
+    """``toy_geneval/overall`` -> ``toy GenEval overall``; ``fidelity/psnr`` -> ``PSNR (dB) ↑``."""
+    ev, _, m = metric.partition("/")
+    name = EVALUATOR_NAMES.get(ev, ev.replace("_", " "))
+    part = METRIC_NAMES.get(m, m.replace("_", " "))
+    return f"{name} {part}".strip()
+
+
+def _num(v: Any, digits: int = 4) -> str:
+    if _nan(v):
+        return "–"
+    v = float(v)
+    if math.isinf(v):
+        return "∞" if v > 0 else "−∞"
+    return f"{v:.{digits}f}"
+
+
+def speed_cell(med: Any, lo: Any, hi: Any, reliable: Any, n: Any) -> str:
+    """``1.52× [1.48, 1.57]``; ``†`` appended when unreliable; ``n/a`` interval for one repeat."""
+    if _nan(med):
+        return "–"
+    cell = f"{float(med):.2f}×"
+    if not _nan(n) and int(n) <= 1:
+        cell += " [n/a]"
+    elif not (_nan(lo) or _nan(hi)):
+        cell += f" [{float(lo):.2f}, {float(hi):.2f}]"
+    if _flag(reliable) is False:
+        cell += f" {DAGGER}"
+    return cell
+
+
+def value_cell(value: Any, err: Any, n_images: Any, digits: int = 4, identical: bool = False) -> str:
+    """``0.9917 ± 0.0083``; ``± n/a`` for one image; ``∞`` for identical images' PSNR."""
+    if identical:
+        return "∞"
+    cell = _num(value, digits)
+    if cell == "–":
+        return cell
+    if not _nan(n_images) and int(n_images) <= 1:
+        return cell + " ± n/a"
+    if not _nan(err):
+        cell += f" ± {float(err):.{digits}f}"
+    return cell
+
+
+def _is_base(row, baseline: str) -> bool:
+    return str(row.get("method")) == baseline or _flag(row.get("is_baseline")) is True
+
+
+def same_work(row) -> bool:
+    """The row executed the baseline's work: FLOPs ratio 1 and every image bit-identical."""
+    fx = row.get("flops_x")
+    return (_flag(row.get("identical_images")) is True and not _nan(fx) and abs(float(fx) - 1.0) < 1e-9)
+
+
+def _section_key(row) -> tuple:
+    base = row.get("baseline_entry")
+    if not _nan(base):
+        return ("baseline", str(base))
+    return ("unpaired",) + tuple(str(row.get(k)) for k in ("model", "resolution", "benchmark", "prompts_sha256",
+                                                             "n_images", "device", "pair_key"))
+
+
+def _title(row, key: tuple) -> str:
+    bench = str(row.get("benchmark"))
+    n_p, spp, sel = row.get("n_prompts"), row.get("samples_per_prompt"), row.get("prompt_selection")
+    if not _nan(n_p) and not _nan(spp):
+        bench += f" ({int(n_p)} prompts × {int(spp)} images"
+        bench += f", {sel})" if isinstance(sel, str) and sel not in ("", "{}") else ")"
+    where = (f"baseline entry {key[1]}" if key[0] == "baseline" else "no baseline (kept unpaired)")
+    return " · ".join([f"model={row.get('model')}", str(row.get("resolution")), f"benchmark={bench}",
+                       f"device={row.get('device')}", where])
+
+
+def table_metrics(frame) -> list[str]:
+    """The quality columns of the main table: no counts (``n_*``); an evaluator with an
+    ``overall`` shows only that (its parts go to the breakdown and ``table.csv``)."""
+    metrics = [c for c in metric_columns(frame) if not c.rsplit("/", 1)[-1].startswith("n_")]
+    with_overall = {m.split("/", 1)[0] for m in metrics if m.endswith("/overall")}
+    return [m for m in metrics if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
+
+
+def geneval_evaluators(frame) -> list[str]:
+    """Evaluators with GenEval's tags and an overall (``geneval``, ``toy_geneval``, ...)."""
+    cols = set(frame.columns)
+    evs = sorted({c.split("/", 1)[0] for c in metric_columns(frame)})
+    return [ev for ev in evs if all(f"{ev}/{tag}" in cols for tag, _ in GENEVAL_TAGS)]
+
+
+def build_sections(table, baseline: str = "baseline") -> list[Section]:
+    """Sections (one per baseline) of the formatted table from the ordered wide/paired frame."""
+    metrics = table_metrics(table)
+    geneval = geneval_evaluators(table)
+    header = ["method", "label", "n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]",
+              "paired speed-up e2e [CI]", "FLOPs ×"]
+    for m in metrics:
+        header += [metric_header(m)] + ([f"Δ {metric_header(m)}"] if f"{m}_delta" in table.columns else [])
+    groups: dict[tuple, list] = {}
+    for _, r in table.iterrows():
+        groups.setdefault(_section_key(r), []).append(r)
+    sections = []
+    for key, rows in groups.items():
+        sec = Section(_title(rows[0], key), header)
+        breakdowns = {ev: Section(f"{EVALUATOR_NAMES.get(ev, ev)} by tag", ["method"] + [h for _, h in GENEVAL_TAGS])
+                      for ev in geneval}
+        for r in rows:
+            is_base = _is_base(r, baseline)
+            name = str(r.get("method_preset") if not _nan(r.get("method_preset")) else r.get("method"))
+            if not is_base and same_work(r):
+                name += f" {DDAGGER}"
+            n_img, n_rep = r.get("n_images"), r.get("n_repeats")
+            n = f"{'–' if _nan(n_img) else int(n_img)} / {'–' if _nan(n_rep) else int(n_rep)}"
+            if is_base:
+                speeds = ["1 (reference)", "1 (reference)"]
+            else:
+                speeds = [speed_cell(r.get("paired_speedup"), r.get("paired_speedup_ci_low"),
+                                     r.get("paired_speedup_ci_high"), r.get("speedup_reliable"), n_rep),
+                          speed_cell(r.get("paired_e2e_speedup"), r.get("paired_e2e_speedup_ci_low"),
+                                     r.get("paired_e2e_speedup_ci_high"), r.get("speedup_reliable"), n_rep)]
+            fx = r.get("flops_x")
+            cells = [name, str(r.get("method_label")), n, _num(r.get("ar_ms"), 1), *speeds,
+                     "–" if _nan(fx) else f"{float(fx):.2f}×"]
+            for m in metrics:
+                short = m.rsplit("/", 1)[-1]
+                digits = METRIC_DIGITS.get(short, 4)
+                ident = m == "fidelity/psnr" and _flag(r.get("identical_images")) is True
+                cells.append(value_cell(r.get(m), r.get(f"{m}_err"), n_img, digits, ident))
+                if f"{m}_delta" in table.columns:
+                    d = r.get(f"{m}_delta")
+                    cells.append(DASH if is_base else ("–" if _nan(d) else f"{float(d):+.{digits}f}"))
+            sec.rows.append(cells)
+            for ev, sub in breakdowns.items():
+                sub.rows.append([name] + [_num(r.get(f"{ev}/{tag}"), 2) for tag, _ in GENEVAL_TAGS])
+        sec.subtables = [s for s in breakdowns.values() if any(c != "–" for row in s.rows for c in row[1:])]
+        sections.append(sec)
+    return sections
+
+
+def footnotes(table, baseline: str = "baseline") -> list[str]:
+    """What the symbols mean, per-row reasons for unreliable cells, skipped evaluator parts."""
+    orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not _nan(o)}) or ["ABBA"]
+    notes = ["n = images scored / timed repeats. Paired speed-up = median over repeats of baseline ms / "
+             "method ms, the baseline timed interleaved with the method in the method's own job ("
+             f"{' or '.join(orders)} order); [CI] = distribution-free confidence interval of that median from binomial order "
+             "statistics, coverage ≥ 95% (attained coverage per row: paired_speedup_ci_level in tidy.csv); "
+             "n/a with one repeat. The ratio of separately timed jobs (unpaired, drifts with the machine) "
+             "is in table.csv / tidy.csv only (speedup, e2e_speedup).",
+             "± = the evaluator's standard error of the mean over images (bootstrap over prompts when a "
+             "prompt has several images), not a confidence interval; n/a for one image. Δ = value − "
+             "baseline value on the same prompts and seeds (no ±: the two errors are correlated); "
+             "— on the baseline's own row."]
+    rows = [r for _, r in table.iterrows()]
+    bad = [r for r in rows if not _is_base(r, baseline) and _flag(r.get("speedup_reliable")) is False]
+    if bad:
+        notes.append(f"{DAGGER} unreliable speed-up (read the interval, not the ratio): " + "; ".join(
+            f"{r.get('method_preset')}: {r.get('unreliable_reason') or 'unknown'}" for r in bad) + ".")
+    same = [str(r.get("method_preset")) for r in rows if not _is_base(r, baseline) and same_work(r)]
+    if same:
+        notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "
+                     f"{', '.join(same)}; its speed-up should be 1.00× within the interval, any departure is "
+                     "policy overhead (work FLOPs do not count) or noise.")
+    if "fidelity/psnr" in table.columns and any(_flag(r.get("identical_images")) is True for r in rows):
+        notes.append("PSNR ∞: every image bit-identical to the baseline's (the evaluator's mean caps each "
+                     "identical pair at 100 dB; table.csv keeps that capped mean).")
+    skipped = sorted({s for r in rows for s in str(r.get("skipped_metrics") or "").split("; ")
+                      if s and s != "nan"})
+    for s in skipped:
+        part = s.split(":", 1)[0]
+        name = metric_header(part).replace(" ↑", "").replace(" ↓", "")
+        notes.append(f"{name} not reported: {part} {s.split(': ', 1)[-1]}.")
+    return notes
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", "---"][:min(2, len(header))]
+                                                             + ["---:"] * max(0, len(header) - 2)) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(sections: Sequence[Section], notes: Sequence[str]) -> str:
+    """``table.md``: each section's table (and breakdowns), then the numbered footnotes."""
+    parts = []
+    for s in sections:
+        parts.append("### " + s.title)
+        parts.append("\n".join(_md_table(s.header, s.rows)))
+        for sub in s.subtables:
+            parts.append(f"#### {sub.title}\n\n" + "\n".join(_md_table(sub.header, sub.rows)))
+    if notes:
+        parts.append("Notes:\n\n" + "\n".join(f"- {n}" for n in notes))
+    return "\n\n".join(parts) + "\n"
+
+
+_TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+_TEX_SYMBOLS = {"×": r"$\times$", "±": r"$\pm$", "∞": r"$\infty$", "Δ": r"$\Delta$", "†": r"$^\dagger$",
+                "‡": r"$^\ddagger$", "–": "--", "—": "---", "−": "$-$", "↑": r"$\uparrow$", "↓": r"$\downarrow$",
+                "·": r"$\cdot$", "≥": r"$\geq$", "→": r"$\to$"}
+
+
+def tex(text: str) -> str:
+    """Escape LaTeX specials and turn the tables' unicode symbols into math-mode macros."""
+    return "".join(_TEX_ESCAPE.get(ch) or _TEX_SYMBOLS.get(ch) or ch for ch in str(text))
+
+
+def _tex_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    spec = "l" * min(2, len(header)) + "r" * max(0, len(header) - 2)
+    out = [r"\begin{table}[t]", r"\centering", r"\scriptsize", rf"\caption{{{tex(title)}}}",
+           rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(tex(h) for h in header) + r" \\", r"\midrule"]
+    out += [" & ".join(tex(c) for c in row) + r" \\" for row in rows]
+    out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    return out
+
+
+def render_latex(sections: Sequence[Section], notes: Sequence[str]) -> str:
+    """``table.tex``: one booktabs ``table`` per section and breakdown, then the notes as a list
+    (``\\usepackage{booktabs}``; ``\\input`` it into a paper)."""
+    lines = ["% varbench table (needs \\usepackage{booktabs}); generated by varbench.tables"]
+    for s in sections:
+        lines += _tex_table(s.title, s.header, s.rows)
+        for sub in s.subtables:
+            lines += _tex_table(f"{s.title}: {sub.title}", sub.header, sub.rows)
+    if notes:
+        lines += [r"\begin{itemize}\scriptsize"] + [rf"\item {tex(n)}" for n in notes] + [r"\end{itemize}"]
+    return "\n".join(lines) + "\n"
