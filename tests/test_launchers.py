@@ -1,0 +1,99 @@
+"""Hydra launchers for clusters (issue #13 item 1): `hydra/launcher=slurm` and `hydra/launcher=local`
+(varbench/conf/hydra/launcher/), both Hydra's submitit launcher.
+
+The local test is a real sweep with the real `submitit_local` launcher: two tiny-model jobs run as
+separate processes, at the same time, and the end-of-sweep callback aggregates one table with both rows.
+The Slurm config is checked as Hydra composes it (no cluster here): one GPU per job and the documented
+time-limit, partition and requeue knobs reach the launcher."""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHER_DIR = ROOT / "varbench" / "conf" / "hydra" / "launcher"
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+    reason="hydra-submitit-launcher is not installed: pip install -e .[slurm]")
+
+
+def _launcher_cfg(name: str, *overrides: str) -> dict:
+    """The `hydra.launcher` node exactly as `python -m varbench` composes it."""
+    cmd = [sys.executable, "-m", "varbench", "+experiment=smoke", f"hydra/launcher={name}", *overrides,
+           "--cfg", "hydra", "--package", "hydra.launcher"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return yaml.safe_load(proc.stdout)   # printed as the node itself (`# @package hydra.launcher`)
+
+
+def test_slurm_launcher_composes_one_gpu_per_job_with_its_knobs():
+    c = _launcher_cfg("slurm")
+    assert c["_target_"].endswith("SlurmLauncher")
+    assert c["gpus_per_node"] == 1 and c["tasks_per_node"] == 1 and c["nodes"] == 1
+    assert c["timeout_min"] == 240 and c["partition"] is None
+    assert c["max_num_timeout"] == 3 and c["additional_parameters"] == {"requeue": True}
+    # the knobs are overridable from the command line, as the README shows
+    c = _launcher_cfg("slurm", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=30",
+                      "hydra.launcher.max_num_timeout=0")
+    assert (c["partition"], c["timeout_min"], c["max_num_timeout"]) == ("gpu", 30, 0)
+
+
+def test_every_slurm_knob_is_documented_in_the_config_file():
+    """Each key of slurm.yaml carries a comment saying what it trades (the README points at this file)."""
+    for name in ("slurm", "local"):
+        lines = (LAUNCHER_DIR / f"{name}.yaml").read_text().splitlines()
+        keys = [ln for ln in lines if re.match(r"^[a-z_]+:\s*\S", ln)]
+        assert keys, name
+        undocumented = [ln for ln in keys if "#" not in ln]
+        assert not undocumented, f"{name}.yaml keys without a comment: {undocumented}"
+
+
+def _submitit_logs(sweep: Path) -> dict[str, str]:
+    """{job id: the job's stdout} from the submitit folder (`%j` = the local process id)."""
+    out = {}
+    for f in sweep.glob(".submitit/*/*_0_log.out"):
+        out[f.name.split("_")[0]] = f.read_text()
+    return out
+
+
+def _span(log: str) -> tuple[datetime, datetime]:
+    stamps = re.findall(r"submitit INFO \((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+)\) - (Starting|Job completed)", log)
+    when = {kind: datetime.strptime(t, "%Y-%m-%d %H:%M:%S,%f") for t, kind in stamps}
+    assert set(when) == {"Starting", "Job completed"}, log
+    return when["Starting"], when["Job completed"]
+
+
+@pytest.mark.timeout(240)
+def test_local_submitit_sweep_runs_jobs_in_parallel_processes_and_aggregates_one_table(tmp_path):
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
+           "benchmark.limit=1", "runtime.progress=false", "method=baseline,skip_last_1", "hydra/launcher=local",
+           f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Submitit 'local' sweep output dir" in out, out          # the submitit launcher ran it, not the basic one
+
+    # both jobs finished, each in its own process (submitit_local's job id is the child's pid), at the same time
+    assert len(list((tmp_path / "store" / "smoke").glob("entries/*/DONE"))) == 2, out
+    logs = _submitit_logs(sweep)
+    assert len(logs) == 2 and os.getpid() not in {int(p) for p in logs}, logs
+    for log in logs.values():
+        assert "[varbench] record:" in log, log
+    (s0, e0), (s1, e1) = (_span(x) for x in logs.values())
+    assert s0 < e1 and s1 < e0, f"the two jobs did not overlap in time: {(s0, e0)} {(s1, e1)}"
+
+    # the launching process aggregated one table with both methods
+    table = (tmp_path / "results" / "smoke" / "table.md")
+    assert table.exists(), "no aggregated table:\n" + out
+    rows = [ln for ln in table.read_text().splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert sum("| Baseline |" in r for r in rows) == 1, table.read_text()          # by label: the column layout may change
+    assert sum("| Skip last scale |" in r for r in rows) == 1, table.read_text()
