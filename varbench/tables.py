@@ -207,10 +207,10 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
 
 def footnotes(table, baseline: str = "baseline") -> list[str]:
     """What the symbols mean, per-row reasons for unreliable cells, skipped evaluator parts."""
-    orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not _nan(o)}) or ["ABBA"]
+    orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not _nan(o)})
     notes = ["n = images scored / timed repeats. Paired speed-up = median over repeats of baseline ms / "
-             "method ms, the baseline timed interleaved with the method in the method's own job ("
-             f"{' or '.join(orders)} order); [CI] = distribution-free confidence interval of that median from binomial order "
+             "method ms, the baseline timed interleaved with the method in the method's own job"
+             + (f" ({' or '.join(orders)} order)" if orders else "") + "; [CI] = distribution-free confidence interval of that median from binomial order "
              "statistics, coverage ≥ 95% (attained coverage per row: paired_speedup_ci_level in tidy.csv); "
              "n/a with one repeat. The ratio of separately timed jobs (unpaired, drifts with the machine) "
              "is in table.csv / tidy.csv only (speedup, e2e_speedup).",
@@ -221,8 +221,11 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
     rows = [r for _, r in table.iterrows()]
     bad = [r for r in rows if not _is_base(r, baseline) and _flag(r.get("speedup_reliable")) is False]
     if bad:
+        by_reason: dict[str, list[str]] = {}
+        for r in bad:
+            by_reason.setdefault(str(r.get("unreliable_reason") or "unknown"), []).append(str(r.get("method_preset")))
         notes.append(f"{DAGGER} unreliable speed-up (read the interval, not the ratio): " + "; ".join(
-            f"{r.get('method_preset')}: {r.get('unreliable_reason') or 'unknown'}" for r in bad) + ".")
+            f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()) + ".")
     same = [str(r.get("method_preset")) for r in rows if not _is_base(r, baseline) and same_work(r)]
     if same:
         notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "
@@ -240,9 +243,14 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
     return notes
 
 
+def _n_left(header: Sequence[str]) -> int:
+    """Left-aligned text columns: method (and label, when the table has one); numbers go right."""
+    return 2 if len(header) > 1 and header[1] == "label" else 1
+
+
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---", "---"][:min(2, len(header))]
-                                                             + ["---:"] * max(0, len(header) - 2)) + "|"]
+    left = min(_n_left(header), len(header))
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * left + ["---:"] * (len(header) - left)) + "|"]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
     return lines
 
@@ -273,7 +281,8 @@ def tex(text: str) -> str:
 
 
 def _tex_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    spec = "l" * min(2, len(header)) + "r" * max(0, len(header) - 2)
+    left = min(_n_left(header), len(header))
+    spec = "l" * left + "r" * (len(header) - left)
     out = [r"\begin{table}[t]", r"\centering", r"\scriptsize", rf"\caption{{{tex(title)}}}",
            rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(tex(h) for h in header) + r" \\", r"\midrule"]
     out += [" & ".join(tex(c) for c in row) + r" \\" for row in rows]
