@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -221,18 +222,13 @@ def _overlap(a, b, pad: float = 1.0) -> bool:
     return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
 
 
-def _near(box, px: float, py: float, d: float = 8.0) -> bool:
-    """True if ``box`` reaches within ``d`` pixels of (px, py): the point's own marker and error-bar
-    caps, which its leader line may cross."""
-    return box.x0 - d <= px <= box.x1 + d and box.y0 - d <= py <= box.y1 + d
-
-
 def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], obstacles=(),
                  fontsize: float = 7.0, colors: Sequence | None = None) -> list | None:
     """Annotate each data point ``xy[i]`` with ``texts[i]`` at the first candidate offset (rings of
-    8 directions, growing radius; a leader line from the second ring on) whose text box overlaps
+    16 directions, growing radius; a leader line from the second ring on) whose text box overlaps
     no placed label, no point marker, no ``obstacles`` (display-space Bboxes) and stays inside
-    the axes. Returns the annotations, or None (nothing drawn) when some label does not fit."""
+    the axes, and whose leader line crosses no placed label and no other marker. Returns the
+    annotations, or None (nothing drawn) when some label does not fit."""
     from matplotlib.text import Text
     from matplotlib.transforms import Bbox
 
@@ -240,7 +236,9 @@ def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], ob
     renderer = fig.canvas.get_renderer()
     pts = ax.transData.transform(np.asarray(xy, dtype=float)) if len(xy) else np.zeros((0, 2))
     axbox = ax.get_window_extent(renderer)
-    taken = [Bbox.from_bounds(px - 5, py - 5, 10, 10) for px, py in pts] + list(obstacles)
+    markers = [Bbox.from_bounds(px - 5, py - 5, 10, 10) for px, py in pts]
+    taken = markers + list(obstacles)   # what a label's text may not cover
+    boxes: list = []                    # placed label texts: what a leader line may not cross either
     # 16 directions (diagonals first: the text then sits clear of the marker), growing radius
     angles = [45, -45, 135, -135, 0, 180, 90, -90, 22.5, -22.5, 157.5, -157.5, 67.5, -67.5, 112.5, -112.5]
     dirs = [(round(math.cos(math.radians(a)), 3), round(math.sin(math.radians(a)), 3)) for a in angles]
@@ -266,7 +264,9 @@ def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], ob
                     n = max(2, int(r / 4))
                     lead = [(px + dx * r * t, py + dy * r * t) for t in np.linspace(7.0 / r, 1.0, n)]
                 if (inside and not any(_overlap(box, t) for t in taken)
-                        and not any(t.contains(qx, qy) for t in taken if not _near(t, px, py) for qx, qy in lead)):
+                        and not any(t.contains(qx, qy) for t in boxes + markers[:i] + markers[i + 1:]
+                                    for qx, qy in lead)):
+                    boxes.append(box)
                     taken.append(box)
                     taken += [Bbox.from_bounds(qx - 1, qy - 1, 2, 2) for qx, qy in lead]
                     placed.append(ann)
@@ -400,35 +400,41 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     if (base & keep).any():
         handles.append(Line2D([], [], marker="*", ms=12, color="black", ls="none", label="baseline (1.0×)"))
     elif base.any() and relative:
-        handles.append(Line2D([], [], color="0.45", ls=":", label="baseline (1.0×; its self-comparison is not plotted)"))
+        handles.append(Line2D([], [], color="0.45", ls=":", label="baseline (1.0×; self-comparison not plotted)"))
     handles += [Line2D([], [], marker="o", ms=6, color=colour[m], ls="none", label=m) for m in families]
     if len(front) >= 2:
-        handles.append(Line2D([], [], ls="--", color="0.25", label="Pareto frontier (no point faster and better)"))
+        handles.append(Line2D([], [], ls="--", color="0.25", label="Pareto frontier"))
     if (~reliable & keep).any():
         handles.append(Line2D([], [], marker="o", ms=6, color="0.3", mfc="white", ls="none",
-                              label="hollow: speed-up interval not reliable"))
-    widest = max((len(h.get_label()) for h in handles), default=0)
-    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.005), ncol=3 if widest <= 40 else 2,
-               fontsize=7.5, frameon=False)
+                              label="hollow: speed-up flagged unreliable"))
+    ncol = 4 if max((len(h.get_label()) for h in handles), default=0) <= 28 else 3
+    rows = -(-len(handles) // ncol)
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.005), ncol=ncol, fontsize=7.5,
+               frameon=False, columnspacing=1.2, handletextpad=0.4)
+    bottom = 0.13 + 0.034 * rows            # the legend's rows, then the x tick labels and title
+    ax.set_position((_WIDE[0], bottom, _WIDE[2], _WIDE[1] + _WIDE[3] - bottom))
 
-    # labels: repel, else numbered points with a key on the right
+    # labels: repel (long names wrapped on two lines), else numbered points with a key on the right
     pts = [(x[i], y[i]) for i in idx]
     names = [labels[i] for i in idx]
     cols = [colours[i] for i in idx]
-    placed = place_labels(ax, pts, names, _obstacles(ax), colors=cols) if len(idx) <= max_labels else None
+    wrapped = [textwrap.fill(n, 26, break_long_words=False) for n in names]
+    placed = place_labels(ax, pts, wrapped, _obstacles(ax), colors=cols) if len(idx) <= max_labels else None
     if placed is not None:
         for a in placed:
             a.set_gid("label")
     else:
-        ax.set_position(_NARROW)   # room for the key on the right
+        fig.set_size_inches(10.0, fig.get_size_inches()[1])   # room for the key on the right
+        right = 0.125 + 0.62 * 8.0 / 10.0
+        ax.set_position((0.10, bottom, right - 0.10, _WIDE[1] + _WIDE[3] - bottom))
         nums = [str(k + 1) for k in range(len(idx))]
         placed = place_labels(ax, pts, nums, _obstacles(ax), fontsize=7, colors=cols)
         if placed is None:  # even numbers do not fit: put them on the points, small
             placed = [ax.annotate(n, p, xytext=(4, 4), textcoords="offset pixels", fontsize=6) for n, p in zip(nums, pts)]
         for a in placed:
             a.set_gid("label-number")
-        key = "\n".join(f"{n}  {name}" for n, name in zip(nums, names))
-        fig.text(_NARROW[0] + _NARROW[2] + 0.02, _NARROW[1] + _NARROW[3], key, va="top", ha="left", fontsize=6.5, family="DejaVu Sans", gid="label-key")
+        key = "\n".join(textwrap.fill(f"{n}  {name}", 40, subsequent_indent="     ") for n, name in zip(nums, names))
+        fig.text(right + 0.02, _WIDE[1] + _WIDE[3], key, va="top", ha="left", fontsize=6.5, gid="label-key")
     return fig
 
 
