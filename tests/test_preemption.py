@@ -162,5 +162,7 @@ def test_sweep_killed_and_terminated_resumes_to_the_uninterrupted_result(tmp_pat
 @pytest.mark.slow
 def test_sweep_killed_at_random_points_many_times(tmp_path):
     rng = random.Random(20240613)
-    plan = [(rng.choice([signal.SIGKILL, signal.SIGTERM]), rng.randint(0, 2), rng.uniform(0, 1.5)) for _ in range(6)]
+    sigs = [signal.SIGKILL, signal.SIGTERM] * 3
+    rng.shuffle(sigs)
+    plan = [(sig, rng.randint(0, 2), rng.uniform(0, 1.5)) for sig in sigs]
     _run_interrupted(tmp_path, plan)
