@@ -144,3 +144,11 @@ def test_one_image_gives_na(tmp_path):
     write(tmp_path, record("m", "nova", n_prompts=1, spp=1))
     md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
     assert "± n/a" in md and "± 0.0100" not in md
+
+
+def test_the_same_preset_twice_in_a_section_is_told_apart(tmp_path):
+    write(tmp_path, record("b", "baseline"))
+    write(tmp_path, record("m1aaaaaaaa", "nova", preset="nova_fast"))
+    write(tmp_path, record("m2bbbbbbbb", "nova", preset="nova_fast", flops=5e11))   # e.g. a knob overridden
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    assert "| nova_fast [m1aaaaaa] |" in md and "| nova_fast [m2bbbbbb] |" in md

@@ -122,6 +122,10 @@ def same_work(row) -> bool:
     return (_flag(row.get("identical_images")) is True and not _nan(fx) and abs(float(fx) - 1.0) < 1e-9)
 
 
+def _preset(row) -> str:
+    return str(row.get("method_preset") if not _nan(row.get("method_preset")) else row.get("method"))
+
+
 def _section_key(row) -> tuple:
     base = row.get("baseline_entry")
     if not _nan(base):
@@ -172,9 +176,12 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
         sec = Section(_title(rows[0], key), header)
         breakdowns = {ev: Section(f"{EVALUATOR_NAMES.get(ev, ev)} by tag", ["method"] + [h for _, h in GENEVAL_TAGS])
                       for ev in geneval}
+        names = [_preset(r) for r in rows]
         for r in rows:
             is_base = _is_base(r, baseline)
-            name = str(r.get("method_preset") if not _nan(r.get("method_preset")) else r.get("method"))
+            name = _preset(r)
+            if names.count(name) > 1:       # same preset twice (other knobs): never one label for both
+                name += f" [{str(r.get('entry_id'))[:8]}]"
             if not is_base and same_work(r):
                 name += f" {DDAGGER}"
             n_img, n_rep = r.get("n_images"), r.get("n_repeats")
