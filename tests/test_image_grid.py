@@ -104,14 +104,15 @@ def test_headers_carry_speedup_interval_and_quality(sweep):
     heads = [column_header(r, i == 0, "toy_geneval/overall", speed=(x[i], lo[i], hi[i], rel[i]))
              for i, (_, r) in enumerate(ordered.iterrows())]
     assert heads[0] == ["baseline", "1.00× (reference)", "Toy GenEval: 0.950 ± 0.030"]
-    assert heads[1] == ["slow", "1.40× faster [1.35, 1.45]", "Toy GenEval: 0.930 ± 0.030 (Δ −0.020)"]
-    assert heads[2][1] == "2.50× faster [2.30, 2.70] †"                        # flagged unreliable
+    assert heads[1] == ["slow", "speed-up 1.40× [1.35, 1.45]", "Toy GenEval: 0.930 ± 0.030", "Δ −0.020 vs baseline"]
+    assert heads[2][1] == "speed-up 2.50× [2.30, 2.70] †"   # flagged unreliable
     # without the interval columns: the separate-jobs ratio, no brackets
     plain = frame.drop(columns=["paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
                                 "speedup_reliable"])
     _, _, ordered = grid_figure(plain, n_rows=1, cell=16)
     x, lo, hi, rel, col = speed_values(ordered)
-    assert col == "speedup" and column_header(ordered.iloc[2], False, None, speed=(x[2], lo[2], hi[2], rel[2]))[1] == "2.40× faster"
+    assert col == "speedup" and column_header(ordered.iloc[2], False, None, speed=(x[2], lo[2], hi[2], rel[2]))[1] == "speed-up 2.40×"
+    assert column_header(ordered.iloc[1], False, None, speed=(0.9, np.nan, np.nan, True))[1] == "speed-up 0.90× (slower)"
 
 
 def test_difference_rows_match_the_pixels(sweep, tmp_path):

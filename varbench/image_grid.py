@@ -135,11 +135,13 @@ def column_header(row: Mapping, is_base: bool, metric: str | None, baseline: str
     if is_base:
         lines.append("1.00× (reference)")
     elif np.isfinite(x):
-        s = f"{x:.2f}× faster"
+        s = f"speed-up {x:.2f}×"
         if np.isfinite(lo) and np.isfinite(hi):
             s += f" [{lo:.2f}, {hi:.2f}]"
         if not reliable:
             s += " †"
+        if x < 1.0:
+            s += " (slower)"
         lines.append(s)
     else:
         lines.append("speed-up: not timed")
@@ -154,10 +156,10 @@ def column_header(row: Mapping, is_base: bool, metric: str | None, baseline: str
             err = row.get(f"{metric}_err")
             if not _isnan(err) and float(err) > 0:
                 q += f" ± {_fmt(float(err))}"
+            lines.append(q)
             d = row.get(f"{metric}_delta")
             if not is_base and not _isnan(d):
-                q += f" (Δ {'+' if float(d) >= 0 else '−'}{_fmt(abs(float(d)))})"
-            lines.append(q)
+                lines.append(f"Δ {'+' if float(d) >= 0 else '−'}{_fmt(abs(float(d)))} vs baseline")
     return lines
 
 
