@@ -10,7 +10,7 @@ Usage::
 Layout: rows are the same (prompt, sample) pairs, i.e. the same prompts and seeds, under every
 method; columns are the methods, the baseline first, then the others by speed-up (slowest
 first). Each column is headed by its label, its speed-up over the baseline (the frame's
-``paired_speedup`` with its 95% interval when present, else ``speedup``; ``?`` marks an interval
+``paired_speedup`` with its 95% interval when present, else ``speedup``; ``†`` marks a speed-up
 flagged unreliable) and its primary quality metric (:func:`varbench.plots.primary_metric`) with
 the difference to the baseline. With ``diff=True`` every image row is followed by a difference
 row: per pixel ``|method - baseline|`` averaged over RGB, drawn with the magma colour map from

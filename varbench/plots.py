@@ -332,7 +332,6 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     points), ``"label"`` (each name annotation) / ``"label-number"`` and ``"label-key"`` when
     the names are numbered into a key. ``fig.varbench_front`` lists the frontier rows' labels."""
     from matplotlib.lines import Line2D
-    from matplotlib.transforms import Bbox
 
     frame = frame.reset_index(drop=True)
     x, lo, hi, reliable, col = speed_values(frame, baseline, speed_col)
@@ -598,7 +597,9 @@ def keep_ratio_figure(traces: Iterable[Mapping], title: str = "", layer_labels: 
         ax.set_xlabel("layer (no layer prunes tokens)")
     else:
         if labels is not None:
-            ax.set_xticks(range(n_l), labels=[str(v) for v in labels], rotation=90, fontsize=6)
+            long = max(len(str(v)) for v in labels) > 3
+            ax.set_xticks(range(n_l), labels=[str(v) for v in labels], rotation=90 if long else 0,
+                          fontsize=6 if long else 7)
         else:
             step = max(1, n_l // 16)
             ax.set_xticks(range(0, n_l, step))
