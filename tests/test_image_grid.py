@@ -181,3 +181,16 @@ def test_write_figures_adds_the_grid(sweep, tmp_path):
     img, layout, _ = grid_figure(frame, n_rows=2, diff=True,
                                  title="Qualitative comparison · toy · 16x16 · toy · cpu")
     assert np.array_equal(np.asarray(Image.open(figs["figures/image_grid"]).convert("RGB")), np.asarray(img))
+
+
+def test_column_without_images_is_left_out_with_a_warning(sweep, tmp_path):
+    import shutil
+
+    frame, arrays = sweep
+    shutil.rmtree(tmp_path / "store" / "images" / "g_fast")
+    with pytest.warns(UserWarning, match="fast.*left out"):
+        img, layout, ordered = grid_figure(frame, n_rows=1, cell=32)
+    assert layout["columns"] == ["baseline", "slow"]
+    p, s = layout["items"][0]
+    want = np.asarray(Image.fromarray(arrays["slow"][(p, s)]).resize((32, 32), Image.NEAREST))
+    assert np.array_equal(crop(img, layout["cells"][(0, 1)]), want)
