@@ -152,3 +152,17 @@ def test_the_same_preset_twice_in_a_section_is_told_apart(tmp_path):
     write(tmp_path, record("m2bbbbbbbb", "nova", preset="nova_fast", flops=5e11))   # e.g. a knob overridden
     md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
     assert "| nova_fast [m1aaaaaa] |" in md and "| nova_fast [m2bbbbbb] |" in md
+
+
+def test_a_job_whose_own_timing_spread_is_marked(tmp_path):
+    rec = record("b", "baseline")
+    rec["timing"]["by_batch"]["1"]["ar_ms"] = {"median": 100.0, "p10": 50.0, "p90": 180.0}   # 130% spread
+    write(tmp_path, rec)
+    steady = record("m", "nova")
+    steady["timing"]["by_batch"]["1"]["ar_ms"] = {"median": 80.0, "p10": 79.0, "p90": 81.0}
+    write(tmp_path, steady)
+    frame = records_to_frame(find_entries(tmp_path)).set_index("entry_id")
+    assert frame.loc["b", "ar_spread"] == pytest.approx(1.3) and frame.loc["b", "ar_ms_reliable"] == False  # noqa: E712
+    assert frame.loc["m", "ar_ms_reliable"] == True                                                       # noqa: E712
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    assert "| 100.0 † |" in md and "| 80.0 |" in md and "† on AR (ms)" in md and "baseline 130%" in md

@@ -174,8 +174,8 @@ def test_a_tight_interval_on_a_quiet_machine_is_reliable():
 
 
 @pytest.mark.parametrize("change,reason", [
-    ({"ar_ci_low": 1.0, "ar_ci_high": 2.0}, "interval width 67%"),
-    ({"reference_spread": 0.5}, "baseline repeat times spread 50%"),
+    ({"ar_ci_low": 1.0, "ar_ci_high": 2.0}, "interval width 66.7%"),
+    ({"reference_spread": 0.5}, "baseline repeat times spread 50.0%"),
     ({"loadavg": {"before": 0.5, "after": 2.5}}, "load average moved 0.50 -> 2.50"),
     ({"n_repeats": 3, "ci_level": 0.75}, "3 repeats give at most 75% coverage"),
 ])

@@ -288,7 +288,7 @@ def _order(paired, baseline: str):
 #: identification and timing columns of ``table.csv``, in order (the metrics follow)
 WIDE_COLUMNS: tuple[str, ...] = (
     "method", "method_preset", "method_label", "entry_id", "baseline_entry", "is_baseline", "prompts_sha256",
-    "n_images", "n_repeats", "ar_ms", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
+    "n_images", "n_repeats", "ar_ms", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
     "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
     "speedup_reliable", "unreliable_reason", "speedup", "e2e_speedup", "flops_x", "identical_images",
     "skipped_metrics")

@@ -540,6 +540,21 @@ def _paired_columns(rec: Mapping, tb: Mapping) -> dict[str, Any]:
     return out
 
 
+def _own_spread(rec: Mapping, tb: Mapping) -> dict[str, Any]:
+    """``ar_spread``: the row's own AR repeat times, (p90 - p10) / median; ``ar_ms_reliable``: that
+    spread within the record's ``timing.max_reference_spread`` (a pass whose machine speed moved
+    makes its own ms, and any ratio of separately timed jobs built on them, unreliable)."""
+    from varbench import timing as T
+
+    block = tb.get("ar_ms")
+    if not isinstance(block, Mapping) or None in (block.get("p10"), block.get("p90")) or not block.get("median"):
+        return {"ar_spread": float("nan"), "ar_ms_reliable": None}
+    spread = (float(block["p90"]) - float(block["p10"])) / float(block["median"])
+    cfg = (rec.get("config") or {}).get("timing") if isinstance(rec.get("config"), Mapping) else None
+    limit = T.protocol_kwargs(cfg if isinstance(cfg, Mapping) else {})["max_reference_spread"]
+    return {"ar_spread": spread, "ar_ms_reliable": spread <= limit}
+
+
 def _skipped_metrics(evals: Mapping) -> str | None:
     """``<evaluator>/<part>: <status>`` for every part an evaluator reports as skipped or disabled
     in its version_info (e.g. fidelity's LPIPS without backbone weights); None if none."""
@@ -621,6 +636,7 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "images_per_s": float(tb["images_per_s"]) if tb.get("images_per_s") is not None else nan,
         # in-process ratios against the baseline timed interleaved in the same job (timing.paired_baseline)
         **_paired_columns(rec, tb),
+        **_own_spread(rec, tb),
         "peak_mem_gb": peak / 2**30 if peak is not None else nan,  # GiB
         "flops_total": float(flops["total"]) if flops.get("total") is not None else nan,
         "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,
@@ -657,7 +673,8 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     per-repeat baseline/method ratios), paired_speedup_ci_low/high and
     paired_e2e_speedup_ci_low/high (their distribution-free intervals; ``<column>_ci_low`` names
     the column bounded), paired_speedup_ci_level (the coverage attained), n_repeats,
-    reference_spread (the baseline's own p90-p10 over median), timing_order, speedup_reliable
+    reference_spread (the baseline's own p90-p10 over median), ar_spread and ar_ms_reliable (the
+    row's own AR repeats' p90-p10 over median, within ``timing.max_reference_spread``), timing_order, speedup_reliable
     (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total,
     flops_ar, identical_images (every image bit-identical to the baseline's, from fidelity; None
     without it), skipped_metrics (evaluator parts skipped, e.g. LPIPS without weights), wall_s,

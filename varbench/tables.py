@@ -194,7 +194,8 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                           speed_cell(r.get("paired_e2e_speedup"), r.get("paired_e2e_speedup_ci_low"),
                                      r.get("paired_e2e_speedup_ci_high"), r.get("speedup_reliable"), n_rep)]
             fx = r.get("flops_x")
-            cells = [name, str(r.get("method_label")), n, _num(r.get("ar_ms"), 1), *speeds,
+            ar = _num(r.get("ar_ms"), 1) + (f" {DAGGER}" if _flag(r.get("ar_ms_reliable")) is False else "")
+            cells = [name, str(r.get("method_label")), n, ar, *speeds,
                      "–" if _nan(fx) else f"{float(fx):.2f}×"]
             for m in metrics:
                 short = m.rsplit("/", 1)[-1]
@@ -233,6 +234,12 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
             by_reason.setdefault(str(r.get("unreliable_reason") or "unknown"), []).append(str(r.get("method_preset")))
         notes.append(f"{DAGGER} unreliable speed-up (read the interval, not the ratio): " + "; ".join(
             f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()) + ".")
+    noisy = [r for r in rows if _flag(r.get("ar_ms_reliable")) is False]
+    if noisy:
+        notes.append(f"{DAGGER} on AR (ms): the job's own repeat times spread (p90 − p10 over the median) "
+                     "more than timing.max_reference_spread, the machine's speed moved during its pass: "
+                     + ", ".join(f"{_preset(r)} {float(r.get('ar_spread')):.0%}" for r in noisy)
+                     + ". Paired speed-ups are unaffected when their own pass was steady.")
     same = [str(r.get("method_preset")) for r in rows if not _is_base(r, baseline) and same_work(r)]
     if same:
         notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "

@@ -107,10 +107,10 @@ def judge(paired: dict, ci_level: float = DEFAULTS["ci_level"], max_ci_rel_width
                        f"(< {ci_level:.0%}; needs more repeats)")
     width = (hi - lo) / med if med else float("inf")
     if width > max_ci_rel_width:
-        reasons.append(f"interval width {width:.0%} of the median > {max_ci_rel_width:.0%}")
+        reasons.append(f"interval width {width:.1%} of the median > {max_ci_rel_width:.0%}")
     spread = paired.get("reference_spread")
     if spread is not None and spread > max_reference_spread:
-        reasons.append(f"baseline repeat times spread {spread:.0%} > {max_reference_spread:.0%} (machine speed moved)")
+        reasons.append(f"baseline repeat times spread {spread:.1%} > {max_reference_spread:.0%} (machine speed moved)")
     la = paired.get("loadavg")
     if la and la.get("before") is not None and la.get("after") is not None:
         change = abs(la["after"] - la["before"])
