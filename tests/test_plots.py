@@ -234,3 +234,4 @@ def test_heatmap_keep_everything_and_partial_skips():
     fig = keep_ratio_figure([a, b])
     assert fig.axes[0].get_yticklabels()[4].get_text() == "4: 8×8 (skipped in 50%)"
     assert fig.varbench_skipped == []
+    assert [p.get_y() + 0.5 for p in fig.axes[0].patches if p.get_gid() == "partly-skipped"] == [4]

@@ -587,6 +587,10 @@ def keep_ratio_figure(traces: Iterable[Mapping], title: str = "", layer_labels: 
     for si in full_skip:
         ax.add_patch(Rectangle((-0.5, si - 0.5), n_l, 1.0, facecolor="0.82", edgecolor="0.45", hatch="///",
                                lw=0.0, gid="skipped"))
+    partial = [si for si in range(n_s) if np.isfinite(skipped[si]) and 0.0 < skipped[si] < 1.0]
+    for si in partial:   # ran in some images only: the mean over those, under a light hatch
+        ax.add_patch(Rectangle((-0.5, si - 0.5), n_l, 1.0, facecolor="none", edgecolor="0.35", hatch="\\\\",
+                               lw=0.0, alpha=0.7, gid="partly-skipped"))
     for si in never:
         ax.add_patch(Rectangle((-0.5, si - 0.5), n_l, 1.0, facecolor="white", edgecolor="0.6", hatch="..",
                                lw=0.0, gid="no-trace"))
@@ -604,17 +608,20 @@ def keep_ratio_figure(traces: Iterable[Mapping], title: str = "", layer_labels: 
             step = max(1, n_l // 16)
             ax.set_xticks(range(0, n_l, step))
         ax.set_xlabel("layer (transformer block)")
-    ax.set_title(f"Fraction of tokens kept{(' · ' + title) if title else ''}\n"
+    ax.set_title(textwrap.fill(f"Fraction of tokens kept{(' · ' + title) if title else ''}", 46) + "\n"
                  "(per layer; mean over the images in which the scale ran)", fontsize=9)
     fig.colorbar(im, ax=ax, label="kept token fraction", fraction=0.06)
     handles = []
     if full_skip:
         handles.append(Patch(facecolor="0.82", edgecolor="0.45", hatch="///", label="scale skipped (not run)"))
+    if partial:
+        handles.append(Patch(facecolor="none", edgecolor="0.35", hatch="\\\\",
+                             label="scale skipped in some images (share in its row label)"))
     if never:
         handles.append(Patch(facecolor="white", edgecolor="0.6", hatch="..", label="no trace for this scale"))
     if handles:
         fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.01, 0.0), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.07 if handles else 0, 1, 1))
+    fig.tight_layout(rect=(0, 0.01 + 0.05 * len(handles) if handles else 0, 1, 1))
     fig.varbench_skipped = full_skip
     fig.varbench_keep = keep
     return fig
