@@ -645,7 +645,7 @@ def entropy_by_scale(traces: Iterable[Mapping]) -> np.ndarray:
 
 def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path, title: str = "") -> Path:
     """Mean predictive entropy vs scale, one line per label (x ticks: ``si`` and ``h×w``)."""
-    fig = _figure(7.0, 4.4)
+    fig = _figure(9.0, 4.6)
     ax = fig.add_subplot(1, 1, 1)
     sizes: dict[int, tuple] = {}
     n = 0
@@ -661,7 +661,7 @@ def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path
             ax.plot(np.arange(curve.size), curve, marker="o", ms=3, lw=1.1, label=str(label))
     if n:
         ax.set_xticks(range(n), labels=[f"{i}\n{sizes[i][0]}×{sizes[i][1]}" if i in sizes else str(i)
-                                        for i in range(n)], fontsize=7)
+                                        for i in range(n)], fontsize=7 if n <= 10 else 6)
     ax.set_xlabel("scale (index, token grid h×w)")
     ax.set_ylabel("mean predictive entropy (nats)")
     ax.set_title(f"Predictive entropy per scale{(' · ' + title) if title else ''}", fontsize=9)
