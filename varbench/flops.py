@@ -84,3 +84,47 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
         out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
                     "text_tokens": text_tokens[rows], "blocks": blocks})
     return out
+
+
+def image_work(flops: dict, trace: list[dict], batch: int) -> dict:
+    """One image's share of a generation's work, for its trace row: FLOPs (the batch's divided by
+    its ``batch`` images: a plan applies to the whole batch, and text tokens are averaged over it;
+    with ``runtime.batch_size=1`` this is exact per image), executed token-layers (per block the
+    mean over its sublayers of the tokens it ran, summed over blocks and run scales) and the dense
+    count a full forward would execute."""
+    executed = sum((b["sa"] + b["ca"] + b["ffn"]) / 3 for tr in trace if tr["ran"]
+                   for b in tr["blocks"] if b["mode"] != "skip")
+    depth = max((len(tr["blocks"]) for tr in trace if tr["ran"]), default=0)
+    dense = sum(tr["tokens"] for tr in trace) * depth
+    return {"flops": {"total": flops["total"] / batch, "text": flops["text"] / batch,
+                      "per_scale": [f / batch for f in flops["per_scale"]]},
+            "executed_tokens": float(executed), "dense_tokens": int(dense)}
+
+
+def _spread(values: list[float]) -> dict:
+    import statistics
+
+    if not values:
+        return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values)}
+
+
+def work_summary(rows: list[dict]) -> dict:
+    """The record's ``flops`` and ``work`` blocks from per-image trace rows (see
+    :func:`image_work`): means over the images, with the spread (n, mean, std, min, max) of
+    per-image FLOPs, executed token-layers and keep fraction. Adaptive methods (NOVA, ToProVAR,
+    SkipVAR) do different work per prompt; the spread says how much."""
+    rows = [r for r in rows if r.get("work")]
+    if not rows:
+        return {"flops": None, "work": None}
+    totals = [r["work"]["flops"]["total"] for r in rows]
+    texts = [r["work"]["flops"]["text"] for r in rows]
+    per_scale = [sum(col) / len(rows) for col in zip(*[r["work"]["flops"]["per_scale"] for r in rows])]
+    executed = [r["work"]["executed_tokens"] for r in rows]
+    keep = [r["work"]["executed_tokens"] / r["work"]["dense_tokens"] for r in rows if r["work"]["dense_tokens"]]
+    flops = {"total": sum(totals) / len(rows), "text": sum(texts) / len(rows), "ar": sum(per_scale),
+             "per_scale": per_scale, "per_image": _spread(totals)}
+    work = {"executed_tokens": _spread(executed), "dense_tokens": rows[0]["work"]["dense_tokens"],
+            "keep_fraction": _spread(keep)}
+    return {"flops": flops, "work": work}

@@ -1,45 +1,433 @@
 """One job: generate (or reuse) a benchmark's images under a method, score them, time them, and
-write the run record. Every step is resumable; nothing finished is lost on a crash or kill.
+write the run record. Every stage is resumable; nothing finished is lost on a crash or kill.
 
-Order of work, and what a relaunch does at each step:
-1. entry hash from the resolved config -> `store/<experiment>/entries/<hash>/`; DONE -> skip.
-2. images: only the (prompt, sample) pairs missing from `store/images/<generation hash>/` are
-   generated (images are keyed by everything that changes pixels, so a new evaluator or timing
-   setting never regenerates); per-image traces are appended as they are made.
-3. scoring: each evaluator's per-sample rows go to `samples_<name>.jsonl`, its aggregate to
-   `eval_<name>.json`; a finished evaluator is not rerun.
-4. timing: a separate timed pass (warm-up, synchronised repeats).
-5. `record.json`, then `DONE`; then the W&B mirror.
+Stages, each a function below, and what a relaunch does at each:
+
+1. :func:`prepare_job` (no compute): validate the config, pin ``auto`` device/dtype, load the
+   prompt set, hash the weights; the entry hash names ``store/<experiment>/entries/<hash>/``
+   (DONE: skip) and the generation hash names ``store/images/<hash>/``.
+2. :func:`generate_stage`: only the (prompt, sample) pairs missing from the image store are
+   generated; each batch's trace rows (with the image's FLOPs and executed tokens) are written
+   before its images are committed.
+3. :func:`reference_stage`: when an evaluator compares with the baseline (``needs_reference``),
+   the baseline's images under the same generation settings, generated once per generation hash.
+4. :func:`score_stage` (:mod:`varbench.scoring`): per evaluator, rows appended per batch; a
+   relaunch scores only the images without a row.
+5. :func:`time_stage`: a separate timed pass (warm-up, repeats interleaved with the baseline).
+6. :func:`assemble_record`: the record (schema: :mod:`varbench.schema`), then ``DONE``; then
+   :func:`publish_stage` mirrors it to W&B (a failed mirror is retried by the next launch).
+
+Sharding (``shard=i/n``): shard i takes prompts i, i+n, i+2n, ... of the benchmark, generates and
+scores them into ``entries/<hash>/shards/<i>-of-<n>/`` (shard 0 also times), and marks its shard
+done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``)
+assembles the one record from all shards' rows. Scores equal those of the unsharded run bit for
+bit: metrics are always computed from every row sorted by (prompt, sample).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import shutil
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
-from .prompts import load_prompt_set
+from .flops import image_work, work_summary
+from .prompts import PromptSet, load_prompt_set
 from .provenance import collect_provenance, weight_hashes
 from .records import RunEntry, append_jsonl, read_jsonl, utc_now
+from .scoring import collect_scores, latest_rows, needs_reference, score_images, write_samples
+from .seeds import SEED_RULE, image_seed
 from .store import ImageStore, entry_hash, generation_hash
 
 log = logging.getLogger("varbench")
 
-SEED_RULE = "seed + 1000 * prompt_index + sample_index"
+__all__ = ["run_job", "prepare_job", "image_seed", "SEED_RULE", "assemble_shards"]
 
 
-def image_seed(base: int, p: int, s: int) -> int:
-    return int(base) + 1000 * int(p) + int(s)
+# -- the job's shared state ------------------------------------------------------------------
+@dataclasses.dataclass
+class Shard:
+    """``shard=i/n``: this job's part of the benchmark (``index`` i of ``count`` n)."""
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, spec: Any) -> "Shard":
+        if spec in (None, "", "0/1"):
+            return cls()
+        try:
+            i, n = (int(x) for x in str(spec).split("/"))
+        except ValueError:
+            raise ValueError(f"shard must look like i/n (e.g. shard=0/4), got {spec!r}") from None
+        if not (n >= 1 and 0 <= i < n):
+            raise ValueError(f"shard={spec}: need 0 <= i < n")
+        return cls(i, n)
+
+    @property
+    def name(self) -> str:
+        return f"{self.index}-of-{self.count}"
+
+    def take(self, items: list) -> list:
+        return items[self.index::self.count]
 
 
-def _tqdm(total, desc, enabled):
-    from tqdm.auto import tqdm
+@dataclasses.dataclass
+class Job:
+    """Everything the stages share, decided before any compute (see :func:`prepare_job`)."""
 
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+    cfg: DictConfig
+    resolved: dict             # the resolved config, device/dtype pinned
+    device: torch.device
+    dtype: torch.dtype
+    prompt_set: PromptSet
+    weights: dict              # {file name: sha256}
+    entry: RunEntry
+    store: ImageStore
+    shard: Shard
+    preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
+    t0: float
+
+    @property
+    def keys(self) -> list:
+        """``[(PromptItem, sample_index)]`` of this job's shard."""
+        return [(it, s) for it in self.shard.take(self.prompt_set.items) for s in range(self.prompt_set.samples_per_prompt)]
+
+    @property
+    def all_keys(self) -> list:
+        return [(it, s) for it in self.prompt_set.items for s in range(self.prompt_set.samples_per_prompt)]
+
+    @property
+    def work_dir(self) -> Path:
+        """Where this job's scores go: the entry folder, or its shard's folder."""
+        if self.shard.count == 1:
+            return self.entry.dir
+        return self.entry.dir / "shards" / self.shard.name
+
+    @property
+    def progress(self) -> bool:
+        return bool(self.cfg.runtime.progress)
+
+    def bar(self, total: int, desc: str):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=f"{desc} [{self.preset}]" if self.preset else desc, disable=not self.progress,
+                    leave=False, dynamic_ncols=True)
+
+
+def prepare_job(cfg: DictConfig) -> Job:
+    """Stage 1: everything decided by the config and the files, before any model is built."""
+    from .validate import validate_config
+
+    t0 = time.perf_counter()
+    validate_config(cfg)  # before any compute: a bad setting fails here, named
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    device = resolve_device(str(cfg.runtime.device))
+    dtype = resolve_dtype(str(cfg.runtime.dtype), device)
+    _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
+    prompt_set = load_prompt_set(cfg.benchmark)
+    weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
+    store_root = Path(cfg.paths.store_dir)
+    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256))
+    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256))
+    return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
+               method_preset(cfg), t0)
+
+
+# -- stages ----------------------------------------------------------------------------------
+def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: DictConfig | None = None,
+                   method_name: str | None = None) -> int:
+    """Stage 2: generate and store every image of this job's shard that the store lacks, or whose
+    file no longer matches its recorded sha256 (said on stdout). Returns the count.
+
+    Per batch: the image files are written, then their trace rows appended (fsynced) to the
+    store's ``traces.jsonl``, and only then are the images committed to ``images.jsonl``; an image
+    counts as stored only once committed, so a kill or a full disk at any point leaves no stored
+    image without its trace row (an uncommitted image is regenerated on the next run)."""
+    from PIL import Image
+
+    store = store or job.store
+    cfg = cfg or job.cfg
+    method_name = method_name or str(cfg.method.name)
+    items = [it for it, s in job.keys if s == 0]
+    todo = store.missing(items, job.prompt_set.samples_per_prompt)
+    bad = store.corrupt(items, job.prompt_set.samples_per_prompt)
+    if bad:
+        shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
+        log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
+        print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
+              f"recorded when it was generated: {shown}")
+        todo = sorted(set(todo) | set(bad))
+    if not todo:
+        return 0
+    store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
+    by_index = {it.index: it for it in items}
+    kw = _gen_kwargs(cfg, rt)
+    bs = int(cfg.runtime.batch_size)
+    bar = job.bar(len(todo), f"generate {method_name}")
+    for i in range(0, len(todo), bs):
+        chunk = todo[i:i + bs]
+        out = rt.generate([by_index[p].prompt for p, _ in chunk],
+                          [image_seed(cfg.generation.seed, p, s) for p, s in chunk], policy, **kw)
+        rows, written = [], []
+        for b, (p, s) in enumerate(chunk):
+            item = by_index[p]
+            _, digest = store.write_image(p, s, Image.fromarray(out.images[b].cpu().numpy()),
+                                          metadata={**item.metadata, "prompt": item.prompt})
+            rows.append(_trace_row(out, b, len(chunk), p, s, method_name))
+            written.append((p, s, digest))
+        append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
+        store.commit(written)
+        bar.update(len(chunk))
+    bar.close()
+    return len(todo)
+
+
+def reference_stage(job: Job, rt) -> ImageStore | None:
+    """Stage 3: the baseline's images under this job's generation settings, for evaluators that
+    compare with them; generated here only if no other job has made them."""
+    if not needs_reference(job.cfg.get("evaluator")):
+        return None
+    bcfg = _baseline_cfg(job.cfg)
+    bres = _pin_runtime(OmegaConf.to_container(bcfg, resolve=True), job.device, job.dtype)
+    ref = ImageStore(job.store.root, generation_hash(bres, job.weights, job.prompt_set.sha256))
+    if ref.dir == job.store.dir:
+        return ref                                         # this job is the baseline
+    from .policies.baseline import Baseline
+
+    generate_stage(job, rt, Baseline(), store=ref, cfg=bcfg, method_name="baseline")
+    return ref
+
+
+def score_stage(job: Job, ref_store: ImageStore | None) -> None:
+    """Stage 4: every configured evaluator's per-sample rows for this job's images (resuming)."""
+    job.work_dir.mkdir(parents=True, exist_ok=True)
+    score_images(job.work_dir, job.cfg.get("evaluator"), job.keys, job.store.load,
+                 ref_store.load if ref_store is not None else None, str(job.device), job.bar)
+
+
+def time_stage(job: Job, rt, policy) -> dict | None:
+    """Stage 5: the timed pass on one benchmark prompt (``timing.prompt_index``); None if off."""
+    cfg = job.cfg
+    if not cfg.timing.enabled:
+        return None
+    from .policies.baseline import Baseline
+    from .timing import timed_pass
+
+    kw = _gen_kwargs(cfg, rt)
+    item = job.prompt_set.items[min(int(cfg.timing.prompt_index), len(job.prompt_set.items) - 1)]
+
+    def run(p):
+        return lambda bs: rt.generate([item.prompt] * bs, [image_seed(cfg.generation.seed, item.index, k) for k in range(bs)],
+                                      p, **kw)
+
+    paired = cfg.timing.get("paired_baseline", True) and cfg.method.name != "baseline"
+    bar = job.bar(int(cfg.timing.repeats) * len(cfg.timing.batch_sizes), "timing")
+    by_batch = timed_pass(run(policy), list(cfg.timing.batch_sizes), int(cfg.timing.warmup), int(cfg.timing.repeats),
+                          job.device, bar, reference=run(Baseline()) if paired else None)
+    bar.close()
+    return {"device": _device_name(job.device), "dtype": str(job.dtype).replace("torch.", ""),
+            "prompt_index": item.index, "warmup": int(cfg.timing.warmup), "repeats": int(cfg.timing.repeats),
+            "by_batch": by_batch}
+
+
+def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -> dict:
+    """Stage 6: the run record (:class:`varbench.schema.RunRecord`) from the stored traces, the
+    score rows under ``score_dirs`` and the timed pass; also copies the images' trace rows into
+    the entry (``traces.jsonl``)."""
+    cfg = job.cfg
+    scores = collect_scores(score_dirs, cfg.get("evaluator"), job.all_keys, str(job.device))
+    traces = _entry_traces(job)
+    work = work_summary(traces)
+    first = traces[0] if traces else {}
+    resolution = first.get("resolution")              # [H, W] of the generated images
+    if resolution is None and rt is not None:
+        resolution = generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
+                                           _gen_kwargs(cfg, rt).get("schedule"))
+    return {
+        "schema_version": 1, "entry_id": job.entry.entry_hash, "generation_id": job.store.generation_hash,
+        "created": utc_now(), "status": "ok",
+        "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": _overrides(),
+                       "job_num": _job_num(), "shards": job.shard.count},
+        "config": job.resolved,
+        "model": {"name": cfg.model.name, "preset": cfg.model.preset, "resolution": resolution,
+                  "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
+                  "weights": job.weights},
+        "method": {"name": cfg.method.name, "preset": job.preset, "label": cfg.method.get("label"),
+                   "config": OmegaConf.to_container(cfg.method, resolve=True),
+                   "stats": first.get("stats") or {}},   # the first image's; every image's are in traces.jsonl
+        "benchmark": {**job.prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
+        "evaluators": {k: v["version"] for k, v in scores.items()},
+        "metrics": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["metrics"].items()},
+        "uncertainty": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["uncertainty"].items()},
+        "higher_is_better": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["higher_is_better"].items()},
+        "timing": timing, "flops": work["flops"], "work": work["work"],
+        "provenance": collect_provenance(str(job.device)),
+        "wall_s": time.perf_counter() - job.t0,
+    }
+
+
+def publish_stage(job: Job, record: dict) -> None:
+    """Mirror a finished record to W&B (``logger``); a failure is reported and retried by the next
+    launch of the same job (the entry keeps no ``.published`` marker until it succeeds)."""
+    if job.cfg.logger is None or not job.cfg.logger.get("_target_"):
+        return
+    marker = job.entry.dir / ".published"          # dot-named: outside DONE's seal
+    if marker.exists():
+        return
+    from hydra.utils import instantiate
+
+    try:
+        sink = instantiate(job.cfg.logger)
+        rows = [{"scale": i, "h": h, "w": w, "flops": f} for i, ((h, w), f) in
+                enumerate(zip(_trace_hw(job), (record.get("flops") or {}).get("per_scale") or []))]
+        images = [(it.prompt, job.store.load(it.index, 0)) for it in job.prompt_set.items[:16]]
+        info = sink.publish(record, per_scale_rows=rows, images=images)
+    except Exception as e:  # noqa: BLE001 - the record is safe; the mirror is retried next launch
+        log.error("W&B mirror failed", exc_info=True)
+        print(f"[varbench] W&B mirror failed ({type(e).__name__}: {e}); the record is finished and safe, "
+              f"and the next launch of this job publishes it")
+        return
+    marker.write_text(json.dumps(info or {}, default=str))
+
+
+# -- the job ---------------------------------------------------------------------------------
+def run_job(cfg: DictConfig) -> Path:
+    """Run (or skip, or resume) the job for ``cfg``; returns the entry folder."""
+    job = prepare_job(cfg)
+    entry = job.entry
+    if entry.is_done() and not cfg.runtime.force:
+        entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
+        print(f"[varbench] skip (finished): {entry.dir}")
+        publish_stage(job, entry.read())              # a mirror that failed last time
+        return entry.dir
+    if job.shard.count > 1:
+        return _run_shard(job)
+    with _no_empty_folder(entry.dir), entry.lock():
+        rt, policy = _build(job)
+        n_new = generate_stage(job, rt, policy)
+        print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
+        score_stage(job, reference_stage(job, rt))
+        record = assemble_record(job, rt, time_stage(job, rt, policy), [entry.dir])
+        entry.write_record(record, force=bool(cfg.runtime.force))
+        entry.mark_done()
+    print(f"[varbench] record: {entry.record_path}")
+    publish_stage(job, record)
+    return entry.dir
+
+
+def _run_shard(job: Job) -> Path:
+    sdir = job.work_dir
+    shard_entry = RunEntry.from_dir(sdir)
+    with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock():
+        if not (sdir / "SHARD_DONE").exists():
+            rt, policy = _build(job)
+            n_new = generate_stage(job, rt, policy)
+            print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")
+            score_stage(job, reference_stage(job, rt))
+            if job.shard.index == 0:                  # one shard times; the others only generate and score
+                (sdir / "timing.json").write_text(json.dumps(time_stage(job, rt, policy)))
+            # what `python -m varbench.job assemble` needs to rebuild this job without Hydra
+            (sdir / "job.json").write_text(json.dumps({"config": OmegaConf.to_container(job.cfg, resolve=True),
+                                                       "preset": job.preset}))
+            (sdir / "SHARD_DONE").write_text(json.dumps({"images": len(job.keys), "finished": utc_now()}))
+    if assemble_shards(job):
+        publish_stage(job, job.entry.read())
+    return job.entry.dir
+
+
+def assemble_shards(job: Job) -> bool:
+    """Assemble the record from every shard once all are done; False while some are missing.
+    Called by each shard when it finishes (the last one wins the entry lock and assembles)."""
+    shards = [job.entry.dir / "shards" / Shard(i, job.shard.count).name for i in range(job.shard.count)]
+    missing = [s.name for s in shards if not (s / "SHARD_DONE").exists()]
+    if missing:
+        print(f"[varbench] shard {job.shard.name} done; waiting for shard(s) {', '.join(missing)} to assemble the record")
+        return False
+    with job.entry.lock():
+        if job.entry.is_done():
+            return True
+        for name in (job.cfg.get("evaluator") or {}):       # the entry's own sample files, from every shard
+            rows = [r for s in shards if (s / f"samples_{name}.jsonl").exists() for r in read_jsonl(s / f"samples_{name}.jsonl")]
+            write_samples(job.entry.dir, name, latest_rows(rows))
+        versions = {}
+        for s in shards:
+            if (s / "versions.json").exists():
+                versions = {**json.loads((s / "versions.json").read_text()), **versions}
+        (job.entry.dir / "versions.json").write_text(json.dumps(versions, indent=1, sort_keys=True))
+        timing_path = shards[0] / "timing.json"
+        timing = json.loads(timing_path.read_text()) if timing_path.exists() else None
+        record = assemble_record(job, None, timing, [job.entry.dir])
+        job.entry.write_record(record, force=bool(job.cfg.runtime.force))
+        job.entry.mark_done()
+    print(f"[varbench] record (assembled from {job.shard.count} shards): {job.entry.record_path}")
+    return True
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def method_preset(cfg: DictConfig) -> str | None:
+    """The method preset chosen on the command line (``method=nova_fast`` -> ``nova_fast``)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choice = HydraConfig.get().runtime.choices.get("method")
+        if choice:
+            return str(choice)
+    except Exception:  # noqa: BLE001 - outside a Hydra app (tests, scripts)
+        pass
+    return cfg.method.get("preset") or cfg.method.get("name")
+
+
+def _build(job: Job):
+    rt = configure_runtime(build_runtime(job.cfg.model, job.device, job.dtype), job.cfg.runtime)
+    return rt, build_policy_from_cfg(job.cfg.method)
+
+
+class _no_empty_folder:
+    """On failure, remove ``folder`` if the job left it empty (no entry folders with nothing in them)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.existed = self.folder.exists()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None and not self.existed and self.folder.is_dir():
+            try:
+                if not any(self.folder.rglob("*")):
+                    shutil.rmtree(self.folder)
+            except OSError:
+                pass
+        return False
+
+
+def _entry_traces(job: Job) -> list[dict]:
+    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl."""
+    path = job.store.dir / "traces.jsonl"
+    wanted = {(it.index, s) for it, s in job.all_keys}
+    latest = {}
+    for row in (read_jsonl(path) if path.exists() else []):
+        k = (row["prompt_index"], row["sample_index"])
+        if k in wanted:
+            latest[k] = row
+    rows = [latest[k] for k in sorted(latest)]
+    if rows and not job.entry.traces_path.exists():
+        job.entry.append_traces(rows)
+    return rows
+
+
+def _trace_hw(job: Job) -> list[tuple[int, int]]:
+    traces = read_jsonl(job.entry.traces_path) if job.entry.traces_path.exists() else []
+    return [(sc["h"], sc["w"]) for sc in traces[0]["scales"]] if traces else []
 
 
 def _gen_kwargs(cfg: DictConfig, rt) -> dict:
@@ -54,7 +442,7 @@ def _gen_kwargs(cfg: DictConfig, rt) -> dict:
     return kw
 
 
-def _trace_row(out, b: int, p: int, s: int, method: str) -> dict:
+def _trace_row(out, b: int, batch: int, p: int, s: int, method: str) -> dict:
     scales = []
     for si, tr in enumerate(out.trace):
         keep = None
@@ -65,222 +453,18 @@ def _trace_row(out, b: int, p: int, s: int, method: str) -> dict:
         scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
                        "entropy_mean": None if ent is None else float(ent[b].mean()), "ms": tr.get("ms")})
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
-            "stats": _jsonable(out.policy_stats)}
+            "resolution": list(out.images.shape[1:3]),
+            "work": image_work(out.flops, out.trace, batch), "stats": _jsonable(out.policy_stats)}
 
 
 def _jsonable(obj):
     return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
 
 
-def generate_missing(rt, policy, prompt_set, store: ImageStore, cfg: DictConfig, traces_path: Path,
-                     method_name: str) -> int:
-    """Generate and store every image of the benchmark that the store lacks, or whose file no
-    longer matches its recorded sha256 (said on stdout). Returns the count.
-
-    Per batch: the image files are written, then their trace rows appended to ``traces_path``
-    (fsynced), and only then are the images committed to the store's ``images.jsonl``; an image
-    counts as stored only once committed, so a kill or a full disk at any point leaves no stored
-    image without its trace row (an uncommitted image is regenerated on the next run)."""
-    from PIL import Image
-
-    todo = store.missing(prompt_set.items, prompt_set.samples_per_prompt)
-    bad = store.corrupt(prompt_set.items, prompt_set.samples_per_prompt)
-    if bad:
-        shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
-        print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
-              f"recorded when it was generated: {shown}")
-        todo = sorted(set(todo) | set(bad))
-    if not todo:
-        return 0
-    by_index = {it.index: it for it in prompt_set.items}
-    kw = _gen_kwargs(cfg, rt)
-    bs = int(cfg.runtime.batch_size)
-    bar = _tqdm(len(todo), f"generate {method_name}", cfg.runtime.progress)
-    for i in range(0, len(todo), bs):
-        chunk = todo[i:i + bs]
-        prompts = [by_index[p].prompt for p, _ in chunk]
-        seeds = [image_seed(cfg.generation.seed, p, s) for p, s in chunk]
-        out = rt.generate(prompts, seeds, policy, **kw)
-        rows, written = [], []
-        for b, (p, s) in enumerate(chunk):
-            item = by_index[p]
-            _, digest = store.write_image(p, s, Image.fromarray(out.images[b].cpu().numpy()),
-                                          metadata={**item.metadata, "prompt": item.prompt})
-            rows.append(_trace_row(out, b, p, s, method_name))
-            written.append((p, s, digest))
-        append_jsonl(traces_path, rows)   # traces first: a committed image always has its trace row
-        store.commit(written)
-        bar.update(len(chunk))
-    bar.close()
-    return len(todo)
-
-
 def _baseline_cfg(cfg: DictConfig) -> DictConfig:
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     base.method = {"name": "baseline", "label": "Baseline", "knobs": {}}
     return base
-
-
-def score(entry: RunEntry, evaluators_cfg, prompt_set, store: ImageStore, ref_store: ImageStore | None,
-          device: torch.device, progress: bool) -> dict[str, dict]:
-    """Run each configured evaluator over the stored images; finished evaluators are reused."""
-    from varbench.evaluators import Sample, build_evaluator
-
-    results = {}
-    keys = [(it, s) for it in prompt_set.items for s in range(prompt_set.samples_per_prompt)]
-    for name, ecfg in (evaluators_cfg or {}).items():
-        done_path = entry.dir / f"eval_{name}.json"
-        if done_path.exists():
-            results[name] = json.loads(done_path.read_text())
-            continue
-        kwargs = OmegaConf.to_container(ecfg, resolve=True)
-        kwargs.pop("name", None)
-        if "device" in kwargs and kwargs["device"] in (None, "auto"):
-            kwargs["device"] = str(device)
-        ev = build_evaluator(ecfg.name, **kwargs)
-        ev.setup(str(device))
-        if ev.needs_reference and ref_store is None:
-            raise ValueError(f"evaluator {name} needs the baseline's images; they could not be located")
-        ev.reset()
-        bar = _tqdm(len(keys), f"score {name}", progress)
-        for i in range(0, len(keys), 16):
-            batch = []
-            for it, s in keys[i:i + 16]:
-                batch.append(Sample(prompt_index=it.index, sample_index=s, prompt=it.prompt, image=store.load(it.index, s),
-                                    seed=0, metadata=it.metadata,
-                                    reference=ref_store.load(it.index, s) if ev.needs_reference else None))
-            ev.update(batch)
-            bar.update(len(batch))
-        bar.close()
-        res = ev.compute()
-        samples_path = entry.samples_path(name)
-        if samples_path.exists():
-            samples_path.unlink()       # a partial file from an interrupted run of this evaluator
-        append_jsonl(samples_path, res.per_sample)
-        results[name] = {"metrics": res.metrics, "uncertainty": res.uncertainty, "version": _jsonable(ev.version_info()),
-                         "higher_is_better": dict(ev.higher_is_better)}
-        tmp = done_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results[name], indent=1, default=str))
-        tmp.replace(done_path)
-    return results
-
-
-def run_job(cfg: DictConfig) -> Path:
-    """Run (or skip, or resume) the job for `cfg`; returns the entry folder."""
-    t0 = time.perf_counter()
-    from .validate import validate_config
-
-    validate_config(cfg)  # before any compute: a bad setting fails here, named
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    store_root = Path(cfg.paths.store_dir)
-    exp = str(cfg.experiment_name)
-    device = resolve_device(str(cfg.runtime.device))
-    dtype = resolve_dtype(str(cfg.runtime.dtype), device)
-    _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
-    prompt_set = load_prompt_set(cfg.benchmark)
-    weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
-    ehash = entry_hash(resolved, weights, prompt_set.sha256)
-    entry = RunEntry(store_root / exp, ehash)
-    if entry.is_done() and not cfg.runtime.force:
-        entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
-        log.info("finished record found, skipping: %s", entry.dir)
-        print(f"[varbench] skip (finished): {entry.dir}")
-        return entry.dir
-
-    ghash = generation_hash(resolved, weights, prompt_set.sha256)
-    store = ImageStore(store_root, ghash)
-    with entry.lock():
-        rt = configure_runtime(build_runtime(cfg.model, device, dtype), cfg.runtime)
-        policy = build_policy_from_cfg(cfg.method)
-        store.write_manifest(resolved)
-        traces_path = store.dir / "traces.jsonl"
-        n_new = generate_missing(rt, policy, prompt_set, store, cfg, traces_path, cfg.method.name)
-        print(f"[varbench] images: {n_new} generated, stored under {store.dir}")
-
-        ref_store = None
-        if any(c.name == "fidelity" for c in (cfg.get("evaluator") or {}).values()):
-            bcfg = _baseline_cfg(cfg)
-            bres = _pin_runtime(OmegaConf.to_container(bcfg, resolve=True), device, dtype)
-            ref_store = ImageStore(store_root, generation_hash(bres, weights, prompt_set.sha256))
-            if (ref_store.missing(prompt_set.items, prompt_set.samples_per_prompt)
-                    or ref_store.corrupt(prompt_set.items, prompt_set.samples_per_prompt)):
-                from .policies.baseline import Baseline
-
-                ref_store.write_manifest(OmegaConf.to_container(bcfg, resolve=True))
-                generate_missing(rt, Baseline(), prompt_set, ref_store, bcfg,
-                                 ref_store.dir / "traces.jsonl", "baseline")
-        ev_results = score(entry, cfg.get("evaluator"), prompt_set, store, ref_store, device, cfg.runtime.progress)
-
-        timing, flops = None, None
-        kw = _gen_kwargs(cfg, rt)
-        item = prompt_set.items[min(int(cfg.timing.prompt_index), len(prompt_set.items) - 1)]
-        probe = rt.generate([item.prompt], [image_seed(cfg.generation.seed, item.index, 0)], policy, **kw)
-        flops = {"total": probe.flops["total"], "ar": sum(probe.flops["per_scale"]), "text": probe.flops["text"],
-                 "per_scale": probe.flops["per_scale"]}
-        if cfg.timing.enabled:
-            from .timing import timed_pass
-
-            bar = _tqdm(int(cfg.timing.repeats) * len(cfg.timing.batch_sizes), "timing", cfg.runtime.progress)
-            def run(p):
-                return lambda bs: rt.generate([item.prompt] * bs,
-                                              [image_seed(cfg.generation.seed, item.index, k) for k in range(bs)], p, **kw)
-
-            from .policies.baseline import Baseline
-
-            paired = cfg.timing.get("paired_baseline", True) and cfg.method.name != "baseline"
-            by_batch = timed_pass(run(policy), list(cfg.timing.batch_sizes), int(cfg.timing.warmup),
-                                  int(cfg.timing.repeats), device, bar, reference=run(Baseline()) if paired else None)
-            bar.close()
-            timing = {"device": _device_name(device), "dtype": str(dtype).replace("torch.", ""),
-                      "warmup": int(cfg.timing.warmup), "repeats": int(cfg.timing.repeats), "by_batch": by_batch}
-
-        traces = read_jsonl(traces_path) if traces_path.exists() else []
-        keep = {(it.index, s) for it in prompt_set.items for s in range(prompt_set.samples_per_prompt)}
-        latest = {}
-        for row in traces:
-            if (row["prompt_index"], row["sample_index"]) in keep:
-                latest[(row["prompt_index"], row["sample_index"])] = row
-        if latest and not entry.traces_path.exists():
-            entry.append_traces(list(latest.values()))
-
-        record = {
-            "schema_version": 1, "entry_id": ehash, "generation_id": ghash, "created": utc_now(), "status": "ok",
-            "experiment": {"name": exp, "tags": list(cfg.tags), "overrides": _overrides(), "job_num": _job_num()},
-            "config": resolved,
-            "model": {"name": cfg.model.name, "preset": cfg.model.preset,
-                      "resolution": generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
-                                                          kw.get("schedule")),
-                      "h_div_w": float(cfg.generation.h_div_w), "dtype": str(dtype).replace("torch.", ""),
-                      "weights": weights},
-            "method": {"name": cfg.method.name, "label": cfg.method.get("label"),
-                       "config": OmegaConf.to_container(cfg.method, resolve=True), "stats": _jsonable(probe.policy_stats)},
-            "benchmark": {**prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
-            "evaluators": {k: v["version"] for k, v in ev_results.items()},
-            "metrics": {f"{k}/{m}": v for k, r in ev_results.items() for m, v in r["metrics"].items()},
-            "uncertainty": {f"{k}/{m}": v for k, r in ev_results.items() for m, v in r["uncertainty"].items()},
-            "higher_is_better": {f"{k}/{m}": v for k, r in ev_results.items() for m, v in r.get("higher_is_better", {}).items()},
-            "timing": timing, "flops": flops,
-            "provenance": collect_provenance(str(device)),
-            "wall_s": time.perf_counter() - t0,
-        }
-        entry.write_record(record, force=bool(cfg.runtime.force))
-        entry.mark_done()
-    print(f"[varbench] record: {entry.record_path}")
-    _publish(cfg, record, probe, store, prompt_set)
-    return entry.dir
-
-
-def _publish(cfg, record, probe, store, prompt_set) -> None:
-    from hydra.utils import instantiate
-
-    if cfg.logger is None or not cfg.logger.get("_target_"):
-        return
-    sink = instantiate(cfg.logger)
-    rows = [{"scale": i, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "ms": tr.get("ms"), "flops": f}
-            for i, (tr, f) in enumerate(zip(probe.trace, probe.flops["per_scale"]))]
-    images = [(it.prompt, store.load(it.index, 0)) for it in prompt_set.items[:16]]
-    sink.publish(record, per_scale_rows=rows, images=images)
 
 
 def _pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
@@ -317,6 +501,7 @@ def _weight_hashes(model_cfg) -> dict:
     """``{file name: sha256}`` of the model's weights (folders: ``<folder>/<file>``); no paths."""
     return weight_hashes(_weight_files(model_cfg))
 
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -341,3 +526,30 @@ def _job_num():
         return HydraConfig.get().job.get("num")
     except Exception:
         return None
+
+
+def assemble_cli(entry_dir: str | Path) -> int:
+    """``python -m varbench.job assemble <entry folder>``: assemble a sharded entry whose shards
+    are all done (e.g. when the last shard was killed after finishing its part)."""
+    entry_dir = Path(entry_dir)
+    metas = sorted((entry_dir / "shards").glob("*/job.json"))
+    if not metas:
+        print(f"error: {entry_dir} has no finished shards (shards/*/job.json)", file=sys.stderr)
+        return 2
+    meta = json.loads(metas[0].read_text())
+    job = prepare_job(OmegaConf.create(meta["config"]))
+    job.preset = meta.get("preset") or job.preset
+    if job.entry.dir.resolve() != entry_dir.resolve():
+        print(f"error: the shards' config hashes to {job.entry.dir}, not {entry_dir}: were files moved?", file=sys.stderr)
+        return 2
+    return 0 if assemble_shards(job) else 1
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m varbench.job", description="Job utilities.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("assemble", help="assemble the record of a sharded entry").add_argument("entry")
+    args = ap.parse_args()
+    sys.exit(assemble_cli(args.entry))

@@ -19,7 +19,15 @@ CONF_DIR = PACKAGE_DIR / "conf"
 TINY_SCORERS_DIR = PACKAGE_DIR / "toy" / "scorers"
 
 
+def shard_index(spec) -> int:
+    """``${vb.shard_index:${shard}}``: i of a shard spec ``i/n`` (0 without sharding), e.g. to give
+    each shard of a sweep its own GPU: ``runtime.device='cuda:${vb.shard_index:${shard}}'``."""
+    return 0 if spec in (None, "", "None") else int(str(spec).split("/")[0])
+
+
 def register_resolvers() -> None:
-    """``${vb.package_dir:}`` -> the installed package folder (idempotent)."""
+    """``${vb.package_dir:}`` -> the installed package folder; ``${vb.shard_index:...}`` (idempotent)."""
     if not OmegaConf.has_resolver("vb.package_dir"):
         OmegaConf.register_new_resolver("vb.package_dir", lambda: str(PACKAGE_DIR))
+    if not OmegaConf.has_resolver("vb.shard_index"):
+        OmegaConf.register_new_resolver("vb.shard_index", shard_index)

@@ -70,7 +70,7 @@ PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_
 #: Left out of the entry hash: where files go, result mirroring, and switches that change no number
 #: of the record (every name here exists in varbench/conf/).
 ENTRY_EXCLUDE: tuple[str, ...] = (
-    "paths", "logger", "hydra", "aggregate",
+    "paths", "logger", "hydra", "aggregate", "shard",
     "runtime.force", "runtime.progress", "runtime.save_images", "runtime.lock_wait_s",
 ) + PATH_KEYS
 
@@ -170,7 +170,10 @@ def generation_key(cfg: Any, weights: Mapping[str, str] | None = None, benchmark
         present, value = _select(tree, k)
         if present:
             picked[k] = _normalise(k, value)
-    return {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256}
+    from .seeds import SEED_RULE_VERSION
+
+    return {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256,
+            "seed_rule": SEED_RULE_VERSION}
 
 
 def generation_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None) -> str:

@@ -142,6 +142,15 @@ def _check_benchmark(b: Any) -> None:
     _int("benchmark", b, "samples_per_prompt", 1, required=False)
 
 
+def _check_shard(spec: Any) -> None:
+    from .job import Shard
+
+    try:
+        Shard.parse(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 # -- knobs against the constructor's annotations ---------------------------------------------------
 def _matches(value: Any, tp: Any) -> bool:
     """Whether a YAML value fits annotation `tp`; lenient where the annotation says little."""
@@ -243,6 +252,7 @@ def validate_config(cfg: Any):
         _check_timing(sec["timing"])
         _check_generation(sec["generation"])
         _check_benchmark(sec["benchmark"])
+        _check_shard(cfg.get("shard"))
         model = cfg.get("model")
         model = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else (model or {})
         sched = _schedule(model, sec["generation"])

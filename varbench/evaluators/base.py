@@ -87,6 +87,22 @@ class Evaluator(abc.ABC):
     def version_info(self) -> dict[str, Any]:
         """Identify the scorer: implementation version, weights file + sha256, preprocessing."""
 
+    # resuming -------------------------------------------------------------------------------
+    # Every evaluator keeps its per-sample rows in ``self._rows`` and computes its metrics from
+    # them alone, so a job can write rows as each batch is scored, and after an interruption (or
+    # from the shards of a sharded job) hand them back instead of scoring the images again.
+    def scored_rows(self) -> list[dict]:
+        """The per-sample rows accumulated so far (``update`` appends; a deferred backend such as
+        GenEval's official subprocess may add them only in ``compute``)."""
+        return getattr(self, "_rows", [])
+
+    def restore(self, rows: Sequence[dict]) -> None:
+        """Take per-sample rows written by an earlier run of this scorer as if ``update`` had
+        produced them (``compute`` then aggregates old and new rows alike). Needs no weights."""
+        if not hasattr(self, "_rows"):
+            raise TypeError(f"{type(self).__name__} keeps no per-sample rows; it cannot resume")
+        self._rows.extend(dict(r) for r in rows)
+
 
 def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
     """Mean and its standard error (0 for fewer than two values)."""
