@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import traceback
 
 import hydra
@@ -24,9 +25,15 @@ def main(cfg: DictConfig) -> None:
     from .callbacks import aggregate_experiment, failures_path
     from .job import run_job
 
+    from .validate import ConfigError
+
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     if not multirun:
-        run_job(cfg)
+        try:
+            run_job(cfg)
+        except ConfigError as e:      # a bad setting: one line naming it and the fix, no traceback
+            print(f"[varbench] config error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         if cfg.get("aggregate", True):
             aggregate_experiment(cfg)
         return
@@ -43,5 +50,16 @@ def main(cfg: DictConfig) -> None:
             f.write(json.dumps({"overrides": overrides, "error": f"{type(e).__name__}: {e}"}) + "\n")
 
 
+def cli() -> None:
+    """The ``varbench`` command: :func:`main` with SIGTERM/SIGINT handled for the whole process
+    (:class:`varbench.interrupt.GracefulStop`), so a signal that lands between two jobs of a sweep,
+    or while a job loads its model, also exits 128 + signal after finishing what is in flight,
+    instead of killing the process in the middle of a write."""
+    from .interrupt import GracefulStop
+
+    with GracefulStop():
+        main()
+
+
 if __name__ == "__main__":
-    main()
+    cli()

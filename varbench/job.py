@@ -17,7 +17,8 @@ Stages, each a function below, and what a relaunch does at each:
 6. :func:`assemble_record`: the record (schema: :mod:`varbench.schema`), then ``DONE``; then
    :func:`publish_stage` mirrors it to W&B (a failed mirror is retried by the next launch).
 
-Sharding (``shard=i/n``): shard i takes prompts i, i+n, i+2n, ... of the benchmark, generates and
+Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
+(:mod:`varbench.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
 scores them into ``entries/<hash>/shards/<i>-of-<n>/`` (shard 0 also times), and marks its shard
 done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``)
 assembles the one record from all shards' rows. Scores equal those of the unsharded run bit for
@@ -25,10 +26,10 @@ bit: metrics are always computed from every row sorted by (prompt, sample).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,12 +40,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
 from .flops import image_work, work_summary
+from .interrupt import GracefulStop, uninterruptible
+from .locks import DEFAULT_WAIT_S
 from .prompts import PromptSet, load_prompt_set
 from .provenance import collect_provenance, weight_hashes
 from .records import RunEntry, append_jsonl, read_jsonl, utc_now
-from .scoring import collect_scores, latest_rows, needs_reference, score_images, write_samples
+from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, read_json, score_images, write_samples
 from .seeds import SEED_RULE, image_seed
-from .store import ImageStore, entry_hash, generation_hash
+from .sharding import Shard, batches, block_prompts, key_blocks
+from .store import ImageStore, atomic_write_bytes, entry_hash, generation_hash
 
 log = logging.getLogger("varbench")
 
@@ -52,33 +56,6 @@ __all__ = ["run_job", "prepare_job", "image_seed", "SEED_RULE", "assemble_shards
 
 
 # -- the job's shared state ------------------------------------------------------------------
-@dataclasses.dataclass
-class Shard:
-    """``shard=i/n``: this job's part of the benchmark (``index`` i of ``count`` n)."""
-
-    index: int = 0
-    count: int = 1
-
-    @classmethod
-    def parse(cls, spec: Any) -> "Shard":
-        if spec in (None, "", "0/1"):
-            return cls()
-        try:
-            i, n = (int(x) for x in str(spec).split("/"))
-        except ValueError:
-            raise ValueError(f"shard must look like i/n (e.g. shard=0/4), got {spec!r}") from None
-        if not (n >= 1 and 0 <= i < n):
-            raise ValueError(f"shard={spec}: need 0 <= i < n")
-        return cls(i, n)
-
-    @property
-    def name(self) -> str:
-        return f"{self.index}-of-{self.count}"
-
-    def take(self, items: list) -> list:
-        return items[self.index::self.count]
-
-
 @dataclasses.dataclass
 class Job:
     """Everything the stages share, decided before any compute (see :func:`prepare_job`)."""
@@ -96,9 +73,16 @@ class Job:
     t0: float
 
     @property
+    def blocks(self) -> list[list]:
+        """This shard's blocks of ``[(PromptItem, sample_index)]`` (:mod:`varbench.sharding`)."""
+        spp = self.prompt_set.samples_per_prompt
+        per = block_prompts(spp, int(self.cfg.runtime.batch_size), SCORE_BATCH)
+        return self.shard.blocks(key_blocks(self.prompt_set.items, spp, per))
+
+    @property
     def keys(self) -> list:
         """``[(PromptItem, sample_index)]`` of this job's shard."""
-        return [(it, s) for it in self.shard.take(self.prompt_set.items) for s in range(self.prompt_set.samples_per_prompt)]
+        return [k for blk in self.blocks for k in blk]
 
     @property
     def all_keys(self) -> list:
@@ -110,6 +94,12 @@ class Job:
         if self.shard.count == 1:
             return self.entry.dir
         return self.entry.dir / "shards" / self.shard.name
+
+    @property
+    def lock_wait_s(self) -> float | None:
+        """How long to wait for another live job holding a lock this job needs (``runtime.lock_wait_s``)."""
+        v = self.cfg.runtime.get("lock_wait_s", DEFAULT_WAIT_S)
+        return None if v is None else float(v)
 
     @property
     def progress(self) -> bool:
@@ -157,37 +147,52 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
     cfg = cfg or job.cfg
     method_name = method_name or str(cfg.method.name)
     items = [it for it, s in job.keys if s == 0]
-    todo = store.missing(items, job.prompt_set.samples_per_prompt)
-    bad = store.corrupt(items, job.prompt_set.samples_per_prompt)
-    if bad:
+    if not _to_generate(store, items, job.prompt_set.samples_per_prompt, announce=False):
+        return 0
+    # one generating job per (store, shard): a sweep's method jobs that all need the baseline's
+    # images wait for the job making them instead of making them again
+    part = job.shard.name if job.shard.count > 1 else None
+    with store.generation_lock(wait_s=job.lock_wait_s, part=part):
+        todo = _to_generate(store, items, job.prompt_set.samples_per_prompt, announce=True)  # the job waited for may have made them
+        if not todo:
+            return 0
+        store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
+        by_index = {it.index: it for it in items}
+        kw = _gen_kwargs(cfg, rt)
+        bs = int(cfg.runtime.batch_size)
+        bar = job.bar(len(todo), f"generate {method_name}")
+        wanted = set(todo)
+        for batch in batches(job.blocks, bs):     # the same batches sharded or not (varbench.sharding)
+            chunk = [(it.index, s) for it, s in batch if (it.index, s) in wanted]
+            if not chunk:
+                continue
+            with uninterruptible():   # SIGTERM finishes and commits the batch in flight, then stops
+                out = rt.generate([by_index[p].prompt for p, _ in chunk],
+                                  [image_seed(cfg.generation.seed, p, s) for p, s in chunk], policy, **kw)
+                rows, written = [], []
+                for b, (p, s) in enumerate(chunk):
+                    item = by_index[p]
+                    _, digest = store.write_image(p, s, Image.fromarray(out.images[b].cpu().numpy()),
+                                                  metadata={**item.metadata, "prompt": item.prompt})
+                    rows.append(_trace_row(out, b, len(chunk), p, s, method_name))
+                    written.append((p, s, digest))
+                append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
+                store.commit(written)
+            bar.update(len(chunk))
+        bar.close()
+    return len(todo)
+
+
+def _to_generate(store: ImageStore, items: list, samples_per_prompt: int, announce: bool) -> list[tuple[int, int]]:
+    """(prompt, sample) pairs the store lacks or whose file no longer matches its recorded sha256."""
+    todo = store.missing(items, samples_per_prompt)
+    bad = store.corrupt(items, samples_per_prompt)
+    if bad and announce:
         shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
         log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
         print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
               f"recorded when it was generated: {shown}")
-        todo = sorted(set(todo) | set(bad))
-    if not todo:
-        return 0
-    store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
-    by_index = {it.index: it for it in items}
-    kw = _gen_kwargs(cfg, rt)
-    bs = int(cfg.runtime.batch_size)
-    bar = job.bar(len(todo), f"generate {method_name}")
-    for i in range(0, len(todo), bs):
-        chunk = todo[i:i + bs]
-        out = rt.generate([by_index[p].prompt for p, _ in chunk],
-                          [image_seed(cfg.generation.seed, p, s) for p, s in chunk], policy, **kw)
-        rows, written = [], []
-        for b, (p, s) in enumerate(chunk):
-            item = by_index[p]
-            _, digest = store.write_image(p, s, Image.fromarray(out.images[b].cpu().numpy()),
-                                          metadata={**item.metadata, "prompt": item.prompt})
-            rows.append(_trace_row(out, b, len(chunk), p, s, method_name))
-            written.append((p, s, digest))
-        append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
-        store.commit(written)
-        bar.update(len(chunk))
-    bar.close()
-    return len(todo)
+    return sorted(set(todo) | set(bad))
 
 
 def reference_stage(job: Job, rt) -> ImageStore | None:
@@ -209,7 +214,7 @@ def reference_stage(job: Job, rt) -> ImageStore | None:
 def score_stage(job: Job, ref_store: ImageStore | None) -> None:
     """Stage 4: every configured evaluator's per-sample rows for this job's images (resuming)."""
     job.work_dir.mkdir(parents=True, exist_ok=True)
-    score_images(job.work_dir, job.cfg.get("evaluator"), job.keys, job.store.load,
+    score_images(job.work_dir, job.cfg.get("evaluator"), batches(job.blocks, SCORE_BATCH), job.store.load,
                  ref_store.load if ref_store is not None else None, str(job.device), job.bar)
 
 
@@ -219,7 +224,7 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     if not cfg.timing.enabled:
         return None
     from .policies.baseline import Baseline
-    from .timing import timed_pass
+    from .timing import protocol_kwargs, timed_pass
 
     kw = _gen_kwargs(cfg, rt)
     item = job.prompt_set.items[min(int(cfg.timing.prompt_index), len(job.prompt_set.items) - 1)]
@@ -231,7 +236,7 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     paired = cfg.timing.get("paired_baseline", True) and cfg.method.name != "baseline"
     bar = job.bar(int(cfg.timing.repeats) * len(cfg.timing.batch_sizes), "timing")
     by_batch = timed_pass(run(policy), list(cfg.timing.batch_sizes), int(cfg.timing.warmup), int(cfg.timing.repeats),
-                          job.device, bar, reference=run(Baseline()) if paired else None)
+                          job.device, bar, reference=run(Baseline()) if paired else None, **protocol_kwargs(cfg.timing))
     bar.close()
     return {"device": _device_name(job.device), "dtype": str(job.dtype).replace("torch.", ""),
             "prompt_index": item.index, "warmup": int(cfg.timing.warmup), "repeats": int(cfg.timing.repeats),
@@ -300,44 +305,56 @@ def publish_stage(job: Job, record: dict) -> None:
 
 # -- the job ---------------------------------------------------------------------------------
 def run_job(cfg: DictConfig) -> Path:
-    """Run (or skip, or resume) the job for ``cfg``; returns the entry folder."""
+    """Run (or skip, or resume) the job for ``cfg``; returns the entry folder.
+
+    SIGTERM/SIGINT (Slurm's time limit, preemption, Ctrl-C) finish the batch in flight, commit
+    it and exit with 128 + the signal's number (:mod:`varbench.interrupt`); the relaunch resumes."""
     job = prepare_job(cfg)
-    entry = job.entry
-    if entry.is_done() and not cfg.runtime.force:
-        entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
-        print(f"[varbench] skip (finished): {entry.dir}")
-        publish_stage(job, entry.read())              # a mirror that failed last time
-        return entry.dir
-    if job.shard.count > 1:
-        return _run_shard(job)
-    with _no_empty_folder(entry.dir), entry.lock():
-        rt, policy = _build(job)
-        n_new = generate_stage(job, rt, policy)
-        print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
-        score_stage(job, reference_stage(job, rt))
-        record = assemble_record(job, rt, time_stage(job, rt, policy), [entry.dir])
-        entry.write_record(record, force=bool(cfg.runtime.force))
-        entry.mark_done()
-    print(f"[varbench] record: {entry.record_path}")
-    publish_stage(job, record)
-    return entry.dir
+    with GracefulStop():
+        if _finished(job):
+            return job.entry.dir
+        if job.shard.count > 1:
+            return _run_shard(job)
+        with _no_empty_folder(job.entry.dir), job.entry.lock(wait_s=job.lock_wait_s):
+            if _finished(job):                       # another job finished it while this one waited
+                return job.entry.dir
+            rt, policy = _build(job)
+            n_new = generate_stage(job, rt, policy)
+            print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
+            score_stage(job, reference_stage(job, rt))
+            record = assemble_record(job, rt, time_stage(job, rt, policy), [job.entry.dir])
+            with uninterruptible():
+                job.entry.write_record(record, force=bool(cfg.runtime.force))
+                job.entry.mark_done()
+        print(f"[varbench] record: {job.entry.record_path}")
+        publish_stage(job, record)
+    return job.entry.dir
+
+
+def _finished(job: Job) -> bool:
+    """A finished entry (not forced) is skipped, after checking its seal and retrying a failed mirror."""
+    if not job.entry.is_done() or job.cfg.runtime.force:
+        return False
+    job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
+    print(f"[varbench] skip (finished): {job.entry.dir}")
+    publish_stage(job, job.entry.read())              # a mirror that failed last time
+    return True
 
 
 def _run_shard(job: Job) -> Path:
     sdir = job.work_dir
     shard_entry = RunEntry.from_dir(sdir)
-    with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock():
+    with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
         if not (sdir / "SHARD_DONE").exists():
             rt, policy = _build(job)
             n_new = generate_stage(job, rt, policy)
             print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")
             score_stage(job, reference_stage(job, rt))
             if job.shard.index == 0:                  # one shard times; the others only generate and score
-                (sdir / "timing.json").write_text(json.dumps(time_stage(job, rt, policy)))
+                _write_json(sdir / "timing.json", time_stage(job, rt, policy))
             # what `python -m varbench.job assemble` needs to rebuild this job without Hydra
-            (sdir / "job.json").write_text(json.dumps({"config": OmegaConf.to_container(job.cfg, resolve=True),
-                                                       "preset": job.preset}))
-            (sdir / "SHARD_DONE").write_text(json.dumps({"images": len(job.keys), "finished": utc_now()}))
+            _write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
+            _write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
     if assemble_shards(job):
         publish_stage(job, job.entry.read())
     return job.entry.dir
@@ -351,7 +368,7 @@ def assemble_shards(job: Job) -> bool:
     if missing:
         print(f"[varbench] shard {job.shard.name} done; waiting for shard(s) {', '.join(missing)} to assemble the record")
         return False
-    with job.entry.lock():
+    with job.entry.lock(wait_s=job.lock_wait_s), uninterruptible():
         if job.entry.is_done():
             return True
         for name in (job.cfg.get("evaluator") or {}):       # the entry's own sample files, from every shard
@@ -360,10 +377,10 @@ def assemble_shards(job: Job) -> bool:
         versions = {}
         for s in shards:
             if (s / "versions.json").exists():
-                versions = {**json.loads((s / "versions.json").read_text()), **versions}
-        (job.entry.dir / "versions.json").write_text(json.dumps(versions, indent=1, sort_keys=True))
+                versions = {**read_json(s / "versions.json"), **versions}
+        _write_json(job.entry.dir / "versions.json", versions)
         timing_path = shards[0] / "timing.json"
-        timing = json.loads(timing_path.read_text()) if timing_path.exists() else None
+        timing = read_json(timing_path) if timing_path.exists() else None
         record = assemble_record(job, None, timing, [job.entry.dir])
         job.entry.write_record(record, force=bool(job.cfg.runtime.force))
         job.entry.mark_done()
@@ -390,6 +407,10 @@ def _build(job: Job):
     return rt, build_policy_from_cfg(job.cfg.method)
 
 
+def _write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8"))
+
+
 class _no_empty_folder:
     """On failure, remove ``folder`` if the job left it empty (no entry folders with nothing in them)."""
 
@@ -402,11 +423,12 @@ class _no_empty_folder:
 
     def __exit__(self, *exc):
         if exc[0] is not None and not self.existed and self.folder.is_dir():
-            try:
-                if not any(self.folder.rglob("*")):
-                    shutil.rmtree(self.folder)
-            except OSError:
-                pass
+            # bottom-up rmdir: only empty folders go, never a file another job wrote meanwhile
+            for d in sorted((p for p in self.folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()
         return False
 
 
@@ -536,7 +558,7 @@ def assemble_cli(entry_dir: str | Path) -> int:
     if not metas:
         print(f"error: {entry_dir} has no finished shards (shards/*/job.json)", file=sys.stderr)
         return 2
-    meta = json.loads(metas[0].read_text())
+    meta = read_json(metas[0])
     job = prepare_job(OmegaConf.create(meta["config"]))
     job.preset = meta.get("preset") or job.preset
     if job.entry.dir.resolve() != entry_dir.resolve():

@@ -303,12 +303,13 @@ class RunEntry:
         return append_jsonl(self.traces_path, rows)
 
     def _sealed_files(self) -> list[str]:
-        """Relative (posix) paths of the files DONE seals: every regular file but DONE, LOCK and
-        dot-named temp files."""
+        """Relative (posix) paths of the files DONE seals: every regular file but DONE, any LOCK
+        and dot-named (temp or marker) files."""
         out = []
         for p in self.dir.rglob("*"):
             rel = p.relative_to(self.dir)
-            if p.is_file() and rel.as_posix() not in _UNSEALED and not any(part.startswith(".") for part in rel.parts):
+            if p.is_file() and rel.as_posix() not in _UNSEALED and p.name != "LOCK" \
+                    and not any(part.startswith(".") for part in rel.parts):   # a shard's LOCK is no part of the record
                 out.append(rel.as_posix())
         return sorted(out)
 

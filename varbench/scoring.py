@@ -77,22 +77,26 @@ def metrics_from_rows(name: str, ecfg: Any, rows: Iterable[Mapping], device: str
             "higher_is_better": dict(ev.higher_is_better), "n_rows": len(rows)}
 
 
-def score_images(folder: Path, evaluators_cfg: Any, keys: list, load_image, load_reference,
+def score_images(folder: Path, evaluators_cfg: Any, key_batches: list[list], load_image, load_reference,
                  device: str, progress) -> None:
-    """Write every evaluator's per-sample rows for ``keys`` into ``folder`` (resuming).
+    """Write every evaluator's per-sample rows for the keys of ``key_batches`` into ``folder`` (resuming).
 
-    ``keys``: ``[(PromptItem, sample_index)]``; ``load_image(p, s)`` / ``load_reference(p, s)``
+    ``key_batches``: batches of ``[(PromptItem, sample_index)]`` (:func:`varbench.sharding.batches`:
+    fixed by the benchmark, not by what is left to do, so a resumed or sharded run scores each
+    image in the same company and gets the same bits); ``load_image(p, s)`` / ``load_reference(p, s)``
     give PIL images (the reference only for evaluators that need it); ``progress(total, desc)``
     makes a progress bar.
     """
     from .evaluators import Sample, build_evaluator
 
     versions_path = folder / "versions.json"
-    versions = json.loads(versions_path.read_text()) if versions_path.exists() else {}
+    versions = read_json(versions_path) if versions_path.exists() else {}
     for name, ecfg in (evaluators_cfg or {}).items():
         samples_path = folder / f"samples_{name}.jsonl"
         done = {_key(r) for r in read_jsonl(samples_path)} if samples_path.exists() else set()
-        todo = [(it, s) for it, s in keys if (it.index, s) not in done]
+        todo_batches = [[(it, s) for it, s in batch if (it.index, s) not in done] for batch in key_batches]
+        todo_batches = [b for b in todo_batches if b]
+        todo = [k for b in todo_batches for k in b]
         if not todo and name in versions:
             continue
         cls_name, kwargs = evaluator_kwargs(ecfg, device)
@@ -104,8 +108,7 @@ def score_images(folder: Path, evaluators_cfg: Any, keys: list, load_image, load
             print(f"[varbench] score {name}: resuming, {len(done)} image(s) already scored, {len(todo)} to go")
         ev.reset()
         bar = progress(len(todo), f"score {name}")
-        for i in range(0, len(todo), SCORE_BATCH):
-            chunk = todo[i:i + SCORE_BATCH]
+        for chunk in todo_batches:
             n_before = len(ev.scored_rows())
             ev.update([Sample(prompt_index=it.index, sample_index=s, prompt=it.prompt, image=load_image(it.index, s),
                               metadata=it.metadata,
@@ -139,7 +142,7 @@ def collect_scores(folders: list[Path], evaluators_cfg: Any, keys: list, device:
                 rows += read_jsonl(path)
             vpath = folder / "versions.json"
             if vpath.exists() and version is None:
-                version = json.loads(vpath.read_text()).get(name)
+                version = read_json(vpath).get(name)
         rows = [r for r in latest_rows(rows) if _key(r) in wanted]
         missing = wanted - {_key(r) for r in rows}
         if missing:
@@ -159,7 +162,15 @@ def write_samples(folder: Path, name: str, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file the job wrote; a garbled one is one error naming the file and the fix."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
+
+
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str))
-    tmp.replace(path)
+    from .store import atomic_write_bytes
+
+    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode())

@@ -265,7 +265,7 @@ class ImageStore:
         return (int(prompt_index), int(sample_index)) in self.index() and self.path(prompt_index, sample_index).is_file()
 
     @contextlib.contextmanager
-    def generation_lock(self, wait_s: float | None = DEFAULT_WAIT_S) -> Iterator[FileLock]:
+    def generation_lock(self, wait_s: float | None = DEFAULT_WAIT_S, part: str | None = None) -> Iterator[FileLock]:
         """Hold ``<store>/LOCK`` while generating into this store: one generating job per
         generation hash (a sweep's method jobs all need the baseline's images for fidelity).
 
@@ -274,13 +274,16 @@ class ImageStore:
         raises :class:`varbench.locks.LockTimeoutError` naming the holder and the knob. A lock
         left by a killed job is taken over at once. On entry, temp files of killed writes
         (``.*.tmp``, anywhere under the store folder) are removed. Check :meth:`missing` again
-        inside the block: the job waited for may have generated everything::
+        inside the block: the job waited for may have generated everything. ``part`` (a shard's
+        name, ``i-of-n``) locks only that part of the prompts (``LOCK.<part>``), so the shards of
+        one job generate side by side while two jobs wanting the same shard still wait::
 
             with store.generation_lock(wait_s=cfg.runtime.lock_wait_s):
                 if store.missing(items, spp):
                     generate(...)
         """
-        lock = FileLock(self.dir / "LOCK", what=f"image store {self.dir} (its images are being generated)",
+        name = "LOCK" if part is None else f"LOCK.{part}"
+        lock = FileLock(self.dir / name, what=f"image store {self.dir} (its images are being generated)",
                         wait_s=wait_s)
         with lock:
             clean_stray_tmp(self.dir, recursive=True)
