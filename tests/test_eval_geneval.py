@@ -26,7 +26,9 @@ from varbench.evaluators.base import Sample
 
 FIX = Path(__file__).parent / "fixtures" / "evaluators"   # goldens and their images
 TINY = TINY_SCORERS_DIR   # the tiny random scorers, bundled with the package
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "geneval"
+from conftest import SHARED_DATA  # noqa: E402
+
+SHARED = SHARED_DATA / "geneval"
 CASES = [json.loads(l) for l in (FIX / "geneval_cases.jsonl").read_text().splitlines()]
 
 

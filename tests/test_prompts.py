@@ -16,7 +16,7 @@ import pytest
 from varbench import prompts as P
 from varbench.prompts import PromptSetError, load_prompt_set
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA as DATA  # noqa: E402 - $VARBENCH_TEST_DATA or ../shared/data
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"official prompt files not at {DATA}")
 
 

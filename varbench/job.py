@@ -44,6 +44,7 @@ from .interrupt import GracefulStop, uninterruptible
 from .locks import DEFAULT_WAIT_S
 from .prompts import PromptSet, load_prompt_set
 from .provenance import collect_provenance, weight_hashes
+from .report import job_position, result_line
 from .records import RunEntry, append_jsonl, read_jsonl, utc_now
 from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, read_json, score_images, write_samples
 from .seeds import SEED_RULE, image_seed
@@ -328,6 +329,7 @@ def run_job(cfg: DictConfig) -> Path:
                 job.entry.mark_done()
         print(f"[varbench] record: {job.entry.record_path}")
         publish_stage(job, record)
+        print(result_line(record, job_position(_job_num())))
     return job.entry.dir
 
 
@@ -337,7 +339,9 @@ def _finished(job: Job) -> bool:
         return False
     job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
     print(f"[varbench] skip (finished): {job.entry.dir}")
-    publish_stage(job, job.entry.read())              # a mirror that failed last time
+    record = job.entry.read()
+    publish_stage(job, record)                        # a mirror that failed last time
+    print(result_line(record, job_position(_job_num())))
     return True
 
 
@@ -356,7 +360,9 @@ def _run_shard(job: Job) -> Path:
             _write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
             _write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
     if assemble_shards(job):
-        publish_stage(job, job.entry.read())
+        record = job.entry.read()
+        publish_stage(job, record)
+        print(result_line(record, job_position(_job_num())))
     return job.entry.dir
 
 
