@@ -58,3 +58,33 @@ def test_bits_to_codes_is_plus_minus_one_over_sqrt_d_normalised():
     assert torch.equal(vae.lfq.bits_to_codes(b), bits_to_codes(b))
     assert torch.equal(vae.bits_to_codes(b), bits_to_codes(b).permute(0, 3, 1, 2))
     assert math.isclose(float(bits_to_codes(b).norm(dim=-1).max()), 1.0, rel_tol=1e-6)
+
+
+def test_geneval_overall_is_the_unweighted_mean_of_tag_means():
+    from varbench.evaluators import geneval_rules as R
+
+    # 3 counting images (1 right) and 1 colours image (right): mean of tag means 2/3, not image mean 1/2
+    pairs = [("counting", 1.0), ("counting", 0.0), ("counting", 0.0), ("colors", 1.0)]
+    means = R.tag_means(pairs)
+    assert list(means) == ["counting", "colors"] and means["counting"] == pytest.approx(1 / 3)
+    assert R.geneval_overall(means) == pytest.approx(2 / 3) == R.geneval_overall(means.values())
+    assert R.overall_of_groups([pairs[:2], pairs[2:]]) == R.geneval_overall(means)
+    assert math.isnan(R.geneval_overall({}))
+    rows = [{"prompt_index": i, "tag": t, "correct": bool(v)} for i, (t, v) in enumerate(pairs)]
+    assert R.summarize(rows)["overall"] == R.geneval_overall(means)
+
+
+def test_position_rule_scores_and_relations_agree_with_the_toy_world():
+    from varbench.evaluators import geneval_rules as R
+    from varbench.toy import world
+
+    def obj(*box):
+        return (np.array(box, dtype=float),)
+
+    dx, dy = R.position_scores(obj(0, 0, 10, 10), obj(20, 0, 30, 10))
+    assert dx == pytest.approx(-18 / 20) and dy == 0  # 0.1 x (10 + 10) dead zone off a 20 offset
+    assert R.relative_position(obj(0, 0, 10, 10), obj(20, 0, 30, 10)) == {"left of"}
+    assert R.position_scores(obj(0, 0, 10, 10), obj(1, 0, 11, 10)) is None
+    assert world._clear_relation((0, 0, 0.2, 0.2), (0.5, 0.05, 0.7, 0.25), "left of")
+    assert not world._clear_relation((0, 0, 0.2, 0.2), (0.5, 0.05, 0.7, 0.25), "right of")
+    assert not world._clear_relation((0, 0, 0.2, 0.2), (0.5, 0.5, 0.7, 0.7), "left of")  # diagonal: not clear
