@@ -88,3 +88,27 @@ def test_position_rule_scores_and_relations_agree_with_the_toy_world():
     assert world._clear_relation((0, 0, 0.2, 0.2), (0.5, 0.05, 0.7, 0.25), "left of")
     assert not world._clear_relation((0, 0, 0.2, 0.2), (0.5, 0.05, 0.7, 0.25), "right of")
     assert not world._clear_relation((0, 0, 0.2, 0.2), (0.5, 0.5, 0.7, 0.7), "left of")  # diagonal: not clear
+
+
+def test_lazy_registry_imports_on_first_load_and_lists_known_names_for_an_unknown_one():
+    from varbench import evaluators, policies, prompts
+    from varbench.registry import LazyRegistry, UnknownName, resolve
+
+    reg = LazyRegistry("widget", {"ordered_dict": "collections:OrderedDict", "plain": dict})
+    reg.register("counter", "collections:Counter")
+    assert reg["counter"] == "collections:Counter"  # reading gives what was registered
+    import collections
+
+    assert reg.load("counter") is collections.Counter and reg.load("plain") is dict
+    with pytest.raises(UnknownName) as e:
+        reg.load("countr")
+    msg = str(e.value)
+    assert msg.startswith("Unknown widget 'countr'.") and "Did you mean counter?" in msg
+    assert "Known: counter, ordered_dict, plain." in msg
+    with pytest.raises(KeyError, match="Unknown gadget 'x'"):
+        resolve(reg, "x", "gadget")
+    del reg["plain"]
+    assert sorted(reg) == ["counter", "ordered_dict"]
+    for r in (policies.REGISTRY, evaluators.REGISTRY, prompts.LOADERS):
+        assert isinstance(r, LazyRegistry)
+    assert evaluators.REGISTRY.load("fidelity").__name__ == "FidelityEvaluator"
