@@ -46,6 +46,8 @@ def _records(path: Path):
         if length == 0 and kind == 0:
             i += left
             continue
+        if i + 7 + length > len(data):     # a record still being written
+            return
         chunk = data[i + 7:i + 7 + length]
         i += 7 + length
         buf = chunk if kind in (1, 2) else buf + chunk      # FULL/FIRST start a record, MIDDLE/LAST extend it
@@ -81,8 +83,17 @@ def read_run(run_dir: Path) -> dict:
     return out
 
 
-def runs_in(wb_dir: Path) -> list[dict]:
-    return [read_run(d) for d in sorted(Path(wb_dir).glob("wandb/offline-run-*"))]
+def runs_in(wb_dir: Path, wait_s: float = 15.0) -> list[dict]:
+    """Every offline run under ``wb_dir``; waits (up to ``wait_s``) for W&B's service to flush each
+    finished run's exit record to its file."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        runs = [read_run(d) for d in sorted(Path(wb_dir).glob("wandb/offline-run-*"))]
+        if all(r["exit_code"] is not None for r in runs) or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
 
 
 def _table(run: dict, name: str) -> dict:
@@ -141,6 +152,12 @@ def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, 
     assert run.active and list(wb.glob("wandb/offline-run-*"))            # open before any compute
     run.progress("generate", 1, 3)
     run.progress("generate", 3, 3)                                        # a stage's end always logs
+    seen = []
+    bar = run.wrap(types.SimpleNamespace(update=seen.append, close=lambda: seen.append("closed"), n=0), "score toy", 2)
+    bar.update(1)
+    bar.update(1)
+    bar.close()
+    assert seen == [1, 1, "closed"] and bar.n == 0                          # the bar still gets everything
     record = job.entry.read()
     base = json.loads((base_dir / "record.json").read_text())
     run.finish(job, record)
@@ -152,6 +169,7 @@ def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, 
     assert r["config"]["varbench"]["entry_id"] == method_dir.name
     assert r["config"]["generation"]["seed"] == 0                         # the resolved config
     assert any(h.get("progress/generate") == 1.0 for h in r["history"])
+    assert any(h.get("progress/score/toy") == 1.0 and h.get("progress/score/toy_done") == 2 for h in r["history"])
     assert s["paired/status"] == "paired" and s["paired/baseline_entry"] == base_dir.name
     assert s["paired/speedup_ci_low"] <= s["paired/speedup"] <= s["paired/speedup_ci_high"]
     assert s["paired/speedup"] > 1 and s["paired/n_repeats"] == 2 and "paired/speedup_reliable" in s
@@ -259,6 +277,8 @@ def test_logger_none_does_nothing(store, wb):
     run = JobRun.open(job)
     assert not run.active
     run.progress("generate", 1, 2)
+    bar = object()
+    assert run.wrap(bar, "generate", 2) is bar
     run.finish(job, job.entry.read())
     run.fail(RuntimeError("x"))
     republish(job, job.entry.read())
@@ -344,5 +364,5 @@ def test_run_job_with_logger_wandb_offline_publishes_the_paired_summary(toy_stor
     s = runs[0]["summary"]
     assert s["paired/status"] == "paired" and s["paired/baseline_entry"] == base_name
     assert "toy_geneval/overall_delta" in s and s["paired/speedup"] > 0
-    assert any("progress/generate" in h for h in runs[0]["history"])
+    assert any(h.get("progress/timing") == 1.0 for h in runs[0]["history"])   # the images were stored already
     assert (entry / MARKER).exists()

@@ -5,6 +5,7 @@ In a job (``logger=wandb``; :mod:`varbench.job` calls these)::
     run = JobRun.open(job)            # right after prepare_job: config, name, group, tags; a bad
                                       # WANDB_MODE or a missing login is a ConfigError naming the fix
     run.progress("generate", 8, 64)   # after each batch: live progress (system metrics stream by themselves)
+    bar = run.wrap(tqdm_bar, "generate nova", 64)   # or: a progress bar whose update() also reports it
     run.finish(job, record)           # after DONE: summary + paired speed-up/deltas, tables, artifact; .published
     run.fail(exc)                     # the job failed: the run ends with exit code 1
     republish(job, record)            # a finished entry relaunched: publish it if it never was
@@ -384,6 +385,14 @@ class JobRun:
         except Exception as e:  # noqa: BLE001 - progress is a convenience; the job goes on
             print(f"[varbench] W&B progress not logged ({type(e).__name__}: {e})")
 
+    def wrap(self, bar, desc: str, total: int):
+        """``bar`` (a tqdm bar, as :meth:`varbench.job.Job.bar` makes) whose ``update(n)`` also reports
+        :meth:`progress` for stage ``desc`` with spaces as ``/`` ("generate nova" ->
+        ``progress/generate/nova``); ``bar`` itself when this run is inactive."""
+        if self.run is None:
+            return bar
+        return _ProgressBar(self, bar, "/".join(str(desc).split()) or "job", int(total))
+
     def finish(self, job, record: Mapping | None) -> None:
         """Log the finished record (summary with paired speed-up and deltas, tables, artifact),
         finish the run and write the entry's ``.published`` marker. ``record=None`` (a shard that
@@ -423,6 +432,31 @@ class JobRun:
         except Exception:  # noqa: BLE001
             pass
         _finish_quietly(run, 1)
+
+
+class _ProgressBar:
+    """A progress bar that also reports to the job's W&B run (see :meth:`JobRun.wrap`)."""
+
+    def __init__(self, job_run: JobRun, bar, stage: str, total: int):
+        self._job_run, self._bar, self._stage, self._total, self._done = job_run, bar, stage, total, 0
+
+    def update(self, n: int = 1):
+        self._done += n
+        self._job_run.progress(self._stage, self._done, self._total)
+        return self._bar.update(n)
+
+    def close(self):
+        return self._bar.close()
+
+    def __getattr__(self, name):
+        return getattr(self._bar, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 def _finish_quietly(run, exit_code: int) -> None:
