@@ -282,8 +282,7 @@ def fill_run(run, sink: WandbSink, record: Mapping, entry_dir: str | Path,
     if scale_rows:
         cols = list(scale_rows[0])
         run.log({"per_scale": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in scale_rows])})
-    score_cols, rows = per_image_rows(entry_dir, list((record.get("evaluators") or {})) or None,
-                                      [(t["prompt_index"], t["sample_index"]) for t in traces])
+    score_cols, rows = per_image_rows(entry_dir, None, [(t["prompt_index"], t["sample_index"]) for t in traces])
     if rows:
         n_img = sink.log_images if sink.log_images >= 0 else len(rows)
         data, warned = [], False
