@@ -303,7 +303,8 @@ def test_cli_publishes_each_record_once_and_the_sweep_table(store, wb, capsys):
     assert len(runs) == 3 and set(by_type) == {"baseline", "skip_last", "sweep"}
     assert (base_dir / MARKER).exists() and (method_dir / MARKER).exists()
     s = by_type["skip_last"]["summary"]
-    assert s["paired/status"] == "paired" and s["toy_geneval/overall_delta"] == pytest.approx(-1.0)
+    overall = [json.loads((d / "record.json").read_text())["metrics"]["toy_geneval/overall"] for d in (method_dir, base_dir)]
+    assert s["paired/status"] == "paired" and s["toy_geneval/overall_delta"] == pytest.approx(overall[0] - overall[1])
     assert by_type["baseline"]["summary"]["paired/status"] == "is baseline"
     per_image = _table(by_type["skip_last"], "per_image")
     assert per_image["data"][0][1]                                       # prompts from the image store's metadata
