@@ -104,7 +104,10 @@ class WandbSink:
         dir: folder under which W&B writes ``wandb/`` (offline runs live there until synced).
         tags: extra tags; the method and model names are added per run.
         log_record: also upload the record JSON as an artifact.
-        log_images: cap on sample images logged per run (0 = none).
+        log_images: cap on sample images logged per run (0 = none; in a job's per-image table, -1 = all).
+        init_timeout: seconds W&B may take to open a run (online) before that is a ConfigError.
+        progress_every_s: a job's live progress is logged at most this often (varbench.publish).
+        log_sweep: also log the sweep-level run after aggregation (varbench.publish.log_sweep).
     """
 
     def __init__(self, mode: str = "online", project: str = "varbench", entity: str | None = None,
