@@ -125,7 +125,8 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, torch.Tensor],
 
     This is the one strict loader: the Infinity checkpoints (`load_strict`), the BSQ-VAE
     (`bsq_vae.load_vae_state_dict`), the evaluators' weights (`evaluators._weights.strict_load`),
-    the toy model and the word text encoder all load through it, so every mismatch reads the same.
+    the toy model, the word text encoder and the GenEval mmdet converter all load through it, so every
+    mismatch reads the same.
     `may_miss(key)` lets module keys be absent from `state` (they keep their initial values; the
     load is then non-strict for exactly those keys).
     """
