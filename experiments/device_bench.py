@@ -236,7 +236,11 @@ def load_preset(preset: str) -> dict:
         raw = yaml.safe_load(path.read_text())
     out: dict = {}
     for d in raw.pop("defaults", None) or []:
-        if d != "_self_":
+        if d.endswith("_schema"):   # a method's knob dataclass (varbench/method_configs.py), not a file
+            from varbench.method_configs import schema_node
+
+            out = _merge(out, schema_node(d, resolve=True))
+        elif d != "_self_":
             out = _merge(out, load_preset(d))
     return _merge(out, raw)
 

@@ -66,8 +66,8 @@ def test_mismatch_names_every_missing_unexpected_and_misshaped_key(tmp_path):
     with pytest.raises(CheckpointMismatch) as e:
         load_infinity_weights(build_infinity("tiny"), tmp_path / "bad.pth")
     msg = str(e.value)
-    for needle in ("head.weight", "block_chunks.1.module.0.ffn.fc1.bias", "extra.thing", "word_embed.weight", "missing (2)",
-                   "unexpected (1)", str(tmp_path / "bad.pth")):
+    for needle in ("head.weight", "block_chunks.1.module.0.ffn.fc1.bias", "extra.thing", "word_embed.weight", "2 missing",
+                   "1 unexpected", "1 wrong shape", str(tmp_path / "bad.pth")):
         assert needle in msg
 
 

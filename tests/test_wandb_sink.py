@@ -134,3 +134,34 @@ def test_disabled_mode_writes_nothing(real_wandb, tmp_path):
     info = WandbSink(mode="disabled", dir=tmp_path).publish(RECORD, ROWS, [])
     assert info["summary"]["hpsv2/score"] == 0.31 and info["dir"] is None
     assert not (tmp_path / "wandb").exists()
+
+
+def test_bad_mode_is_a_config_error_naming_the_fix():
+    from varbench.validate import ConfigError
+
+    with pytest.raises(ConfigError, match=r"WANDB_MODE=offline"):
+        WandbSink(mode="bogus")
+
+
+def test_init_failure_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):
+    from varbench.validate import ConfigError
+
+    mod = _fake_module()
+
+    def init(**kwargs):
+        raise RuntimeError("No API key configured. Use `wandb login` to log in.")
+
+    mod.init = init
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    sink = WandbSink(mode="online", dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"wandb login.*WANDB_MODE=offline"):
+        sink.init_run(name="n", job_type="j")
+
+
+def test_init_run_passes_group_tags_and_timeout(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", _fake_module())
+    run = WandbSink(mode="offline", group="exp", tags=["t"], init_timeout=7).init_run(
+        name="n", job_type="sweep", config={"a": 1}, tags=["sweep", None], group="other")
+    kw = run.kwargs
+    assert kw["group"] == "other" and kw["tags"] == ["sweep", "t"] and kw["settings"]["init_timeout"] == 7.0
+    assert kw["config"] == {"a": 1} and kw["reinit"] == "finish_previous"

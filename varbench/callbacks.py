@@ -28,18 +28,39 @@ def report_failures(sweep_dir: str | Path) -> int:
     return len(failed)
 
 
+def _wandb_sink(cfg: DictConfig):
+    """The W&B sink of `cfg.logger` when it logs the sweep run (`logger=wandb`, `logger.log_sweep`), else None.
+    A bad logger setting is printed here (the jobs already reported it) and means no sweep run."""
+    from .publish import sink_from_cfg
+
+    try:
+        sink = sink_from_cfg(cfg.get("logger"))
+    except Exception as e:  # noqa: BLE001 - the table matters more than its W&B copy
+        print(f"[varbench] W&B sweep run not logged: {e}")
+        return None
+    return sink if sink is not None and sink.log_sweep else None
+
+
 def aggregate_experiment(cfg: DictConfig) -> Path | None:
-    """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/."""
+    """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/;
+    with `logger=wandb`, also the sweep-level W&B run (varbench.publish.log_sweep: the table,
+    table.md, figures and image grids), whose failure is printed and never fails the sweep."""
     from .aggregate import AggregationError, aggregate, markdown_table
     from .records import SealError
 
     src = Path(cfg.paths.store_dir) / str(cfg.experiment_name)
     out = Path(cfg.paths.results_dir) / str(cfg.experiment_name)
+    sink = _wandb_sink(cfg)
     try:
-        paired = aggregate(src, out)
+        paired = aggregate(src, out, figures=sink is None)   # with W&B the figures are rendered once, below
     except (AggregationError, SealError) as e:
         print(f"[varbench] no table written: {e}")
         return None
+    if sink is not None:
+        from .publish import log_sweep, sweep_figures
+
+        figures = sweep_figures(paired, out)
+        log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(paired))
     print(markdown_table(paired))
     print(f"[varbench] tables and figures: {out}")
     return out

@@ -64,7 +64,6 @@ actual hash and ``sha256_matches: false``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import json
 import re
@@ -75,6 +74,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from varbench.provenance import sha256_file
+from varbench.registry import LazyRegistry
 from varbench.store import atomic_write_bytes
 
 
@@ -417,7 +417,8 @@ def _urls(cfg: Any) -> tuple[str, ...] | None:
 
 #: Built-in loaders return (items, PromptSet keyword arguments). Registered loaders (below)
 #: return a PromptSet; both get ``limit``/``limit_per_tag``/``samples_per_prompt`` applied here.
-LOADERS: dict[str, Callable[[Any], Any] | str] = {
+#: A `varbench.registry.LazyRegistry`: ``"module:function"`` entries are imported on first use.
+LOADERS = LazyRegistry("benchmark loader", {
     "geneval": _load_geneval,
     "hpsv2": _load_hpsv2,
     "imagereward": _load_imagereward,
@@ -425,7 +426,7 @@ LOADERS: dict[str, Callable[[Any], Any] | str] = {
     "smoke": _load_smoke,
     # Lazy entries: imported on first use only.
     "toy": "varbench.toy.world:load_toy_prompts",
-}
+})
 
 
 def register_loader(name: str, fn: Callable[[Any], PromptSet] | str) -> None:
@@ -434,18 +435,7 @@ def register_loader(name: str, fn: Callable[[Any], PromptSet] | str) -> None:
 
     Example: ``register_loader("toy", "varbench.toy.world:load_toy_prompts")``.
     """
-    LOADERS[name] = fn
-
-
-def _resolve_loader(name: str) -> Callable[[Any], Any]:
-    fn = LOADERS[name]
-    if isinstance(fn, str):
-        import importlib
-
-        module, _, attr = fn.partition(":")
-        fn = getattr(importlib.import_module(module), attr)
-        LOADERS[name] = fn
-    return fn
+    LOADERS.register(name, fn)
 
 
 def _select(items: list[PromptItem], limit: int | None, limit_per_tag: int | None, loader: str) -> list[PromptItem]:
@@ -477,13 +467,13 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     """
     loader = _get(cfg, "loader", None)
     if loader not in LOADERS:
-        close = difflib.get_close_matches(str(loader), LOADERS, n=1)
+        close = LOADERS.close_matches(loader, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise PromptSetError(f"unknown benchmark.loader {loader!r}.{hint} Available: {sorted(LOADERS)}")
     if _get(cfg, "rewriter", None):
         raise PromptSetError("benchmark.rewriter is not supported: varbench scores the official prompts "
                              "as written (Infinity's GenEval † numbers used an LLM rewriter). Set it to null.")
-    got = _resolve_loader(loader)(cfg)
+    got = LOADERS.load(loader)(cfg)
     if isinstance(got, PromptSet):  # a registered loader: keep its fingerprint, apply selection here
         kw = {k: getattr(got, k) for k in ("source_path", "sha256", "source_url", "expected_sha256", "files")}
         items = list(got.items)

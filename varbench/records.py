@@ -170,12 +170,20 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        torn = i == len(lines) - 1   # last chunk with no newline: maybe a write cut short by a kill
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:  # last chunk with no newline: a write cut short by a kill
+            row = json.loads(line)
+        except ValueError as e:      # JSONDecodeError, or UnicodeDecodeError (bytes cut mid-character)
+            if torn:
                 break
-            raise ValueError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write)")
+            raise ValueError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write): "
+                             f"{e}; the line starts {line[:60]!r}") from None
+        if not isinstance(row, dict):
+            if torn:
+                break
+            raise ValueError(f"{path}: line {i + 1} is {type(row).__name__} JSON, not an object (each line of a "
+                             f"record's .jsonl is one row): {line[:60]!r}")
+        rows.append(row)
     return rows
 
 

@@ -20,7 +20,6 @@ replayed; everything it reads lives in a generation state reused in place across
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import functools
 from typing import Optional, Sequence
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .flops import scale_flops, text_flops
-from .models.bsq_vae import patchify_codes, unpatchify_bits
+from .models.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
 from .block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, rope_qkv_table, sa_out
 from .models.infinity import CrossAttnBlock, Infinity, key_runs
 from .models.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
@@ -563,10 +562,7 @@ class _GenState:
         b = bits_grid
         if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d), the released pixel_shuffle order
             b = unpatchify_bits(b)
-        d = b.shape[-1]
-        s = 1 / math.sqrt(d)
-        codes = F.normalize(b.unsqueeze(1) * s * 2 - s, dim=-1)                 # (B, 1, H, W, d)
-        codes = codes.permute(0, 4, 1, 2, 3)                                     # (B, d, 1, H, W)
+        codes = bits_to_codes(b).unsqueeze(1).permute(0, 4, 1, 2, 3)            # (B, d, 1, H, W)
         if si != len(self.sched) - 1:
             self.summed_codes += F.interpolate(codes, size=self.latent_size, mode="trilinear")
         else:

@@ -3,8 +3,10 @@
 `validate_config(cfg)` raises :class:`ConfigError` naming the setting (``runtime.batch_size``,
 ``method.knobs.q_sub``, ...) for anything the config alone decides: types and ranges of the
 runtime / timing / generation / benchmark fields, the method name (with the registry's closest
-names), each knob against the policy constructor's signature and annotations, the knobs' own
-checks (the constructor runs), and FastVAR schedule indices against the generation's schedule.
+names), each knob against its method's dataclass in :mod:`varbench.method_configs` (known name, type,
+range or choices, scale indices against the generation's schedule; a method without one: the
+policy constructor's signature and annotations), the knobs' cross-checks (the constructor runs), and
+FastVAR schedule indices against the generation's schedule.
 """
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ def _check_runtime(rt: Any) -> None:
         raise ConfigError(f"runtime.cuda_graphs must be auto, true or false, got {graphs!r}")
     for key in ("fused_entropy", "force", "save_images", "progress"):
         _bool("runtime", rt, key)
+    wait = _get(rt, "lock_wait_s")
+    if wait is not None and (not _is_num(wait) or (wait < 0 and wait != -1)):
+        raise ConfigError(f"runtime.lock_wait_s must be a number of seconds >= 0 (or -1: wait forever), got {wait!r}")
 
 
 def _check_timing(tm: Any) -> None:
@@ -192,7 +197,8 @@ def _describe(tp: Any) -> str:
 
 
 def check_knobs(name: str, cls: type, knobs: Mapping[str, Any]) -> None:
-    """Each knob is a parameter of `cls.__init__` and fits its annotation."""
+    """Each knob is a parameter of `cls.__init__` and fits its annotation (methods without a dataclass
+    in varbench.method_configs)."""
     sig = inspect.signature(cls.__init__)
     params = {k: p for k, p in sig.parameters.items() if k != "self"}
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -272,7 +278,12 @@ def validate_config(cfg: Any):
     knobs = OmegaConf.to_container(knobs, resolve=True) if knobs is not None else {}
     if not isinstance(knobs, dict):
         raise ConfigError(f"method.knobs must be a mapping, got {knobs!r}")
-    check_knobs(name, cls, knobs)
+    from .method_configs import SCHEMAS, check_knobs as check_schema_knobs
+
+    if name in SCHEMAS:
+        check_schema_knobs(name, knobs, len(sched) if sched is not None else None)
+    else:
+        check_knobs(name, cls, knobs)
     try:
         policy = cls(**knobs)
     except (ValueError, TypeError, KeyError) as e:
@@ -281,5 +292,5 @@ def validate_config(cfg: Any):
     members = getattr(policy, "members", None) or [policy]
     for i, p in enumerate(members):
         if type(p).__name__ == "FastVAR":
-            _check_fastvar_schedule(p, sched, "method.knobs" if p is policy else f"method.knobs (member {i})")
+            _check_fastvar_schedule(p, sched, "method.knobs" if p is policy else f"method.knobs.policies[{i}].knobs")
     return policy

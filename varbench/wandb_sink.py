@@ -25,6 +25,11 @@ Modes: ``online`` needs network and an API key (without network, W&B waits ``ini
 seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later); ``disabled``
 runs the same code path with a no-op run (tests, CI). ``wandb`` is imported lazily so
 ``logger=none`` never needs it.
+
+A job's own run (opened when the job starts, live progress and system metrics, the record's
+summary with its paired speed-up and deltas at the end) and the sweep-level run are in
+:mod:`varbench.publish`; :meth:`WandbSink.init_run` is the one place a run is opened, and turns a
+bad mode or a missing login into a :class:`varbench.validate.ConfigError` naming the fix.
 """
 from __future__ import annotations
 
@@ -35,6 +40,24 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 MODES = ("online", "offline", "disabled")
+
+#: what to do when W&B cannot open a run (printed with every start-up error)
+LOGIN_FIX = ("run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to write the runs locally "
+             "and `wandb sync` them later, or WANDB_MODE=disabled / logger=none for no W&B at all")
+
+
+def _config_error(msg: str):
+    from varbench.validate import ConfigError
+
+    return ConfigError(msg)
+
+
+def check_mode(mode: Any) -> str:
+    """``mode`` if it is one of :data:`MODES`, else a ConfigError naming the fix."""
+    if mode not in MODES:
+        raise _config_error(f"logger.mode (WANDB_MODE) must be one of {', '.join(MODES)}, got {mode!r}: set "
+                            "WANDB_MODE=offline (or online / disabled), or logger.mode=offline")
+    return str(mode)
 
 
 class NullSink:
@@ -81,16 +104,17 @@ class WandbSink:
         dir: folder under which W&B writes ``wandb/`` (offline runs live there until synced).
         tags: extra tags; the method and model names are added per run.
         log_record: also upload the record JSON as an artifact.
-        log_images: cap on sample images logged per run (0 = none).
+        log_images: cap on sample images logged per run (0 = none; in a job's per-image table, -1 = all).
+        init_timeout: seconds W&B may take to open a run (online) before that is a ConfigError.
+        progress_every_s: a job's live progress is logged at most this often (varbench.publish).
+        log_sweep: also log the sweep-level run after aggregation (varbench.publish.log_sweep).
     """
 
     def __init__(self, mode: str = "online", project: str = "varbench", entity: str | None = None,
                  group: str | None = None, dir: str | os.PathLike | None = None,
-                 tags: Iterable[str] = (), log_record: bool = True, log_images: int = 16):
-        if mode not in MODES:
-            raise ValueError(f"logger.mode must be one of {MODES}, got {mode!r} "
-                             "(set logger.mode=offline or WANDB_MODE=offline)")
-        self.mode = mode
+                 tags: Iterable[str] = (), log_record: bool = True, log_images: int = 16,
+                 init_timeout: float = 90.0, progress_every_s: float = 1.0, log_sweep: bool = True):
+        self.mode = check_mode(mode)   # a ConfigError (a ValueError) naming the fix
         self.project = project
         self.entity = entity
         self.group = group
@@ -98,6 +122,33 @@ class WandbSink:
         self.tags = [str(t) for t in (tags or ())]
         self.log_record = log_record
         self.log_images = int(log_images)
+        self.init_timeout = float(init_timeout)
+        self.progress_every_s = float(progress_every_s)
+        self.log_sweep = bool(log_sweep)
+
+    def init_run(self, *, name: str, job_type: str | None, config: Mapping | None = None,
+                 tags: Iterable[str] = (), group: str | None = None):
+        """Open one W&B run (finishing any run still open in this process). A missing login, a
+        bad mode or an unreachable server is a :class:`varbench.validate.ConfigError` naming the
+        fix (:data:`LOGIN_FIX`)."""
+        try:
+            import wandb
+        except ImportError as e:
+            raise _config_error(f"logger=wandb needs the wandb package ({e}): `pip install wandb`, or "
+                                "logger=none") from None
+        if self.dir:
+            Path(self.dir).mkdir(parents=True, exist_ok=True)
+        try:
+            return wandb.init(
+                mode=self.mode, project=self.project, entity=self.entity, group=group or self.group, dir=self.dir,
+                name=name, job_type=job_type, tags=sorted({*self.tags, *(str(t) for t in tags if t)}),
+                config=dict(config or {}), reinit="finish_previous",
+                settings=wandb.Settings(disable_git=True, save_code=False, silent=True,
+                                        init_timeout=self.init_timeout),
+            )
+        except Exception as e:  # noqa: BLE001 - UsageError (no API key), CommError (no network), bad settings
+            raise _config_error(f"W&B could not open a run in mode {self.mode!r} ({type(e).__name__}: {e}); "
+                                f"{LOGIN_FIX}") from e
 
     def publish(self, record: Mapping, per_scale_rows: Sequence[Mapping] = (),
                 images: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
@@ -111,16 +162,9 @@ class WandbSink:
         config["varbench"] = {"entry_id": record.get("entry_id"), "generation_id": record.get("generation_id"),
                               "method": method.get("name"), "model": model.get("name"),
                               "benchmark": (record.get("benchmark") or {}).get("name")}
-        tags = sorted({*self.tags, *(str(t) for t in (method.get("name"), model.get("name")) if t)})
-        if self.dir:
-            Path(self.dir).mkdir(parents=True, exist_ok=True)
         summary = summary_from_record(record)
-        run = wandb.init(
-            mode=self.mode, project=self.project, entity=self.entity, group=self.group, dir=self.dir,
-            name=name, job_type=method.get("name"), tags=tags, config=config,
-            reinit="finish_previous",
-            settings=wandb.Settings(disable_git=True, save_code=False, silent=True),
-        )
+        run = self.init_run(name=name, job_type=method.get("name"), config=config,
+                            tags=[method.get("name"), model.get("name")])
         try:
             run.summary.update(summary)
             if per_scale_rows:

@@ -1,25 +1,25 @@
 """Evaluators: one module per metric behind `varbench.evaluators.base.Evaluator`.
 
-`build_evaluator(name, cfg)` looks a name up in `REGISTRY` (module path + class), imports it lazily
-(so `import evaluators` stays light and heavy deps load only when used), and suggests the closest
-name on a typo.
+`build_evaluator(name, cfg)` looks a name up in `REGISTRY` (a `varbench.registry.LazyRegistry` of
+module path + class), imports it lazily (so `import evaluators` stays light and heavy deps load only
+when used), and suggests the closest name on a typo.
 """
 from __future__ import annotations
 
-from varbench.registry import resolve
+from varbench.registry import LazyRegistry
 
 from .base import EvalResult, Evaluator, Sample  # noqa: F401
 
 #: evaluator name -> "module:Class". Modules import lazily.
-REGISTRY: dict[str, str] = {}
+REGISTRY = LazyRegistry("evaluator")
 
 
 def register(name: str, target: str) -> None:
-    REGISTRY[name] = target
+    REGISTRY.register(name, target)
 
 
 def build_evaluator(name: str, **kwargs) -> Evaluator:
-    return resolve(REGISTRY, name, "evaluator")(**kwargs)
+    return REGISTRY.load(name)(**kwargs)
 
 
 register("toy_geneval", "varbench.evaluators.toy_geneval:ToyGenEval")

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from varbench.models.checkpoints import load_state_dict_strict
 from varbench.provenance import sha256_file  # noqa: F401  (re-exported for the evaluators)
 
 
@@ -81,17 +82,8 @@ def load_state_dict(path: Path, *, what: str, key: Optional[str] = None, weights
 
 
 def strict_load(module: torch.nn.Module, state: dict, *, what: str, path: Path, ignore_missing: tuple[str, ...] = ()) -> None:
-    """`load_state_dict(strict=True)` with an error that lists a few missing/unexpected keys and shape clashes."""
-    own = module.state_dict()
-    missing = [k for k in own if k not in state and not any(k.endswith(s) for s in ignore_missing)]
-    unexpected = [k for k in state if k not in own]
-    shapes = [f"{k}: file {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        raise WrongWeightsError(
-            f"{what}: {str(path)!r} does not match the configured architecture "
-            f"({len(missing)} missing e.g. {missing[:3]}, {len(unexpected)} unexpected e.g. {unexpected[:3]}, "
-            f"{len(shapes)} shape mismatches e.g. {shapes[:2]}). Wrong file or wrong model/version setting?"
-        )
-    # strict=False only to tolerate the explicitly ignored (non-persistent-ish) buffers checked above
-    module.load_state_dict(state, strict=not ignore_missing)
+    """Strict load of an evaluator's weights: `varbench.models.checkpoints.load_state_dict_strict`
+    raising `WrongWeightsError`; module keys ending in one of `ignore_missing` may be absent."""
+    load_state_dict_strict(module, state, source=f"{what}: {str(path)!r}", error=WrongWeightsError,
+                           hint="Wrong file or wrong model/version setting?",
+                           may_miss=(lambda k: k.endswith(ignore_missing)) if ignore_missing else None)

@@ -389,15 +389,8 @@ class GenEvalEvaluator(Evaluator):
             groups.setdefault(r["prompt_index"], []).append((r["tag"], float(r["correct"])))
         glist = list(groups.values())
 
-        def overall(gs):
-            by_tag: dict[str, list[float]] = {}
-            for g in gs:
-                for tag, v in g:
-                    by_tag.setdefault(tag, []).append(v)
-            return float(np.mean([np.mean(v) for v in by_tag.values()]))
-
         if len(glist) > 1:
-            unc["overall"] = bootstrap_std(glist, statistic=overall, n_boot=500)
+            unc["overall"] = bootstrap_std(glist, statistic=R.overall_of_groups, n_boot=500)
             for tag in {r["tag"] for r in rows}:
                 tg = [[v for t, v in g if t == tag] for g in glist]
                 tg = [g for g in tg if g]

@@ -462,7 +462,10 @@ def convert_checkpoint(src: Path, out_dir: Path, config=None, trust_pickle: bool
                               f"{config.num_labels} labels; GenEval needs the 80-class COCO instance model.")
     hf_sd = convert_state_dict(sd, config)
     model = Mask2FormerForUniversalSegmentation(config)
-    model.load_state_dict(hf_sd, strict=True)
+    from varbench.models.checkpoints import load_state_dict_strict
+
+    load_state_dict_strict(model, hf_sd, source=f"{str(src)!r} converted", error=ConversionError,
+                           hint="the converter and the target config disagree; report it with the file's sha256.")
     out_dir = Path(out_dir)
     model.eval().save_pretrained(str(out_dir), safe_serialization=True)
     record = {"converter": "evaluators/geneval_convert_mmdet.py", "converter_version": CONVERTER_VERSION,

@@ -17,7 +17,7 @@ tests/fixtures/evaluators/geneval_cases.jsonl (upstream outcomes). The rules, in
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -79,8 +79,15 @@ def select_detections(per_class: Sequence[np.ndarray], masks: Optional[Sequence[
     return detected
 
 
-def relative_position(obj_a: Obj, obj_b: Obj, position_threshold: float = 0.1) -> set[str]:
-    """Rule 4: where A is relative to B ("left of", "right of", "above", "below"; image y grows downward)."""
+def position_scores(obj_a: Obj, obj_b: Obj, position_threshold: float = 0.1) -> Optional[tuple[float, float]]:
+    """Rule 4's direction scores (dx, dy) of A relative to B, or None when A and B are in no relation.
+
+    offset = centre A - centre B; each axis shrinks towards 0 by `position_threshold` x (size A +
+    size B) and is divided by the length of the unshrunk offset; dx < -0.5 is "left of", dy < -0.5
+    "above" (image y grows downward). The one implementation of GenEval's position rule: the
+    evaluators use it through `relative_position`, the toy world to place its position scenes with
+    room to spare (`toy.world._clear_relation`).
+    """
     # same array ops as upstream so float32 boxes stay float32 (edge cases at 0.5 / 1e-3 must agree)
     boxes = np.array([obj_a[0], obj_b[0]])[:, :4].reshape(2, 2, 2)
     center_a, center_b = boxes.mean(axis=-2)
@@ -88,8 +95,17 @@ def relative_position(obj_a: Obj, obj_b: Obj, position_threshold: float = 0.1) -
     offset = center_a - center_b
     revised = np.maximum(np.abs(offset) - position_threshold * (dim_a + dim_b), 0) * np.sign(offset)
     if np.all(np.abs(revised) < 1e-3):
-        return set()
+        return None
     dx, dy = revised / np.linalg.norm(offset)
+    return dx, dy
+
+
+def relative_position(obj_a: Obj, obj_b: Obj, position_threshold: float = 0.1) -> set[str]:
+    """Rule 4: where A is relative to B ("left of", "right of", "above", "below"; image y grows downward)."""
+    scores = position_scores(obj_a, obj_b, position_threshold)
+    if scores is None:
+        return set()
+    dx, dy = scores
     rel = set()
     if dx < -0.5:
         rel.add("left of")
@@ -145,15 +161,37 @@ def evaluate(objects: dict[str, list[Obj]], metadata: dict,
     return correct, "\n".join(reasons)
 
 
+def tag_means(pairs: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Per-tag accuracy from (tag, correct) pairs: {tag: mean}, tags in the order first seen."""
+    sums: dict[str, list[float]] = {}
+    for tag, v in pairs:
+        s = sums.setdefault(tag, [0.0, 0])
+        s[0] += float(v)
+        s[1] += 1
+    return {tag: total / n for tag, (total, n) in sums.items()}
+
+
+def geneval_overall(tag_means: Mapping[str, float] | Iterable[float]) -> float:
+    """Rule 5: GenEval's overall score, the unweighted mean of the per-tag means (NaN without tags).
+
+    The one implementation: the real GenEval evaluator (`summarize` and its bootstrap) and the toy
+    GenEval evaluator both use it, through `overall_of_groups` for prompt groups."""
+    means = list(tag_means.values() if isinstance(tag_means, Mapping) else tag_means)
+    return float(np.mean(means)) if means else float("nan")
+
+
+def overall_of_groups(groups: Iterable[Iterable[tuple[str, float]]]) -> float:
+    """`geneval_overall` over prompt groups of (tag, correct) pairs (the bootstrap's statistic)."""
+    return geneval_overall(tag_means(pair for g in groups for pair in g))
+
+
 def summarize(rows: Sequence[dict]) -> dict[str, float]:
     """Rule 5 (summary_scores.py): per-tag accuracy, overall = mean of tag means, plus image/prompt accuracy."""
-    by_tag: dict[str, list[bool]] = {}
     by_prompt: dict[int, list[bool]] = {}
     for r in rows:
-        by_tag.setdefault(r["tag"], []).append(bool(r["correct"]))
         by_prompt.setdefault(r["prompt_index"], []).append(bool(r["correct"]))
-    out = {tag: float(np.mean(v)) for tag, v in by_tag.items()}
-    out["overall"] = float(np.mean([out[t] for t in by_tag])) if by_tag else float("nan")
-    out["correct_images"] = float(np.mean([c for v in by_tag.values() for c in v])) if rows else float("nan")
+    out = tag_means((r["tag"], bool(r["correct"])) for r in rows)
+    out["overall"] = geneval_overall(out)
+    out["correct_images"] = float(np.mean([bool(r["correct"]) for r in rows])) if rows else float("nan")
     out["correct_prompts"] = float(np.mean([any(v) for v in by_prompt.values()])) if rows else float("nan")
     return out

@@ -302,8 +302,8 @@ class ToyGenEval(Evaluator):
                 flat = [v for g in tag_groups for v in g]
                 metrics[tag] = sum(flat) / len(flat)
                 unc[tag] = bootstrap_std(tag_groups, n_boot=self.n_boot, seed=self.seed)
-        metrics["overall"] = _mean_of_tag_means(groups)
-        unc["overall"] = bootstrap_std(groups, statistic=_mean_of_tag_means, n_boot=self.n_boot, seed=self.seed)
+        metrics["overall"] = rules.overall_of_groups(groups)
+        unc["overall"] = bootstrap_std(groups, statistic=rules.overall_of_groups, n_boot=self.n_boot, seed=self.seed)
         rows = sorted(self._rows, key=lambda r: (r["prompt_index"], r["sample_index"]))
         return EvalResult(metrics=metrics, uncertainty=unc, per_sample=rows)
 
@@ -327,13 +327,3 @@ class ToyGenEval(Evaluator):
             "aggregate": "mean of tag means",
         }
 
-
-def _mean_of_tag_means(groups) -> float:
-    """GenEval's overall score over prompt groups of (tag, correct): unweighted mean of tag means."""
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for g in groups:
-        for tag, v in g:
-            sums[tag][0] += v
-            sums[tag][1] += 1
-    means = [s / n for s, n in sums.values()]
-    return sum(means) / len(means)

@@ -13,7 +13,8 @@ side of that contract:
   accumulate codes across scales (`upsample_codes`, `bits_to_summed_codes`);
 * the 8B "spatial patchify" mapping between the transformer's (h, w, 4d) token bits and the VAE's
   (2h, 2w, d) grid (`unpatchify_bits`, `patchify_codes`);
-* strict checkpoint loading (`load_vae`) that reports every missing/unexpected key at once.
+* strict checkpoint loading (`load_vae`) that reports every missing/unexpected key at once
+  (`checkpoints.load_state_dict_strict`).
 
 Numerics follow upstream FoundationVision/Infinity (commit 4c27bbb54a99) operation for operation,
 so bits agree exactly and decoded images to float rounding (checked against upstream outputs in
@@ -38,13 +39,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checkpoints import CheckpointMismatch, load_state_dict_strict
+
 __all__ = [
     "VAEConfig",
     "VAE_PRESETS",
     "BSQVAE",
     "load_vae",
     "load_vae_state_dict",
-    "describe_mismatch",
+    "bits_to_codes",
     "expected_bit_mask",
     "PRESET_FILES",
     "VAEWeightsNotFoundError",
@@ -341,9 +344,20 @@ class _BitQuantizer(nn.Module):
         return q.permute(0, 4, 1, 2, 3), bits
 
     def bits_to_codes(self, bits: torch.Tensor) -> torch.Tensor:
-        """Bits (..., d) in {0,1} -> codes (..., d): +-1/sqrt(d), then L2-normalised per token."""
-        codes = bits.float() * self.codebook_scale * 2 - self.codebook_scale
-        return F.normalize(codes, dim=-1)
+        """Bits (..., d) in {0,1} -> codes (..., d); see the module function `bits_to_codes`."""
+        return bits_to_codes(bits)
+
+
+def bits_to_codes(bits: torch.Tensor) -> torch.Tensor:
+    """Bits (..., d) in {0,1} -> BSQ codes (..., d) float32: each bit to +-1/sqrt(d), then
+    L2-normalised per token (released `BSQ`'s requantisation, same ops in the same order).
+
+    The one bits -> codes map: the quantiser (`_BitQuantizer.bits_to_codes`), the runtime's
+    per-scale accumulation (`InfinityRuntime`) and the toy trainer's teacher forcing
+    (`toy.forward.scale_inputs`) all call it; they differ only in the layout they put `d` in after.
+    """
+    s = 1.0 / math.sqrt(bits.shape[-1])
+    return F.normalize(bits.float() * s * 2 - s, dim=-1)
 
 
 class _MultiScaleQuantizer(nn.Module):
@@ -571,8 +585,8 @@ class VAEWeightsNotFoundError(FileNotFoundError):
     """The VAE checkpoint is not where the caller said."""
 
 
-class CheckpointMismatchError(RuntimeError):
-    """A checkpoint's keys or shapes differ from the module's."""
+class CheckpointMismatchError(CheckpointMismatch):
+    """A VAE checkpoint's keys or shapes differ from the module's (a `CheckpointMismatch`)."""
 
 
 def _preset(name: str) -> VAEConfig:
@@ -601,25 +615,6 @@ def _legacy_name_map(model_keys: set[str], sd: dict) -> dict:
     return out
 
 
-def describe_mismatch(model: nn.Module, sd: dict, source: str, limit: int = 20) -> str | None:
-    """One message listing missing keys, unexpected keys and shape mismatches, or None if none."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in sd and hasattr(sd[k], "shape") and tuple(sd[k].shape) != tuple(own[k].shape)]
-    if not (missing or unexpected or shapes):
-        return None
-
-    def block(title, items):
-        more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
-        return f"  {title} ({len(items)}):" + "".join(f"\n    {x}" for x in items[:limit]) + more
-
-    parts = [block(t, i) for t, i in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if i]
-    return (f"{source} does not match {type(model).__name__}: {len(missing)} missing, {len(unexpected)} unexpected, "
-            f"{len(shapes)} wrong shape. Is it the right file for this preset?\n" + "\n".join(parts))
-
-
 def load_vae_state_dict(model: BSQVAE, sd: dict, source: str = "state dict") -> BSQVAE:
     """Strictly load `sd` (optionally wrapped under "vae") into `model`; raise one listing error."""
     if isinstance(sd, dict) and "vae" in sd and isinstance(sd["vae"], dict):
@@ -636,10 +631,7 @@ def load_vae_state_dict(model: BSQVAE, sd: dict, source: str = "state dict") -> 
             sd[name] = mask
         elif tuple(sd[name].shape) == tuple(mask.shape) and not torch.equal(sd[name].cpu().long(), mask):
             raise CheckpointMismatchError(f"{source}: {name} is not 2**(d-1..0) for d={model.codebook_dim}; wrong tokenizer.")
-    message = describe_mismatch(model, sd, source)
-    if message:
-        raise CheckpointMismatchError(message)
-    model.load_state_dict(sd, strict=True)
+    load_state_dict_strict(model, sd, source=source, error=CheckpointMismatchError)
     return model
 
 

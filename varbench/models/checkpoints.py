@@ -7,15 +7,16 @@ Layouts handled (facts from the released repositories):
 - Training checkpoints `ar-ckpt-*.pth`: weights nested under ['trainer']['gpt_fsdp'].
 - VAE files: weights under 'vae' (see `bsq_vae.load_vae`).
 
-Every load is strict: a mismatch raises one `CheckpointMismatch` naming every missing and
-unexpected key (and shape mismatches). `torch.load` always runs with weights_only=True.
+Every load is strict: a mismatch raises one `CheckpointMismatch` naming the file and every missing
+and unexpected key (and shape mismatches); `load_state_dict_strict` is the one implementation of that
+check, used by every loader in varbench. `torch.load` always runs with weights_only=True.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 import torch.nn as nn
@@ -88,23 +89,60 @@ def unwrap_state_dict(obj: Mapping) -> dict[str, torch.Tensor]:
     return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
 
 
-def load_strict(module: nn.Module, sd: Mapping[str, torch.Tensor], source: str) -> None:
-    """load_state_dict(strict=True) with one error listing every missing/unexpected/mis-shaped key."""
-    sd = {k.removeprefix("module."): v for k, v in sd.items() if k not in _IGNORED_KEYS}
+#: what a mismatch error suggests unless the caller knows better
+DEFAULT_HINT = "Is it the right file for this model / preset?"
+
+
+def mismatch_report(module: nn.Module, state: Mapping[str, torch.Tensor], source: str, *,
+                    may_miss: Callable[[str], bool] | None = None, limit: int = 20) -> str | None:
+    """One message naming every missing key, unexpected key and shape mismatch of `state` against
+    `module` (at most `limit` of each kind listed, with counts), or None when they match.
+
+    `may_miss(key)` marks module keys the file may lack (they keep their initial values)."""
     own = module.state_dict()
-    missing = sorted(set(own) - set(sd))
-    unexpected = sorted(set(sd) - set(own))
-    shapes = sorted(f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
-                    for k in set(own) & set(sd) if tuple(own[k].shape) != tuple(sd[k].shape))
-    if missing or unexpected or shapes:
-        def block(title, items):
-            return f"  {title} ({len(items)}): " + (", ".join(items[:40]) + (" ..." if len(items) > 40 else "") if items else "none")
-        raise CheckpointMismatch(
-            f"checkpoint {source} does not match the model {type(module).__name__}:\n"
-            + "\n".join([block("missing", missing), block("unexpected", unexpected), block("shape mismatch", shapes)])
-            + "\n  fix: check that the model preset matches the file (e.g. infinity_2b with infinity_2b_reg.pth)."
-        )
-    module.load_state_dict(sd, strict=True)
+    missing = [k for k in own if k not in state and not (may_miss and may_miss(k))]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in state and hasattr(state[k], "shape") and tuple(state[k].shape) != tuple(own[k].shape)]
+    if not (missing or unexpected or shapes):
+        return None
+
+    def block(title, items):
+        more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
+        return f"  {title} ({len(items)}):" + "".join(f"\n    {x}" for x in items[:limit]) + more
+
+    parts = [block(t, i) for t, i in (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if i]
+    return (f"{source} does not match {type(module).__name__}: {len(missing)} missing, {len(unexpected)} unexpected, "
+            f"{len(shapes)} wrong shape.\n" + "\n".join(parts))
+
+
+def load_state_dict_strict(module: nn.Module, state: Mapping[str, torch.Tensor], *, source: str,
+                           error: type[Exception] = CheckpointMismatch, hint: str = DEFAULT_HINT,
+                           may_miss: Callable[[str], bool] | None = None) -> None:
+    """`module.load_state_dict(state, strict=True)`, except that a mismatch raises one `error` that
+    names `source` (the file) and lists every missing and unexpected key and shape mismatch
+    (`mismatch_report`), followed by `hint`.
+
+    This is the one strict loader: the Infinity checkpoints (`load_strict`), the BSQ-VAE
+    (`bsq_vae.load_vae_state_dict`), the evaluators' weights (`evaluators._weights.strict_load`),
+    the toy model, the word text encoder and the GenEval mmdet converter all load through it, so every
+    mismatch reads the same.
+    `may_miss(key)` lets module keys be absent from `state` (they keep their initial values; the
+    load is then non-strict for exactly those keys).
+    """
+    message = mismatch_report(module, state, source, may_miss=may_miss)
+    if message:
+        raise error(message + (f"\n  fix: {hint}" if hint else ""))
+    own = module.state_dict()
+    module.load_state_dict(state, strict=not (may_miss and any(k not in state for k in own)))
+
+
+def load_strict(module: nn.Module, sd: Mapping[str, torch.Tensor], source: str) -> None:
+    """Load an Infinity checkpoint: drop the `module.` prefix and the released training-only buffers
+    (`_IGNORED_KEYS`), then `load_state_dict_strict`."""
+    sd = {k.removeprefix("module."): v for k, v in sd.items() if k not in _IGNORED_KEYS}
+    load_state_dict_strict(module, sd, source=f"checkpoint {source}",
+                           hint="check that the model preset matches the file (e.g. infinity_2b with infinity_2b_reg.pth).")
 
 
 def load_infinity_weights(model: nn.Module, path: str | os.PathLike) -> None:

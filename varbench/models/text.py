@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from .checkpoints import load_state_dict_strict
+
 
 @dataclasses.dataclass
 class TextBatch:
@@ -129,5 +131,5 @@ class WordTextEncoder(nn.Module):
         # files written before `layers` existed have none
         enc = cls(dim=obj["dim"], vocab=list(obj["vocab"]), n_hash=obj["n_hash"], max_len=obj["max_len"],
                   layers=obj.get("layers", 0), heads=obj.get("heads", 4))
-        enc.load_state_dict(obj["state_dict"], strict=True)
+        load_state_dict_strict(enc, obj["state_dict"], source=f"word text encoder {str(path)!r}")
         return enc

@@ -1,11 +1,11 @@
 """Policy registry: `build_policy(name, **knobs)`; a typo gets the closest names suggested."""
 from __future__ import annotations
 
-from ..registry import resolve
+from ..registry import LazyRegistry
 from .base import Policy  # noqa: F401
 
 #: method name -> "module:Class" (imported lazily)
-REGISTRY: dict[str, str] = {
+REGISTRY = LazyRegistry("method", {
     "baseline": "varbench.policies.baseline:Baseline",
     "fastvar": "varbench.policies.fastvar:FastVAR",
     "nova": "varbench.policies.nova:NOVA",
@@ -14,8 +14,8 @@ REGISTRY: dict[str, str] = {
     "skipvar_fixed": "varbench.policies.skip:SkipVARFixed",
     "skipvar": "varbench.policies.skipvar:SkipVAR",
     "compose": "varbench.policies.compose:Compose",
-}
+})
 
 
 def build_policy(name: str, **knobs) -> Policy:
-    return resolve(REGISTRY, name, "method")(**knobs)
+    return REGISTRY.load(name)(**knobs)

@@ -21,12 +21,12 @@ runtime is made to sample the same bits.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from ..models.bsq_vae import bits_to_codes
 from ..models.infinity import Infinity
 from ..models.schedules import apply_rope, rope_reference_grid, rope_table
 from ..models.text import TextBatch
@@ -49,14 +49,6 @@ def condition(model: Infinity, text: TextBatch, drop: Optional[torch.Tensor] = N
     return ca_text, mask, cond, shared_gss
 
 
-def bits_to_codes(bits: torch.Tensor) -> torch.Tensor:
-    """(B, h, w, d) bits -> (B, d, 1, h, w) codes, the runtime's `_accumulate` formula."""
-    d = bits.shape[-1]
-    s = 1 / math.sqrt(d)
-    codes = F.normalize(bits.unsqueeze(1).float() * s * 2 - s, dim=-1)      # (B, 1, h, w, d)
-    return codes.permute(0, 4, 1, 2, 3)
-
-
 def scale_inputs(model: Infinity, bits: Sequence[torch.Tensor], schedule: Sequence[tuple[int, int]],
                  latent_hw: Optional[tuple[int, int]] = None) -> list[torch.Tensor]:
     """Code inputs (B, h*w, d_tok) of scales 1..n-1 from the ground-truth bits of scales 0..n-2.
@@ -73,7 +65,7 @@ def scale_inputs(model: Infinity, bits: Sequence[torch.Tensor], schedule: Sequen
         b = bits[si - 1]
         if patch > 1:  # (B, h, w, 4d) token bits -> (B, 2h, 2w, d) VAE bits, as the runtime does
             b = F.pixel_shuffle(b.permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
-        up = F.interpolate(bits_to_codes(b), size=latent, mode="trilinear")
+        up = F.interpolate(bits_to_codes(b).unsqueeze(1).permute(0, 4, 1, 2, 3), size=latent, mode="trilinear")
         summed = up if summed is None else summed + up
         h, w = schedule[si]
         nxt = F.interpolate(summed, size=(1, h * patch, w * patch), mode="trilinear").squeeze(-3)

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from ..models.bsq_vae import BSQVAE, load_vae_state_dict
+from ..models.checkpoints import load_state_dict_strict
 from ..models.infinity import PRESETS, Infinity
 from ..models.text import WordTextEncoder
 from ..provenance import sha256_file as sha256
@@ -96,8 +97,8 @@ def load_toy_runtime(device: str | torch.device = "cpu", weights_dir: Optional[s
     manifest = read_manifest(d)
     cfg = PRESETS[TOY_MODEL_PRESET]
     model = Infinity(cfg)
-    sd = torch.load(verified_path("infinity", d, manifest), map_location="cpu", weights_only=True)
-    model.load_state_dict(sd, strict=True)
+    path = verified_path("infinity", d, manifest)
+    load_state_dict_strict(model, torch.load(path, map_location="cpu", weights_only=True), source=f"toy Infinity {str(path)!r}")
     vae = BSQVAE(TOY_VAE_PRESET)
     load_vae_state_dict(vae, torch.load(verified_path("vae", d, manifest), map_location="cpu", weights_only=True),
                         source=f"toy VAE {FILES['vae']}")

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..models.bsq_vae import BSQVAE
+from ..models.checkpoints import load_state_dict_strict
 from ..store import atomic_write_bytes
 from ..models.infinity import PRESETS, Infinity
 from . import world
@@ -135,7 +136,8 @@ def train_vae(cfg: TrainConfig, log=print) -> tuple[BSQVAE, dict]:
     rng = np.random.default_rng([cfg.seed, 1])
     vae = BSQVAE(TOY_VAE_PRESET)
     if cfg.vae_resume:
-        vae.load_state_dict(torch.load(cfg.vae_resume, map_location="cpu", weights_only=True), strict=True)
+        load_state_dict_strict(vae, torch.load(cfg.vae_resume, map_location="cpu", weights_only=True),
+                               source=f"toy VAE {str(cfg.vae_resume)!r}")
         resumed_sha = sha256(Path(cfg.vae_resume))
         rng = np.random.default_rng([cfg.seed, 11])  # fresh scenes, not a replay of phase 1
     opt = torch.optim.Adam(vae.parameters(), lr=cfg.vae_lr, betas=(0.9, 0.99))
@@ -209,11 +211,9 @@ def load_text_for_resume(text_enc, saved: dict) -> None:
     if have > len(text_enc.context):
         raise ValueError(f"--text-layers {len(text_enc.context)} is fewer than the {have} layers of the encoder "
                          f"being resumed; pass --text-layers {have} (layers are never dropped)")
-    missing, unexpected = text_enc.load_state_dict(saved["state_dict"], strict=False)
     new = tuple(f"context.{i}." for i in range(have, len(text_enc.context)))
-    bad = [k for k in missing if not k.startswith(new)] + list(unexpected)
-    if bad:
-        raise ValueError(f"saved text encoder does not match: {bad}")
+    load_state_dict_strict(text_enc, saved["state_dict"], source="saved text encoder", error=ValueError,
+                           may_miss=lambda k: k.startswith(new))
 
 
 def parse_tag_weights(text: str):
@@ -241,7 +241,8 @@ def train_infinity(cfg: TrainConfig, vae: BSQVAE, log=print, resume_from: Option
     if resume_from is not None:
         # fresh scenes, not a replay of an earlier phase: every resumed checkpoint seeds its own stream
         rng = np.random.default_rng([cfg.seed, 12, int(sha256(resume_from / FILES["infinity"])[:15], 16)])
-        model.load_state_dict(torch.load(resume_from / FILES["infinity"], map_location="cpu", weights_only=True), strict=True)
+        load_state_dict_strict(model, torch.load(resume_from / FILES["infinity"], map_location="cpu", weights_only=True),
+                               source=f"toy Infinity {str(resume_from / FILES['infinity'])!r}")
         load_text_for_resume(text_enc, torch.load(resume_from / FILES["text"], map_location="cpu", weights_only=True))
     params = list(model.parameters()) + list(text_enc.parameters())
     decay = [p for p in params if p.ndim >= 2]
@@ -410,7 +411,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_manifest(out, info)
     else:
         vae = BSQVAE(TOY_VAE_PRESET)
-        vae.load_state_dict(torch.load(out / FILES["vae"], map_location="cpu", weights_only=True), strict=True)
+        load_state_dict_strict(vae, torch.load(out / FILES["vae"], map_location="cpu", weights_only=True),
+                               source=f"toy VAE {str(out / FILES['vae'])!r}")
         vae.eval().requires_grad_(False)
 
     if args.stage in ("all", "infinity"):

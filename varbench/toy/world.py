@@ -130,24 +130,6 @@ class ToyScene:
 # geometry
 
 
-def relation_scores(box_a, box_b, threshold: float = 0.1) -> tuple[float, float] | None:
-    """GenEval's direction score of box A relative to box B, or None if there is no relation.
-
-    Same formula as GenEval's `relative_position` (evaluate_images.py): centres and sizes of the
-    boxes, offset = cA - cB, each axis shrunk by `threshold * (dimA + dimB)` towards 0, divided by
-    the length of the *unshrunk* offset. dx < -0.5 means "left of", dy < -0.5 means "above".
-    """
-    ax0, ay0, ax1, ay1 = (float(v) for v in box_a[:4])
-    bx0, by0, bx1, by1 = (float(v) for v in box_b[:4])
-    offset = np.array([(ax0 + ax1 - bx0 - bx1) / 2.0, (ay0 + ay1 - by0 - by1) / 2.0])
-    dims = np.array([abs(ax1 - ax0) + abs(bx1 - bx0), abs(ay1 - ay0) + abs(by1 - by0)])
-    revised = np.maximum(np.abs(offset) - threshold * dims, 0.0) * np.sign(offset)
-    if np.all(np.abs(revised) < 1e-3):
-        return None
-    dx, dy = revised / np.linalg.norm(offset)
-    return float(dx), float(dy)
-
-
 def relations(box_a, box_b) -> set[str]:
     """Set of GenEval relations ("left of", "right of", "above", "below") of box A to box B:
     GenEval's own rule (`varbench.evaluators.geneval_rules.relative_position`)."""
@@ -157,11 +139,14 @@ def relations(box_a, box_b) -> set[str]:
 
 
 def _clear_relation(box_a, box_b, rel: str) -> bool:
-    """True if `rel` holds strongly and no other relation comes close (see POSITION_* knobs)."""
-    scores = relation_scores(box_a, box_b)
+    """True if `rel` holds strongly and no other relation comes close (see POSITION_* knobs), by
+    GenEval's direction scores (`varbench.evaluators.geneval_rules.position_scores`)."""
+    from varbench.evaluators.geneval_rules import position_scores
+
+    scores = position_scores((np.asarray(box_a, dtype=float),), (np.asarray(box_b, dtype=float),), 0.1)
     if scores is None:
         return False
-    dx, dy = scores
+    dx, dy = float(scores[0]), float(scores[1])
     along, across = (dx, dy) if rel in ("left of", "right of") else (dy, dx)
     sign = -1.0 if rel in ("left of", "above") else 1.0
     return sign * along >= POSITION_MIN_AXIS and abs(across) <= POSITION_OFF_AXIS
