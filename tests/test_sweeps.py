@@ -28,3 +28,4 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     assert len(failed) == 1 and "method.name=bogus" in failed[0]["overrides"]
     assert list((tmp_path / "store" / "smoke").glob("**/DONE"))      # the good job still finished
     assert "| Baseline |" in out                                    # and the table was written
+    assert "[varbench] job 1/2 done · baseline · 1 images" in out, out  # one result line per job, placed in the sweep

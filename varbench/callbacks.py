@@ -66,12 +66,34 @@ def aggregate_experiment(cfg: DictConfig) -> Path | None:
     return out
 
 
+def _announce_sweep_size(config: DictConfig) -> None:
+    """Count the sweep's jobs for their "job k/N" lines (:mod:`varbench.report`); the count goes
+    into the environment, which launchers hand on to the jobs' processes."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from .report import ENV_SWEEP_JOBS, sweep_size
+
+    try:
+        params = config.hydra.sweeper.get("params")
+        params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+        n = sweep_size(list(config.hydra.overrides.task), params)
+    except Exception:  # noqa: BLE001 - the count is a courtesy; the line then says "job k"
+        n = None
+    if n is not None:
+        os.environ[ENV_SWEEP_JOBS] = str(n)
+    else:
+        os.environ.pop(ENV_SWEEP_JOBS, None)
+
+
 class AggregateOnMultirunEnd(Callback):
     """Clears the sweep's failure notes at the start; at the end, aggregates the finished records,
     reports the failed jobs and exits non-zero if any failed."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         failures_path(config.hydra.sweep.dir).unlink(missing_ok=True)  # a relaunch into the same folder
+        _announce_sweep_size(config)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:

@@ -15,7 +15,8 @@ Stages, each a function below, and what a relaunch does at each:
    relaunch scores only the images without a row.
 5. :func:`time_stage`: a separate timed pass (warm-up, repeats interleaved with the baseline).
 6. :func:`assemble_record`: the record (schema: :mod:`varbench.schema`), then ``DONE``; then
-   :func:`publish_stage` mirrors it to W&B (a failed mirror is retried by the next launch).
+   :class:`varbench.publish.JobRun` (opened at start-up, so W&B shows config, progress and
+   system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.
 
 Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
 (:mod:`varbench.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
@@ -72,6 +73,7 @@ class Job:
     shard: Shard
     preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
     t0: float
+    wandb: Any = None          # the job's W&B run (:class:`varbench.publish.JobRun`), open from start-up
 
     @property
     def blocks(self) -> list[list]:
@@ -109,8 +111,9 @@ class Job:
     def bar(self, total: int, desc: str):
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=f"{desc} [{self.preset}]" if self.preset else desc, disable=not self.progress,
-                    leave=False, dynamic_ncols=True)
+        bar = tqdm(total=total, desc=f"{desc} [{self.preset}]" if self.preset else desc, disable=not self.progress,
+                   leave=False, dynamic_ncols=True)
+        return self.wandb.wrap(bar, desc, total) if self.wandb is not None else bar   # live progress in W&B too
 
 
 def prepare_job(cfg: DictConfig) -> Job:
@@ -280,72 +283,65 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
     }
 
 
-def publish_stage(job: Job, record: dict) -> None:
-    """Mirror a finished record to W&B (``logger``); a failure is reported and retried by the next
-    launch of the same job (the entry keeps no ``.published`` marker until it succeeds)."""
-    if job.cfg.logger is None or not job.cfg.logger.get("_target_"):
-        return
-    marker = job.entry.dir / ".published"          # dot-named: outside DONE's seal
-    if marker.exists():
-        return
-    from hydra.utils import instantiate
-
-    try:
-        sink = instantiate(job.cfg.logger)
-        rows = [{"scale": i, "h": h, "w": w, "flops": f} for i, ((h, w), f) in
-                enumerate(zip(_trace_hw(job), (record.get("flops") or {}).get("per_scale") or []))]
-        images = [(it.prompt, job.store.load(it.index, 0)) for it in job.prompt_set.items[:16]]
-        info = sink.publish(record, per_scale_rows=rows, images=images)
-    except Exception as e:  # noqa: BLE001 - the record is safe; the mirror is retried next launch
-        log.error("W&B mirror failed", exc_info=True)
-        print(f"[varbench] W&B mirror failed ({type(e).__name__}: {e}); the record is finished and safe, "
-              f"and the next launch of this job publishes it")
-        return
-    marker.write_text(json.dumps(info or {}, default=str))
-
-
 # -- the job ---------------------------------------------------------------------------------
 def run_job(cfg: DictConfig) -> Path:
     """Run (or skip, or resume) the job for ``cfg``; returns the entry folder.
 
     SIGTERM/SIGINT (Slurm's time limit, preemption, Ctrl-C) finish the batch in flight, commit
-    it and exit with 128 + the signal's number (:mod:`varbench.interrupt`); the relaunch resumes."""
+    it and exit with 128 + the signal's number (:mod:`varbench.interrupt`); the relaunch resumes.
+    The W&B run (``logger=wandb``) opens here, before any model is built: a bad ``WANDB_MODE`` or
+    a missing login fails now, naming the fix."""
+    from .publish import JobRun
+
     job = prepare_job(cfg)
     with GracefulStop():
         if _finished(job):
             return job.entry.dir
-        if job.shard.count > 1:
-            return _run_shard(job)
-        with _no_empty_folder(job.entry.dir), job.entry.lock(wait_s=job.lock_wait_s):
-            if _finished(job):                       # another job finished it while this one waited
-                return job.entry.dir
-            rt, policy = _build(job)
-            n_new = generate_stage(job, rt, policy)
-            print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
-            score_stage(job, reference_stage(job, rt))
-            record = assemble_record(job, rt, time_stage(job, rt, policy), [job.entry.dir])
-            with uninterruptible():
-                job.entry.write_record(record, force=bool(cfg.runtime.force))
-                job.entry.mark_done()
-        print(f"[varbench] record: {job.entry.record_path}")
-        publish_stage(job, record)
-        print(result_line(record, job_position(_job_num())))
+        job.wandb = JobRun.open(job)
+        try:
+            record = _run_shard(job) if job.shard.count > 1 else _run_whole(job)
+        except BaseException as e:
+            job.wandb.fail(e)
+            raise
+        job.wandb.finish(job, record)                 # None: finished by another job, or a shard that did not assemble
+        if record is not None:
+            print(result_line(record, job_position(_job_num())))
     return job.entry.dir
 
 
+def _run_whole(job: Job) -> dict | None:
+    with _no_empty_folder(job.entry.dir), job.entry.lock(wait_s=job.lock_wait_s):
+        if _finished(job):                           # another job finished it while this one waited
+            return None
+        rt, policy = _build(job)
+        n_new = generate_stage(job, rt, policy)
+        print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
+        score_stage(job, reference_stage(job, rt))
+        record = assemble_record(job, rt, time_stage(job, rt, policy), [job.entry.dir])
+        with uninterruptible():
+            job.entry.write_record(record, force=bool(job.cfg.runtime.force))
+            job.entry.mark_done()
+    print(f"[varbench] record: {job.entry.record_path}")
+    return record
+
+
 def _finished(job: Job) -> bool:
-    """A finished entry (not forced) is skipped, after checking its seal and retrying a failed mirror."""
+    """A finished entry (not forced) is skipped, after checking its seal and publishing it if its
+    W&B mirror failed last time (or ``logger=wandb`` was added since)."""
+    from .publish import republish
+
     if not job.entry.is_done() or job.cfg.runtime.force:
         return False
     job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
     print(f"[varbench] skip (finished): {job.entry.dir}")
     record = job.entry.read()
-    publish_stage(job, record)                        # a mirror that failed last time
+    republish(job, record)
     print(result_line(record, job_position(_job_num())))
     return True
 
 
-def _run_shard(job: Job) -> Path:
+def _run_shard(job: Job) -> dict | None:
+    """This shard's images and scores; the record if this shard was the last and assembled it."""
     sdir = job.work_dir
     shard_entry = RunEntry.from_dir(sdir)
     with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
@@ -359,11 +355,7 @@ def _run_shard(job: Job) -> Path:
             # what `python -m varbench.job assemble` needs to rebuild this job without Hydra
             _write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
             _write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
-    if assemble_shards(job):
-        record = job.entry.read()
-        publish_stage(job, record)
-        print(result_line(record, job_position(_job_num())))
-    return job.entry.dir
+    return job.entry.read() if assemble_shards(job) else None
 
 
 def assemble_shards(job: Job) -> bool:
@@ -451,11 +443,6 @@ def _entry_traces(job: Job) -> list[dict]:
     if rows and not job.entry.traces_path.exists():
         job.entry.append_traces(rows)
     return rows
-
-
-def _trace_hw(job: Job) -> list[tuple[int, int]]:
-    traces = read_jsonl(job.entry.traces_path) if job.entry.traces_path.exists() else []
-    return [(sc["h"], sc["w"]) for sc in traces[0]["scales"]] if traces else []
 
 
 def _gen_kwargs(cfg: DictConfig, rt) -> dict:
@@ -570,7 +557,12 @@ def assemble_cli(entry_dir: str | Path) -> int:
     if job.entry.dir.resolve() != entry_dir.resolve():
         print(f"error: the shards' config hashes to {job.entry.dir}, not {entry_dir}: were files moved?", file=sys.stderr)
         return 2
-    return 0 if assemble_shards(job) else 1
+    if not assemble_shards(job):
+        return 1
+    from .publish import republish
+
+    republish(job, job.entry.read())
+    return 0
 
 
 if __name__ == "__main__":
