@@ -226,7 +226,9 @@ def test_cli_refuses_a_bad_knob_before_any_compute(tmp_path):
     took = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    assert "ConfigError" in out and "method.knobs.keep_multiple=2.5 does not fit nova's keep_multiple: must be int >= 1" in out, out
+    assert proc.returncode == 2, out
+    assert "[varbench] config error: method.knobs.keep_multiple=2.5 does not fit nova's keep_multiple: must be int >= 1" in out, out
+    assert "Traceback" not in out, out                             # one line, not a stack
     assert took < 60, f"took {took:.0f}s: validation must come before any model is built"
     store = tmp_path / "store"
     assert not (store / "images").exists() and not list(store.glob("**/entries/*")), sorted(store.rglob("*"))

@@ -68,13 +68,12 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .wandb_sink import WandbSink, summary_from_record
+from .wandb_sink import WandbSink, log_record_artifact, summary_from_record
 
 MARKER = ".published"
 SWEEP_MARKER = ".published_sweep"
@@ -303,12 +302,7 @@ def fill_run(run, sink: WandbSink, record: Mapping, entry_dir: str | Path,
         run.log({"per_image": wandb.Table(columns=["image", "prompt", "tag", "prompt_index", "sample_index",
                                                    *score_cols], data=data)})
     if sink.log_record:
-        art = wandb.Artifact(f"record-{record.get('entry_id', 'unknown')}", type="varbench-record")
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "record.json"
-            path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
-            art.add_file(str(path))
-            run.log_artifact(art)
+        log_record_artifact(run, record)
     return summary
 
 

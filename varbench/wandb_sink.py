@@ -94,6 +94,18 @@ def summary_from_record(record: Mapping) -> dict[str, float]:
     return out
 
 
+def log_record_artifact(run, record: Mapping) -> None:
+    """Upload ``record`` as ``record.json`` in an artifact ``record-<entry_id>`` of type ``varbench-record``."""
+    import wandb
+
+    art = wandb.Artifact(f"record-{record.get('entry_id', 'unknown')}", type="varbench-record")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "record.json"
+        path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+        art.add_file(str(path))
+        run.log_artifact(art)
+
+
 class WandbSink:
     """Publish finished records, one W&B run per call.
 
@@ -174,12 +186,7 @@ class WandbSink:
             if images and self.log_images > 0:
                 run.log({"samples": [wandb.Image(img, caption=cap) for cap, img in list(images)[: self.log_images]]})
             if self.log_record:
-                art = wandb.Artifact(f"record-{record.get('entry_id', 'unknown')}", type="varbench-record")
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = Path(tmp) / "record.json"
-                    path.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
-                    art.add_file(str(path))
-                    run.log_artifact(art)
+                log_record_artifact(run, record)
             # run.url only exists online (offline it warns); a disabled run's dir is fictitious.
             info = {"id": getattr(run, "id", None), "name": name,
                     "url": getattr(run, "url", None) if self.mode == "online" else None,
