@@ -50,6 +50,14 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     (e0 / "record.json").unlink()
     assert assemble_cli(e0) == 0
     assert json.loads((e0 / "record.json").read_text())["metrics"] == rec_w["metrics"]
+    # ... and so does `python -m varbench.aggregate` before it writes the tables
+    (e0 / "DONE").unlink()
+    (e0 / "record.json").unlink()
+    from varbench.aggregate import main as aggregate_main
+
+    assert aggregate_main([str(tmp_path / "store" / "sharded"), "--out", str(tmp_path / "t"), "--no-figures",
+                           "--baseline", "skip_last"]) == 0
+    assert (e0 / "DONE").exists() and "assembled the record of sharded entry" in capsys.readouterr().out
 
 
 def test_scoring_resumes_per_batch_after_a_crash(tmp_path, monkeypatch, capsys):

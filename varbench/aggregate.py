@@ -368,6 +368,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-figures", action="store_true", help="tables only")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else Path("results") / Path(args.path).resolve().name
+    from varbench.job import assemble_ready_shards
+
+    for entry in assemble_ready_shards(args.path):   # sharded entries whose last shard died after its part
+        print(f"assembled the record of sharded entry {entry}")
     try:
         paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
                            figures=not args.no_figures)

@@ -21,7 +21,7 @@ Stages, each a function below, and what a relaunch does at each:
 Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
 (:mod:`varbench.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
 scores them into ``entries/<hash>/shards/<i>-of-<n>/`` (shard 0 also times), and marks its shard
-done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``)
+done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``, or ``python -m varbench.aggregate``)
 assembles the one record from all shards' rows. Scores equal those of the unsharded run bit for
 bit: metrics are always computed from every row sorted by (prompt, sample).
 """
@@ -563,6 +563,23 @@ def assemble_cli(entry_dir: str | Path) -> int:
 
     republish(job, job.entry.read())
     return 0
+
+
+def assemble_ready_shards(path: str | Path) -> list[Path]:
+    """Assemble every sharded entry under ``path`` whose shards are all done but whose record is
+    missing (its last shard was killed after finishing its part); returns the entries assembled.
+    ``python -m varbench.aggregate`` calls this first."""
+    done = []
+    for shards_dir in sorted(Path(path).rglob("shards")):
+        entry = shards_dir.parent
+        names = [d.name for d in shards_dir.iterdir() if d.is_dir()]
+        counts = {int(n.rsplit("-of-", 1)[1]) for n in names if "-of-" in n}
+        if (entry / "DONE").exists() or len(counts) != 1:
+            continue
+        n = counts.pop()
+        if all((shards_dir / f"{i}-of-{n}" / "SHARD_DONE").exists() for i in range(n)) and assemble_cli(entry) == 0:
+            done.append(entry)
+    return done
 
 
 if __name__ == "__main__":
