@@ -135,6 +135,11 @@ def test_device_auto_hashes_as_the_resolved_device():
     # cuda:0 and cuda make the same pixels
     c1 = _with(cuda, "runtime.device", "cuda:1")
     assert generation_hash(c1) == generation_hash(cuda)
+    # ... and one record: the shards of a job on cuda:0..3 (runtime.device='cuda:${vb.shard_index:${shard}}')
+    shard1 = _with(_with(c1, "shard", "1/4"), "runtime.device", "cuda:1")
+    shard0 = _with(_with(cuda, "shard", "0/4"), "runtime.device", "cuda:0")
+    assert entry_hash(shard0) == entry_hash(shard1) == entry_hash(cuda)
+    assert entry_hash(cuda) != entry_hash(a)                         # a GPU record is not a CPU record
 
 
 def test_pair_key_is_the_generation_key_minus_the_method():

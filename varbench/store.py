@@ -184,8 +184,12 @@ def generation_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmar
 
 def entry_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
                exclude: Iterable[str] = ENTRY_EXCLUDE) -> str:
-    """Key of the run-record entry: ``cfg`` minus ``exclude`` plus the weight/prompt sha256 values."""
+    """Key of the run-record entry: ``cfg`` minus ``exclude`` plus the weight/prompt sha256 values.
+    ``runtime.device`` counts by its type: the shards of one job on ``cuda:0`` .. ``cuda:3`` of one
+    machine write one record."""
     tree = json.loads(canonical_json(cfg, exclude))
+    if isinstance(tree.get("runtime"), dict) and "device" in tree["runtime"]:
+        tree["runtime"]["device"] = _normalise("runtime.device", tree["runtime"]["device"])
     return config_hash({"config": tree, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256})
 
 
