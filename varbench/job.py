@@ -346,7 +346,11 @@ def _run_shard(job: Job) -> dict | None:
     shard_entry = RunEntry.from_dir(sdir)
     with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
         if not (sdir / "SHARD_DONE").exists():
-            rt, policy = _build(job)
+            if not job.keys:
+                print(f"[varbench] shard {job.shard.name}: no prompts for this shard (the benchmark's "
+                      f"{len(job.prompt_set.items)} prompts make fewer blocks than {job.shard.count} shards; "
+                      f"a block holds a whole batch, see varbench/sharding.py); use fewer shards")
+            rt, policy = _build(job) if job.keys or job.shard.index == 0 else (None, None)  # shard 0 also times
             n_new = generate_stage(job, rt, policy)
             print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")
             score_stage(job, reference_stage(job, rt))
