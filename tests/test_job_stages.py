@@ -141,7 +141,7 @@ def test_a_job_failing_before_any_output_leaves_no_empty_folders(tmp_path, monke
     entries = tmp_path / "store" / "smoke" / "entries"
     assert not entries.exists() or not any(entries.iterdir())
     with pytest.raises(RuntimeError, match="failed to build"):
-        run_job(_cfg(tmp_path, "shard=1/3"))
+        run_job(_cfg(tmp_path, "shard=0/3"))
     assert not entries.exists() or not any(entries.iterdir())
 
 
