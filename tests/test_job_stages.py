@@ -25,13 +25,20 @@ def _rows(entry: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (entry / f"samples_{name}.jsonl").read_text().splitlines()]
 
 
-def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_path, capsys):
+def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_path, capsys, monkeypatch):
+    import varbench.job as job_mod
+
+    # scoring batches of 2 -> blocks of 2 prompts: shard 0 takes prompts 0,1,4 and shard 1 prompts 2,3,
+    # so the shards really split the work (with 16-image batches 5 prompts are one block)
+    monkeypatch.setattr(job_mod, "SCORE_BATCH", 2)
     # shards first (they generate the images, each its own part), then the unsharded run
     e0 = run_job(_cfg(tmp_path, "experiment_name=sharded", "shard=0/2"))
     assert not (e0 / "DONE").exists() and (e0 / "shards" / "0-of-2" / "SHARD_DONE").exists()
     assert "waiting for shard(s) 1-of-2" in capsys.readouterr().out
     e1 = run_job(_cfg(tmp_path, "experiment_name=sharded", "shard=1/2"))
     assert e1 == e0 and (e0 / "DONE").exists()
+    assert [r["prompt_index"] for r in _rows(e0 / "shards" / "0-of-2", "fidelity")] == [0, 1, 4]
+    assert [r["prompt_index"] for r in _rows(e0 / "shards" / "1-of-2", "fidelity")] == [2, 3]
     assert "assembled from 2 shards" in capsys.readouterr().out
     whole = run_job(_cfg(tmp_path, "experiment_name=whole"))
     assert "images: 0 generated" in capsys.readouterr().out   # the shards made every image
