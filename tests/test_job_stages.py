@@ -175,3 +175,38 @@ def test_a_garbled_versions_file_is_named(tmp_path):
     path.write_text('{"fidelity": {"version": ')
     with pytest.raises(ValueError, match=r"versions\.json is garbled .*delete it and relaunch"):
         read_json(path)
+
+
+def test_a_limited_run_stores_the_bits_the_full_run_makes(tmp_path, monkeypatch):
+    """Images are generated in whole batches of fixed members (varbench/sharding.py), so a run on
+    a subset (benchmark.limit=3 cuts the batch [2, 3]) stores the bits the full run stores. At
+    width 512 a batch of 2 flips sampled bits that the same image alone does not (measured on the
+    CPU); here the runtime records each call's batch to prove the companions were computed."""
+    import varbench.job as job_mod
+
+    calls = []
+    real = job_mod._build
+
+    def build(job):
+        rt, policy = real(job)
+        gen = rt.generate
+
+        def generate(prompts, seeds, *a, **kw):
+            calls.append(list(seeds))
+            return gen(prompts, seeds, *a, **kw)
+
+        rt.generate = generate
+        return rt, policy
+
+    monkeypatch.setattr(job_mod, "_build", build)
+    limited = run_job(_cfg(tmp_path / "a", "benchmark.limit=3", "evaluator=[]"))
+    assert [len(c) for c in calls] == [2, 2]                   # [0, 1] and [2, 3]: prompt 3 computed, not stored
+    full = run_job(_cfg(tmp_path / "b", "benchmark.limit=4", "evaluator=[]"))
+    from varbench.store import ImageStore
+
+    store_a = ImageStore(tmp_path / "a" / "store", json.loads((limited / "record.json").read_text())["generation_id"])
+    store_b = ImageStore(tmp_path / "b" / "store", json.loads((full / "record.json").read_text())["generation_id"])
+    assert store_a.generation_hash == store_b.generation_hash   # limits never regenerate images...
+    for p in range(3):                                           # ...because the bits are the same
+        assert store_a.path(p, 0).read_bytes() == store_b.path(p, 0).read_bytes()
+    assert not store_a.has(3, 0)

@@ -49,7 +49,7 @@ from .report import job_position, result_line
 from .records import RunEntry, append_jsonl, read_jsonl, utc_now
 from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, read_json, score_images, write_samples
 from .seeds import SEED_RULE, image_seed
-from .sharding import Shard, batches, block_prompts, key_blocks
+from .sharding import Shard, batches, block_prompts, generation_batches, key_blocks
 from .store import ImageStore, atomic_write_bytes, entry_hash, generation_hash
 
 log = logging.getLogger("varbench")
@@ -76,11 +76,14 @@ class Job:
     wandb: Any = None          # the job's W&B run (:class:`varbench.publish.JobRun`), open from start-up
 
     @property
+    def prompts_per_block(self) -> int:
+        return block_prompts(self.prompt_set.samples_per_prompt, int(self.cfg.runtime.batch_size), SCORE_BATCH)
+
+    @property
     def blocks(self) -> list[list]:
         """This shard's blocks of ``[(PromptItem, sample_index)]`` (:mod:`varbench.sharding`)."""
-        spp = self.prompt_set.samples_per_prompt
-        per = block_prompts(spp, int(self.cfg.runtime.batch_size), SCORE_BATCH)
-        return self.shard.blocks(key_blocks(self.prompt_set.items, spp, per))
+        return self.shard.blocks(key_blocks(self.prompt_set.items, self.prompt_set.samples_per_prompt,
+                                            self.prompts_per_block))
 
     @property
     def keys(self) -> list:
@@ -161,25 +164,28 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
         if not todo:
             return 0
         store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
-        by_index = {it.index: it for it in items}
         kw = _gen_kwargs(cfg, rt)
-        bs = int(cfg.runtime.batch_size)
+        ps = job.prompt_set
         bar = job.bar(len(todo), f"generate {method_name}")
         wanted = set(todo)
-        for batch in batches(job.blocks, bs):     # the same batches sharded or not (varbench.sharding)
+        # whole batches of fixed members (varbench.sharding): an image's bits do not depend on how
+        # the job was split, limited or resumed; companions already stored are computed, not written
+        for batch in generation_batches(job.blocks, ps.all_items or ps.items, ps.samples_per_prompt,
+                                        job.prompts_per_block, int(cfg.runtime.batch_size)):
             chunk = [(it.index, s) for it, s in batch if (it.index, s) in wanted]
             if not chunk:
                 continue
             with uninterruptible():   # SIGTERM finishes and commits the batch in flight, then stops
-                out = rt.generate([by_index[p].prompt for p, _ in chunk],
-                                  [image_seed(cfg.generation.seed, p, s) for p, s in chunk], policy, **kw)
+                out = rt.generate([it.prompt for it, _ in batch],
+                                  [image_seed(cfg.generation.seed, it.index, s) for it, s in batch], policy, **kw)
                 rows, written = [], []
-                for b, (p, s) in enumerate(chunk):
-                    item = by_index[p]
-                    _, digest = store.write_image(p, s, Image.fromarray(out.images[b].cpu().numpy()),
+                for b, (item, s) in enumerate(batch):
+                    if (item.index, s) not in wanted:
+                        continue
+                    _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
                                                   metadata={**item.metadata, "prompt": item.prompt})
-                    rows.append(_trace_row(out, b, len(chunk), p, s, method_name))
-                    written.append((p, s, digest))
+                    rows.append(_trace_row(out, b, len(batch), item.index, s, method_name))
+                    written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
                 store.commit(written)
             bar.update(len(chunk))

@@ -111,6 +111,9 @@ class PromptSet:
     files: dict[str, str] = dataclasses.field(default_factory=dict)
     full_size: int = 0
     selection: dict = dataclasses.field(default_factory=dict)
+    #: every prompt before ``limit``/``limit_per_tag`` (None: ``items`` is the whole set); the job
+    #: batches an image with its neighbours in this list, so a subset's images equal the full set's
+    all_items: list[PromptItem] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -489,9 +492,11 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     for key, val in (("limit", limit), ("limit_per_tag", per_tag)):
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
             raise PromptSetError(f"benchmark.{key} must be a positive integer or null, got {val!r}")
+    all_items = items
     items = _select(items, limit, per_tag, loader)
     spp = int(_get(cfg, "samples_per_prompt", default_spp))
     if spp < 1:
         raise PromptSetError(f"benchmark.samples_per_prompt must be >= 1, got {spp}")
     return PromptSet(name=str(_get(cfg, "name", loader)), items=items, samples_per_prompt=spp, loader=loader,
-                     full_size=full_size, selection={"limit": limit, "limit_per_tag": per_tag}, **kw)
+                     full_size=full_size, selection={"limit": limit, "limit_per_tag": per_tag},
+                     all_items=all_items, **kw)

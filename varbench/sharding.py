@@ -1,14 +1,21 @@
 """How a job's images are split into shards and batches, so that every way of running it (whole,
-sharded, resumed) puts the same images in the same batch.
+sharded, resumed, on a subset of the prompts) puts each image in the same batch.
 
-Batched forwards are not bit-identical across batch compositions (a matmul over 3 rows may round
-differently from one over 5), so "scores equal the unsharded run's bit for bit" needs batches that
-do not depend on how the work was split. The unit is a *block*: ``block_prompts`` consecutive
-prompts of the benchmark (all their samples). Generation batches (``runtime.batch_size``) and
-scoring batches (:data:`varbench.scoring.SCORE_BATCH`) are cut inside each block, always from the
-block's full key list; shard ``i/n`` takes blocks ``i, i+n, i+2n, ...``. A relaunch generates or
-scores only the missing members of each batch, so a batch that was lost whole is redone with the
-same members.
+Batched forwards are not bit-identical across batch compositions: a matmul over 2 rows may round
+differently from one over 1 (measured on this CPU at width 512, fp32: 1-3 sampled bits of the last
+two scales flipped in 2 of 8 images, up to 16/255 per pixel, depending on the batch companions).
+So an image's bits depend on which images shared its batch, and varbench fixes that set:
+
+* a *block* is ``block_prompts`` consecutive prompts of the benchmark by their stable index
+  (block ``b`` holds prompts ``b*P .. b*P+P-1`` of the full prompt file, with all their samples);
+* generation batches (``runtime.batch_size`` images, which is part of the image store's key) are
+  cut inside each block from the block's full key list (:func:`generation_batches`); a job
+  generates every batch that holds an image it lacks, whole, and stores only the images it lacks
+  (``benchmark.limit`` or a resumed job computes at most one batch of companions more);
+* scoring batches (:data:`varbench.scoring.SCORE_BATCH`) are cut inside each block from the job's
+  own keys (:func:`batches`): a sharded, a resumed and a whole run score every image in the same
+  company, so their scores are equal bit for bit;
+* shard ``i/n`` takes every ``n``-th of the job's blocks, starting at ``i``.
 """
 from __future__ import annotations
 
@@ -46,18 +53,36 @@ class Shard:
 
 
 def block_prompts(samples_per_prompt: int, *batch_sizes: int) -> int:
-    """Prompts per block: enough for the largest batch, so no batch is cut short by a block edge
-    more than once per block."""
+    """Prompts per block: enough for the largest batch."""
     return max(1, math.ceil(max(batch_sizes) / max(1, samples_per_prompt)))
 
 
 def key_blocks(items: Sequence[Any], samples_per_prompt: int, prompts_per_block: int) -> list[list]:
-    """``[[(item, sample), ...], ...]``: the benchmark's keys, ``prompts_per_block`` prompts a block."""
-    keys = [(it, s) for it in items for s in range(samples_per_prompt)]
-    per = prompts_per_block * samples_per_prompt
-    return [keys[i:i + per] for i in range(0, len(keys), per)]
+    """``[[(item, sample), ...], ...]``: the job's keys grouped by the block of each prompt's stable
+    index (``item.index // prompts_per_block``), blocks in order; empty blocks are left out."""
+    groups: dict[int, list] = {}
+    for it in items:
+        groups.setdefault(int(it.index) // prompts_per_block, []).extend((it, s) for s in range(samples_per_prompt))
+    return [groups[b] for b in sorted(groups)]
 
 
 def batches(blocks: Sequence[list], size: int) -> list[list]:
-    """Batches of at most ``size`` keys, cut inside each block from its full key list."""
+    """Batches of at most ``size`` keys, cut inside each block from its key list."""
     return [blk[i:i + size] for blk in blocks for i in range(0, len(blk), size)]
+
+
+def generation_batches(blocks: Sequence[list], all_items: Sequence[Any], samples_per_prompt: int,
+                       prompts_per_block: int, size: int) -> list[list]:
+    """The generation batches that hold the keys of ``blocks``: each block's *full* key list (every
+    prompt of ``all_items`` in that block, all samples) cut into batches of ``size``; only the
+    batches holding at least one key of ``blocks`` are returned."""
+    by_block: dict[int, list] = {}
+    for it in all_items:
+        by_block.setdefault(int(it.index) // prompts_per_block, []).append(it)
+    out = []
+    for blk in blocks:
+        b = int(blk[0][0].index) // prompts_per_block
+        mine = {(int(it.index), s) for it, s in blk}
+        full = [(it, s) for it in sorted(by_block[b], key=lambda it: int(it.index)) for s in range(samples_per_prompt)]
+        out += [batch for batch in batches([full], size) if any((int(it.index), s) in mine for it, s in batch)]
+    return out

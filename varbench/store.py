@@ -39,11 +39,13 @@ Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the cano
   ``generation.*`` setting, ``method.name`` and ``method.knobs``, the prompt set's loader/seed/
   size/rewriter, ``runtime.device`` as a device *type* and ``runtime.dtype``, both resolved
   (``auto`` must be resolved by the caller: :func:`varbench.job.run_job` pins them),
-  ``runtime.fused_entropy``), plus the sha256 of every weight file (``weights``, from
-  :func:`varbench.provenance.weight_hashes`; never their paths) and of the prompt file(s)
-  (``benchmark_sha256``). A key not in the list (labels, evaluators, timing, progress bars,
-  ``runtime.cuda_graphs``: graphed bits equal eager, batch size, limits: prompt indices are stable
-  across subsets) never regenerates images.
+  ``runtime.fused_entropy``, ``runtime.batch_size``: batched matmuls round differently with other
+  batch companions, see :mod:`varbench.sharding`), plus the sha256 of every weight file
+  (``weights``, from :func:`varbench.provenance.weight_hashes`; never their paths) and of the prompt
+  file(s) (``benchmark_sha256``). A key not in the list (labels, evaluators, timing, progress
+  bars, ``runtime.cuda_graphs``: graphed bits equal eager; limits: prompt indices are stable
+  across subsets and each image is generated with the batch companions it has in the full set)
+  never regenerates images.
 * :func:`entry_hash` (the run record's key) hashes the config minus ``ENTRY_EXCLUDE`` (where files
   go, mirroring, and switches that change no number of the record), with weight/prompt-file paths
   replaced by the same sha256 values.
@@ -84,6 +86,7 @@ GENERATION_KEYS: tuple[str, ...] = (
     "method.name", "method.knobs",
     "benchmark.loader", "benchmark.seed", "benchmark.n_prompts", "benchmark.rewriter",
     "runtime.device", "runtime.dtype", "runtime.fused_entropy",
+    "runtime.batch_size",   # an image's bits depend on its batch companions (varbench/sharding.py)
 )
 #: The pairing key: the generation key without the method.
 PAIR_KEYS: tuple[str, ...] = tuple(k for k in GENERATION_KEYS if not k.startswith("method."))
