@@ -51,7 +51,7 @@ def test_hash_is_stable_and_order_independent():
     ("benchmark.limit", 10, False, True),           # indices are stable across subsets
     ("method.ratio", 0.5, False, True),             # not a GENERATION_KEYS path (knobs live under method.knobs)
     ("method.name", "nova", True, True),
-    ("runtime.batch_size", 8, False, True),         # images do not depend on the batch (per-image generators)
+    ("runtime.batch_size", 8, True, True),          # batch companions change bits (varbench/sharding.py)
 ])
 def test_default_exclusions(key, value, gen_changes, entry_changes):
     other = _with(CFG, key, value)
