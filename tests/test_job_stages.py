@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from varbench.job import assemble_cli, run_job
+from varbench.schema import check_record
 from varbench.seeds import image_seed
 
 CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
@@ -44,6 +45,7 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     assert "images: 0 generated" in capsys.readouterr().out   # the shards made every image
     rec_s = json.loads((e0 / "record.json").read_text())
     rec_w = json.loads((whole / "record.json").read_text())
+    assert check_record(rec_s) == [] and check_record(rec_w) == []   # the documented record type
     assert rec_s["metrics"] == rec_w["metrics"]                 # == on floats: bit for bit
     assert rec_s["uncertainty"] == rec_w["uncertainty"]
     assert rec_s["flops"] == rec_w["flops"] and rec_s["experiment"]["shards"] == 2
@@ -210,3 +212,17 @@ def test_a_limited_run_stores_the_bits_the_full_run_makes(tmp_path, monkeypatch)
     for p in range(3):                                           # ...because the bits are the same
         assert store_a.path(p, 0).read_bytes() == store_b.path(p, 0).read_bytes()
     assert not store_a.has(3, 0)
+
+
+def test_check_record_names_missing_undocumented_and_nested_keys(tmp_path):
+    rec = json.loads((run_job(_cfg(tmp_path, "evaluator=[]", "timing=quick", "timing.repeats=1",
+                                   "timing.warmup=0")) / "record.json").read_text())
+    assert check_record(rec) == []                                  # timed, with paired block
+    bad = json.loads(json.dumps(rec))
+    del bad["wall_s"]
+    bad["speedup"] = 2.0
+    bad["flops"]["per_image"]["median"] = 1.0
+    bad["timing"]["by_batch"]["1"]["p50"] = 3.0
+    assert check_record(bad) == ["wall_s: missing", "speedup: not in varbench.schema.RunRecord",
+                                 "timing.by_batch.1.p50: not in varbench.schema.TimingBlock",
+                                 "flops.per_image.median: not in varbench.schema.Spread"]

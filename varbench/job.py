@@ -46,7 +46,7 @@ from .locks import DEFAULT_WAIT_S
 from .prompts import PromptSet, load_prompt_set
 from .provenance import collect_provenance, weight_hashes
 from .report import job_position, result_line
-from .records import RunEntry, append_jsonl, read_jsonl, utc_now
+from .records import SCHEMA_VERSION, RunEntry, append_jsonl, read_jsonl, utc_now
 from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, read_json, score_images, write_samples
 from .seeds import SEED_RULE, image_seed
 from .sharding import Shard, batches, block_prompts, generation_batches, key_blocks
@@ -267,7 +267,7 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
         resolution = generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
                                            _gen_kwargs(cfg, rt).get("schedule"))
     return {
-        "schema_version": 1, "entry_id": job.entry.entry_hash, "generation_id": job.store.generation_hash,
+        "schema_version": SCHEMA_VERSION, "entry_id": job.entry.entry_hash, "generation_id": job.store.generation_hash,
         "created": utc_now(), "status": "ok",
         "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": _overrides(),
                        "job_num": _job_num(), "shards": job.shard.count},

@@ -1,0 +1,171 @@
+"""The run record (``record.json``), documented in one place.
+
+One record per job (``store/<experiment>/entries/<entry_id>/record.json``), written by
+:func:`varbench.job.assemble_record` and sealed by ``DONE``. Beside it: ``samples_<evaluator>.jsonl``
+(one row per image and evaluator: ``prompt_index``, ``sample_index`` and the evaluator's fields)
+and ``traces.jsonl`` (one row per image: per-scale trace, FLOPs and executed tokens, method stats).
+``varbench.records.records_to_frame`` flattens records into one pandas row each.
+
+The types below are the schema (``TypedDict``: every key listed is written; ``None`` where a value
+does not apply). :func:`check_record` compares a record with them; the job's tests run it on real
+records, so a key added to the record without a line here fails the suite.
+
+Spreads (:class:`Spread`) summarise a per-image quantity over the record's images; adaptive
+methods (NOVA, ToProVAR, SkipVAR) do different work per prompt, and the spread says how much.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, TypedDict, get_type_hints
+
+from .records import SCHEMA_VERSION  # noqa: F401 - the version this schema describes
+
+
+class Spread(TypedDict):
+    """A per-image quantity over the record's images."""
+
+    n: int
+    mean: Optional[float]
+    std: Optional[float]     # sample standard deviation (0 for one image)
+    min: Optional[float]
+    max: Optional[float]
+
+
+class Experiment(TypedDict):
+    name: str                # experiment_name
+    tags: list               # the config's tags
+    overrides: list          # Hydra's task overrides of this job (empty outside Hydra)
+    job_num: Optional[int]   # Hydra's 0-based job number in a sweep
+    shards: int              # 1, or n of shard=i/n (the record assembled from n shards)
+
+
+class Model(TypedDict):
+    name: str
+    preset: str              # infinity_2b, infinity_8b, toy, tiny
+    resolution: Optional[list]   # [H, W] of the generated images
+    h_div_w: float
+    dtype: str               # as resolved (auto -> bfloat16 on CUDA)
+    weights: dict            # {file name: sha256} of every weight file loaded; {} for random weights
+
+
+class Method(TypedDict):
+    name: str                # the registered policy (nova, fastvar, ...)
+    preset: Optional[str]    # the preset chosen (method=nova_fast); tables show it
+    label: Optional[str]
+    config: dict             # the composed method node (name, label, knobs)
+    stats: dict              # the first image's policy stats; every image's are in traces.jsonl
+
+
+class Seeds(TypedDict):
+    base: int                # generation.seed
+    rule: str                # varbench.seeds.SEED_RULE
+
+
+class Benchmark(TypedDict):
+    """:meth:`varbench.prompts.PromptSet.describe` plus the seeds."""
+
+    name: str
+    loader: str
+    source: Optional[str]    # the published location
+    source_path: Optional[str]
+    sha256: str              # of the prompt file(s) as read
+    sha256_expected: Optional[str]   # the pinned official hash
+    sha256_matches: Optional[bool]
+    files: dict              # {file: sha256}
+    items_sha256: str        # of the selected prompts (after limit / limit_per_tag)
+    n_prompts: int
+    full_size: int           # prompts before the selection
+    samples_per_prompt: int
+    selection: dict          # {"limit", "limit_per_tag"}
+    seeds: Seeds
+
+
+class TimingBlock(TypedDict, total=False):
+    """One batch size of the timed pass (:func:`varbench.timing.timed_pass`); ms blocks are
+    ``{"median", "p10", "p90"}``; ``paired`` only when the baseline was timed interleaved."""
+
+    text_ms: dict
+    ar_ms: dict
+    decode_ms: dict
+    total_ms: dict
+    images_per_s: Optional[float]
+    peak_mem_bytes: Optional[int]   # CUDA only
+    per_scale_ms: list
+    n_repeats: int
+    repeats_ms: dict         # {"ar": [...], "total": [...]}, every repeat
+    paired: dict             # ar_speedup, ar_ci_low/high, e2e_*, ci_level, ratios, reliable, ... (timing.py)
+
+
+class Timing(TypedDict):
+    device: str              # GPU name, or "cpu (<arch>, <threads> threads)"
+    dtype: str
+    prompt_index: int        # the benchmark prompt timed
+    warmup: int
+    repeats: int
+    by_batch: dict           # {str(batch size): TimingBlock}
+
+
+class Flops(TypedDict):
+    """Analytic FLOPs per image (varbench/flops.py), means over the record's images."""
+
+    total: float             # text encoder + AR loop
+    text: float
+    ar: float                # sum of per_scale
+    per_scale: list
+    per_image: Spread        # of per-image totals
+
+
+class Work(TypedDict):
+    executed_tokens: Spread  # token-layers executed per image (mean over sublayers, summed over blocks and scales)
+    dense_tokens: int        # what the dense forward executes
+    keep_fraction: Spread    # executed / dense per image
+
+
+class RunRecord(TypedDict):
+    schema_version: int      # SCHEMA_VERSION
+    entry_id: str            # the entry hash (config minus varbench.store.ENTRY_EXCLUDE, + sha256s)
+    generation_id: str       # the image store's hash (varbench.store.GENERATION_KEYS, + sha256s)
+    created: str             # UTC, ISO 8601
+    status: str              # "ok"
+    experiment: Experiment
+    config: dict             # the resolved config, auto device/dtype pinned
+    model: Model
+    method: Method
+    benchmark: Benchmark
+    evaluators: dict         # {evaluator: version info (weights' sha256, backend, ...)}
+    metrics: dict            # {"<evaluator>/<metric>": value}
+    uncertainty: dict        # {"<evaluator>/<metric>": standard error} (see the evaluator)
+    higher_is_better: dict   # {"<evaluator>/<metric>": bool}
+    timing: Optional[Timing]     # None with timing=none
+    flops: Optional[Flops]
+    work: Optional[Work]
+    provenance: dict         # git commit, packages, torch/CUDA, host (varbench/provenance.py)
+    wall_s: float            # the job's wall time
+
+
+def check_record(record: Mapping[str, Any], kind: type = RunRecord, where: str = "") -> list[str]:
+    """Differences between ``record`` and the schema: missing keys (of total types), keys the
+    schema does not list, and nested typed blocks checked the same way. Empty when it conforms."""
+    hints = get_type_hints(kind)
+    problems = []
+    required = kind.__required_keys__
+    for key in sorted(required - set(record)):
+        problems.append(f"{where}{key}: missing")
+    for key in sorted(set(record) - set(hints)):
+        problems.append(f"{where}{key}: not in varbench.schema.{kind.__name__}")
+    for key, tp in hints.items():
+        sub = _typed_dict(tp)
+        value = record.get(key)
+        if sub is not None and isinstance(value, Mapping):
+            problems += check_record(value, sub, f"{where}{key}.")
+    if kind is Timing and isinstance(record.get("by_batch"), Mapping):
+        for bs, block in record["by_batch"].items():
+            problems += check_record(block, TimingBlock, f"{where}by_batch.{bs}.")
+    return problems
+
+
+def _typed_dict(tp: Any) -> type | None:
+    """The TypedDict in ``tp`` (``X`` or ``Optional[X]``), else None."""
+    for t in (tp, *getattr(tp, "__args__", ())):
+        if isinstance(t, type) and issubclass(t, dict) and hasattr(t, "__required_keys__"):
+            return t
+    return None
