@@ -49,6 +49,7 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     assert rec_s["metrics"] == rec_w["metrics"]                 # == on floats: bit for bit
     assert rec_s["uncertainty"] == rec_w["uncertainty"]
     assert rec_s["flops"] == rec_w["flops"] and rec_s["experiment"]["shards"] == 2
+    assert rec_s["config"]["shard"] is None                      # the job's record, not the assembling shard's
     for name in ("fidelity", "hpsv2_tiny"):
         assert _rows(e0, name) == _rows(whole, name)
     # the shard's own folders and markers are sealed with the entry; the LOCKs are gone

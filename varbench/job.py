@@ -271,7 +271,7 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
         "created": utc_now(), "status": "ok",
         "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": _overrides(),
                        "job_num": _job_num(), "shards": job.shard.count},
-        "config": job.resolved,
+        "config": {**job.resolved, "shard": None},   # the whole job's record, whichever shard assembled it
         "model": {"name": cfg.model.name, "preset": cfg.model.preset, "resolution": resolution,
                   "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
                   "weights": job.weights},
