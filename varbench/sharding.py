@@ -11,7 +11,9 @@ So an image's bits depend on which images shared its batch, and varbench fixes t
 * generation batches (``runtime.batch_size`` images, which is part of the image store's key) are
   cut inside each block from the block's full key list (:func:`generation_batches`); a job
   generates every batch that holds an image it lacks, whole, and stores only the images it lacks
-  (``benchmark.limit`` or a resumed job computes at most one batch of companions more);
+  (a prefix ``benchmark.limit`` or a resumed job computes at most one batch of companions more,
+  a scattered selection such as ``limit_per_tag`` up to ``batch_size - 1`` per image: use
+  ``runtime.batch_size=1`` for small scattered subsets);
 * scoring batches (:data:`varbench.scoring.SCORE_BATCH`) are cut inside each block from the job's
   own keys (:func:`batches`): a sharded, a resumed and a whole run score every image in the same
   company, so their scores are equal bit for bit;
