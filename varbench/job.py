@@ -46,11 +46,11 @@ from .locks import DEFAULT_WAIT_S
 from .prompts import PromptSet, load_prompt_set
 from .provenance import collect_provenance, weight_hashes
 from .report import job_position, result_line
-from .records import SCHEMA_VERSION, RunEntry, append_jsonl, read_jsonl, utc_now
-from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, read_json, score_images, write_samples
+from .records import SCHEMA_VERSION, RunEntry, append_jsonl, read_json, read_jsonl, utc_now, write_json
+from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, score_images, write_samples
 from .seeds import SEED_RULE, image_seed
 from .sharding import Shard, batches, block_prompts, generation_batches, key_blocks
-from .store import ImageStore, atomic_write_bytes, entry_hash, generation_hash
+from .store import ImageStore, entry_hash, generation_hash
 
 log = logging.getLogger("varbench")
 
@@ -153,14 +153,20 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
     store = store or job.store
     cfg = cfg or job.cfg
     method_name = method_name or str(cfg.method.name)
+    spp = job.prompt_set.samples_per_prompt
     items = [it for it, s in job.keys if s == 0]
-    if not _to_generate(store, items, job.prompt_set.samples_per_prompt, announce=False):
+    missing, bad = store.missing(items, spp), store.corrupt(items, spp)   # corrupt() hashes every stored image: once
+    if not missing and not bad:
         return 0
     # one generating job per (store, shard): a sweep's method jobs that all need the baseline's
     # images wait for the job making them instead of making them again
     part = job.shard.name if job.shard.count > 1 else None
     with store.generation_lock(wait_s=job.lock_wait_s, part=part):
-        todo = _to_generate(store, items, job.prompt_set.samples_per_prompt, announce=True)  # the job waited for may have made them
+        # the job waited for may have made the missing ones, or regenerated the corrupt ones
+        missing = store.missing(items, spp)
+        bad = store.corrupt(sorted({p for p, _ in bad}), spp) if bad else []
+        _announce_corrupt(store, bad)
+        todo = sorted(set(missing) | set(bad))
         if not todo:
             return 0
         store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
@@ -193,16 +199,13 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
     return len(todo)
 
 
-def _to_generate(store: ImageStore, items: list, samples_per_prompt: int, announce: bool) -> list[tuple[int, int]]:
-    """(prompt, sample) pairs the store lacks or whose file no longer matches its recorded sha256."""
-    todo = store.missing(items, samples_per_prompt)
-    bad = store.corrupt(items, samples_per_prompt)
-    if bad and announce:
-        shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
-        print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
-              f"recorded when it was generated: {shown}")
-    return sorted(set(todo) | set(bad))
+def _announce_corrupt(store: ImageStore, bad: list[tuple[int, int]]) -> None:
+    if not bad:
+        return
+    shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
+    log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
+    print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
+          f"recorded when it was generated: {shown}")
 
 
 def reference_stage(job: Job, rt) -> ImageStore | None:
@@ -361,10 +364,10 @@ def _run_shard(job: Job) -> dict | None:
             print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")
             score_stage(job, reference_stage(job, rt))
             if job.shard.index == 0:                  # one shard times; the others only generate and score
-                _write_json(sdir / "timing.json", time_stage(job, rt, policy))
+                write_json(sdir / "timing.json", time_stage(job, rt, policy))
             # what `python -m varbench.job assemble` needs to rebuild this job without Hydra
-            _write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
-            _write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
+            write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
+            write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
     return job.entry.read() if assemble_shards(job) else None
 
 
@@ -386,7 +389,7 @@ def assemble_shards(job: Job) -> bool:
         for s in shards:
             if (s / "versions.json").exists():
                 versions = {**read_json(s / "versions.json"), **versions}
-        _write_json(job.entry.dir / "versions.json", versions)
+        write_json(job.entry.dir / "versions.json", versions)
         timing_path = shards[0] / "timing.json"
         timing = read_json(timing_path) if timing_path.exists() else None
         record = assemble_record(job, None, timing, [job.entry.dir])
@@ -413,10 +416,6 @@ def method_preset(cfg: DictConfig) -> str | None:
 def _build(job: Job):
     rt = configure_runtime(build_runtime(job.cfg.model, job.device, job.dtype), job.cfg.runtime)
     return rt, build_policy_from_cfg(job.cfg.method)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8"))
 
 
 class _no_empty_folder:

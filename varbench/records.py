@@ -207,6 +207,19 @@ def _repair_tail(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file a job wrote; a garbled one is one error naming the file and the fix."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (:func:`varbench.store.atomic_write_bytes`)."""
+    atomic_write_bytes(Path(path), json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8"))
+
+
 def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> int:
     """Append rows (one JSON object per line), flush and fsync; returns the count written."""
     path = Path(path)
@@ -316,8 +329,7 @@ class RunEntry:
         out = []
         for p in self.dir.rglob("*"):
             rel = p.relative_to(self.dir)
-            if p.is_file() and rel.as_posix() not in _UNSEALED and p.name != "LOCK" \
-                    and not any(part.startswith(".") for part in rel.parts):   # a shard's LOCK is no part of the record
+            if p.is_file() and p.name not in _UNSEALED and not any(part.startswith(".") for part in rel.parts):
                 out.append(rel.as_posix())
         return sorted(out)
 

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 from omegaconf import OmegaConf
 
-from .records import append_jsonl, read_jsonl
+from .records import append_jsonl, read_json, read_jsonl, write_json
 
 log = logging.getLogger("varbench")
 
@@ -103,7 +103,7 @@ def score_images(folder: Path, evaluators_cfg: Any, key_batches: list[list], loa
         ev = build_evaluator(cls_name, **kwargs)
         ev.setup(device)
         versions[name] = json.loads(json.dumps(ev.version_info(), default=str))
-        _write_json(versions_path, versions)
+        write_json(versions_path, versions)
         if done:
             print(f"[varbench] score {name}: resuming, {len(done)} image(s) already scored, {len(todo)} to go")
         ev.reset()
@@ -160,17 +160,3 @@ def write_samples(folder: Path, name: str, rows: list[dict]) -> None:
     tmp.unlink(missing_ok=True)
     append_jsonl(tmp, rows)
     tmp.replace(path)
-
-
-def read_json(path: Path) -> Any:
-    """A JSON file the job wrote; a garbled one is one error naming the file and the fix."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    from .store import atomic_write_bytes
-
-    atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True, default=str).encode())
