@@ -290,3 +290,33 @@ def test_second_signal_and_signal_outside_a_unit_stop_at_once(tmp_path):
     assert "unit not cut short" not in proc.stdout and "not stopped" not in proc.stdout
     assert "ok stopped by SIGUSR2 (exit code 140)" in proc.stdout and "relaunch" in proc.stdout
     assert "noted only" in proc.stdout
+
+
+def test_a_signal_between_jobs_is_noted_then_raised_when_the_next_job_starts(tmp_path):
+    """The ``varbench`` command's outer block only notes a signal (it must not raise inside Hydra's
+    config composition, where it surfaced as a config error with exit code 1); the next job's block
+    raises it on entry, before any work, and the outer mode comes back after a job."""
+    code = """
+        import os, signal, time
+        from varbench.interrupt import GracefulStop, JobInterrupted, stop_requested
+        import varbench.interrupt as vi
+        with GracefulStop(immediate=False):           # the process, as varbench.__main__.cli
+            with GracefulStop():                       # job 1: immediate while it runs
+                assert vi._immediate
+            assert not vi._immediate                   # back to the outer mode between jobs
+            os.kill(os.getpid(), signal.SIGTERM)       # lands "inside Hydra": noted only
+            time.sleep(0.05)
+            print("between jobs, noted:", stop_requested(), flush=True)
+            try:
+                with GracefulStop():                   # job 2 starts
+                    print("job 2 ran", flush=True)
+            except JobInterrupted as e:
+                print("job 2 stopped on entry:", e.code, flush=True)
+                raise
+    """
+    proc = subprocess.run([PY, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "between jobs, noted: True" in proc.stdout, proc.stdout + proc.stderr
+    assert "job 2 ran" not in proc.stdout
+    assert "job 2 stopped on entry: 143" in proc.stdout
+    assert proc.returncode == 143, proc.stderr
+    assert "Traceback" not in proc.stderr

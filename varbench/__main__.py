@@ -54,10 +54,13 @@ def cli() -> None:
     """The ``varbench`` command: :func:`main` with SIGTERM/SIGINT handled for the whole process
     (:class:`varbench.interrupt.GracefulStop`), so a signal that lands between two jobs of a sweep,
     or while a job loads its model, also exits 128 + signal after finishing what is in flight,
-    instead of killing the process in the middle of a write."""
+    instead of killing the process in the middle of a write. Outside a job the stop is only noted
+    (``immediate=False``): raised while Hydra composes the next job's config, it would surface as a
+    garbled config error with exit code 1. The next job's own block (immediate) raises it on entry,
+    and a stop still pending when the sweep ends is raised here."""
     from .interrupt import GracefulStop
 
-    with GracefulStop():
+    with GracefulStop(immediate=False):
         main()
 
 

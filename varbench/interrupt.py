@@ -28,6 +28,10 @@ Semantics:
   ``with GracefulStop(immediate=False)`` only notes signals; the code then calls
   :func:`check_stop` (or reads :func:`stop_requested`) where it may stop. A stop noted but never
   honoured is raised when the ``GracefulStop`` block ends.
+* Blocks nest: the ``varbench`` command wraps the whole process in ``GracefulStop(immediate=False)``
+  and each job in ``GracefulStop()``. A signal that lands between two jobs (while Hydra composes the
+  next job's config) is only noted, so it never raises inside Hydra or OmegaConf; the next job's
+  block raises it on entry, before any work.
 * The previous handlers come back when the block ends. Outside the main thread (where Python
   cannot install handlers) ``GracefulStop`` does nothing and signals keep their usual effect.
 """
@@ -117,33 +121,44 @@ class GracefulStop:
     """Handle ``signals`` (default SIGTERM, SIGINT, SIGUSR2) for the block; see the module docstring.
 
     ``immediate``: True raises outside :func:`uninterruptible` blocks at once; False only notes the
-    signal for :func:`check_stop`. Nested blocks share the outer one's handlers and mode."""
+    signal for :func:`check_stop`. A nested block shares the outer one's handlers and sets the mode
+    for its own extent (the outer mode comes back when it ends); an immediate block entered while a
+    stop is pending raises it at once."""
 
     def __init__(self, signals: Sequence[int] = DEFAULT_SIGNALS, immediate: bool = True):
         self.signals = tuple(signals)
         self.immediate = immediate
         self._previous: dict[int, object] = {}
         self._installed = False
+        self._outer_mode = True
 
     def __enter__(self) -> "GracefulStop":
         global _requested, _immediate, _active
         if threading.current_thread() is not threading.main_thread():
             return self                     # Python allows handlers in the main thread only
+        self._outer_mode = _immediate
         if _active == 0:
             _requested = None
-            _immediate = self.immediate
             for s in self.signals:
                 self._previous[s] = signal.signal(s, _handler)
             self._installed = True
+        elif self.immediate and _requested is not None and _deferred == 0:
+            # a stop noted by the outer (deferring) block, e.g. between two jobs of a sweep, is
+            # honoured here, where a job may stop, and not inside whatever library code was running
+            raise JobInterrupted(_requested)
+        _immediate = self.immediate
         _active += 1
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        global _requested, _active
+        global _requested, _active, _immediate
         if threading.current_thread() is not threading.main_thread():
             return
         _active -= 1
+        _immediate = self._outer_mode
         if not self._installed:
+            if _requested is not None and exc_type is None and self.immediate:
+                raise JobInterrupted(_requested)
             return
         pending = _requested
         for s, prev in self._previous.items():
