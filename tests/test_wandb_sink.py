@@ -1,12 +1,14 @@
-"""W&B sink: what a run receives (mocked wandb), and real offline/disabled runs (no network)."""
+"""W&B sink: the summary a record maps to, and how a run is opened (mocked wandb). Real offline
+runs of a job and of ``python -m varbench.publish`` are in tests/test_publish.py."""
 from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
-from PIL import Image
 
+import varbench
 from varbench.wandb_sink import NullSink, WandbSink, summary_from_record
 
 RECORD = {
@@ -18,7 +20,6 @@ RECORD = {
                                   "images_per_s": 18.0, "peak_mem_bytes": 3 * 2**30}}},
     "flops": {"total": 2e12, "ar": 1.8e12}, "wall_s": 12.0,
 }
-ROWS = [{"scale": 0, "h": 1, "w": 1, "ms": 0.5, "flops": 1e9}, {"scale": 1, "h": 2, "w": 2, "ms": 0.7, "flops": 4e9}]
 
 
 def test_summary_flattening():
@@ -76,64 +77,15 @@ def _fake_module():
     return mod
 
 
-def test_publish_creates_and_finishes_one_run_per_call(monkeypatch):
-    monkeypatch.setitem(sys.modules, "wandb", _fake_module())
-    sink = WandbSink(mode="offline", project="p", group="exp", tags=["t"])
-    info = sink.publish(RECORD, ROWS, [("a cat", Image.new("RGB", (4, 4)))])
-    sink.publish(RECORD, [], [])
-    assert len(_FakeWandb.runs) == 2 and all(r.finished for r in _FakeWandb.runs)
-    run = _FakeWandb.runs[0]
-    kw = run.kwargs
-    assert kw["mode"] == "offline" and kw["group"] == "exp" and kw["reinit"] == "finish_previous"
-    assert kw["job_type"] == "nova" and set(kw["tags"]) == {"t", "nova", "infinity_2b"}
-    assert kw["config"]["varbench"]["entry_id"] == RECORD["entry_id"]
-    assert run.summary["geneval/overall"] == 0.7 and run.summary["timing/bs1/ar_ms"] == 40.0
-    table = next(d["per_scale"] for d in run.logged if "per_scale" in d)
-    assert table[1] == ["scale", "h", "w", "ms", "flops"] and table[2][1] == [1, 2, 2, 0.7, 4e9]
-    assert any("samples" in d for d in run.logged)
-    assert run.artifacts and '"entry_id": "0123456789abcdef"' in run.artifacts[0].files[0]
-    assert info["summary"] == run.summary and info["id"] == "run0"
+def test_bad_mode_and_logger_none():
+    from omegaconf import OmegaConf
 
+    from varbench.publish import sink_from_cfg
 
-def test_run_is_finished_even_if_logging_fails(monkeypatch):
-    mod = _fake_module()
-    mod.Table = lambda **kw: (_ for _ in ()).throw(RuntimeError("boom"))
-    monkeypatch.setitem(sys.modules, "wandb", mod)
-    with pytest.raises(RuntimeError, match="boom"):
-        WandbSink(mode="offline").publish(RECORD, ROWS, [])
-    assert _FakeWandb.runs[0].finished
-
-
-def test_bad_mode_and_null_sink():
     with pytest.raises(ValueError, match="logger.mode"):
         WandbSink(mode="offlne")
-    assert NullSink().publish(RECORD, ROWS, []) is None
-
-
-@pytest.fixture
-def real_wandb(monkeypatch, tmp_path):
-    pytest.importorskip("wandb")
-    for var in ("WANDB_MODE", "WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
-
-
-def test_offline_writes_a_run_dir(real_wandb, tmp_path):
-    sink = WandbSink(mode="offline", project="varbench-test", dir=tmp_path)
-    a = sink.publish(RECORD, ROWS, [("a cat", Image.new("RGB", (8, 8), (255, 0, 0)))])
-    b = sink.publish(RECORD, ROWS, [])
-    assert a["id"] != b["id"]  # sequential jobs in one process never merge
-    files = sorted((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert {f.stem for f in files} == {f"run-{a['id']}", f"run-{b['id']}"}
-
-
-def test_disabled_mode_writes_nothing(real_wandb, tmp_path):
-    info = WandbSink(mode="disabled", dir=tmp_path).publish(RECORD, ROWS, [])
-    assert info["summary"]["hpsv2/score"] == 0.31 and info["dir"] is None
-    assert not (tmp_path / "wandb").exists()
+    none_cfg = OmegaConf.load(Path(varbench.__file__).parent / "conf" / "logger" / "none.yaml")
+    assert none_cfg._target_.endswith(NullSink.__name__) and sink_from_cfg(none_cfg) is None
 
 
 def test_bad_mode_is_a_config_error_naming_the_fix():

@@ -1,25 +1,18 @@
-"""Mirror finished run records to Weights & Biases (strictly downstream of record.json).
+"""The W&B side every varbench run goes through: the logger's settings, one guarded place that
+opens a run, and what a record's summary is.
 
 Usage::
 
-    from varbench.wandb_sink import WandbSink, NullSink
+    from varbench.wandb_sink import WandbSink, summary_from_record
     sink = WandbSink(mode="offline", project="varbench", group="nova_sweep", dir="results")
-    info = sink.publish(record, per_scale_rows=[{"scale": 0, "h": 1, "w": 1, "ms": 0.4, "flops": 1e9}],
-                        images=[("a photo of a cat", pil_image)])
-    info["id"], info["dir"]            # what was written (offline: <dir>/wandb/offline-run-*/)
-    NullSink().publish(record, [], [])  # logger=none: does nothing, returns None
+    run = sink.init_run(name="nova-0123abcd", job_type="nova", config={...})   # ConfigError naming the fix
+    run.summary.update(summary_from_record(record))
 
-Each ``publish`` call creates ONE W&B run, logs everything and finishes the run before returning
-(``reinit="finish_previous"`` plus an explicit finish), so the jobs of a Hydra multirun that share
-one process never merge into one run. What is logged:
-
-* ``config``: the record's resolved config, plus ``entry_id``, ``generation_id``, method/model names;
-* ``summary``: the flat metrics (``<evaluator>/<metric>`` and ``..._err``), timing medians of
-  every batch size (``timing/bs<k>/<part>_ms``, ``timing/bs<k>/images_per_s``,
-  ``timing/bs<k>/peak_mem_gb``), ``flops/total``, ``flops/ar``, ``wall_s``;
-* a ``per_scale`` table (whatever columns ``per_scale_rows`` carry, e.g. scale, h, w, ms, flops);
-* ``samples``: the given images with their captions;
-* optionally (``log_record=True``) the record JSON as an artifact of type ``varbench-record``.
+``summary_from_record`` flattens a record into the flat metrics (``<evaluator>/<metric>`` and
+``..._err``), timing medians of every batch size (``timing/bs<k>/<part>_ms``,
+``timing/bs<k>/images_per_s``, ``timing/bs<k>/peak_mem_gb``), ``flops/total``, ``flops/ar`` and
+``wall_s``. Every run is opened with ``reinit="finish_previous"``, so the jobs of a Hydra multirun
+that share one process never merge into one run.
 
 Modes: ``online`` needs network and an API key (without network, W&B waits ``init_timeout``
 seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later); ``disabled``
@@ -37,7 +30,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 MODES = ("online", "offline", "disabled")
 
@@ -61,11 +54,8 @@ def check_mode(mode: Any) -> str:
 
 
 class NullSink:
-    """``logger=none``: accepts records and does nothing."""
-
-    def publish(self, record: Mapping, per_scale_rows: Sequence[Mapping] = (),
-                images: Sequence[tuple[str, Any]] = ()) -> None:
-        return None
+    """``logger=none`` (``conf/logger/none.yaml``'s target): no W&B at all.
+    :func:`varbench.publish.sink_from_cfg` maps it to None, so nothing is ever called on it."""
 
 
 def summary_from_record(record: Mapping) -> dict[str, float]:
@@ -161,37 +151,3 @@ class WandbSink:
         except Exception as e:  # noqa: BLE001 - UsageError (no API key), CommError (no network), bad settings
             raise _config_error(f"W&B could not open a run in mode {self.mode!r} ({type(e).__name__}: {e}); "
                                 f"{LOGIN_FIX}") from e
-
-    def publish(self, record: Mapping, per_scale_rows: Sequence[Mapping] = (),
-                images: Sequence[tuple[str, Any]] = ()) -> dict[str, Any]:
-        """Create, fill and finish one run; returns {"id", "name", "url", "dir", "mode", "summary"}."""
-        import wandb
-
-        method = record.get("method") or {}
-        model = record.get("model") or {}
-        name = f"{method.get('label') or method.get('name', 'run')}-{str(record.get('entry_id', ''))[:8]}"
-        config = dict(record.get("config") or {})
-        config["varbench"] = {"entry_id": record.get("entry_id"), "generation_id": record.get("generation_id"),
-                              "method": method.get("name"), "model": model.get("name"),
-                              "benchmark": (record.get("benchmark") or {}).get("name")}
-        summary = summary_from_record(record)
-        run = self.init_run(name=name, job_type=method.get("name"), config=config,
-                            tags=[method.get("name"), model.get("name")])
-        try:
-            run.summary.update(summary)
-            if per_scale_rows:
-                cols = list(dict.fromkeys(k for r in per_scale_rows for k in r))
-                table = wandb.Table(columns=cols, data=[[r.get(c) for c in cols] for r in per_scale_rows])
-                run.log({"per_scale": table})
-            if images and self.log_images > 0:
-                run.log({"samples": [wandb.Image(img, caption=cap) for cap, img in list(images)[: self.log_images]]})
-            if self.log_record:
-                log_record_artifact(run, record)
-            # run.url only exists online (offline it warns); a disabled run's dir is fictitious.
-            info = {"id": getattr(run, "id", None), "name": name,
-                    "url": getattr(run, "url", None) if self.mode == "online" else None,
-                    "dir": getattr(run, "dir", None) if self.mode != "disabled" else None,
-                    "mode": self.mode, "summary": summary}
-        finally:
-            run.finish()
-        return info
