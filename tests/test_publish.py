@@ -365,3 +365,23 @@ def test_run_job_with_logger_wandb_offline_publishes_the_paired_summary(toy_stor
     assert "toy_geneval/overall_delta" in s and s["paired/speedup"] > 0
     assert any(h.get("progress/timing") == 1.0 for h in runs[0]["history"])   # the images were stored already
     assert (entry / MARKER).exists()
+
+
+def test_a_job_that_finds_its_entry_finished_after_waiting_opens_no_run(store, wb, monkeypatch):
+    """Another job finished the entry while this one waited for its lock: this job skips it and,
+    because the run opens only inside the lock, leaves no empty W&B run behind (it used to)."""
+    import varbench.job as job_module
+
+    root, base, _ = store
+    (base / MARKER).write_text("{}")                  # published already: the skip republishes nothing
+    real = job_module._finished
+    calls = []
+
+    def finished_after_the_wait(job):                 # not finished when the job starts; finished once it has the lock
+        calls.append(1)
+        return False if len(calls) == 1 else real(job)
+
+    monkeypatch.setattr(job_module, "_finished", finished_after_the_wait)
+    entry = job_module.run_job(_cfg(root, "logger=wandb", f"logger.dir={wb}"))
+    assert entry == base and len(calls) == 2
+    assert runs_in(wb) == []

@@ -15,8 +15,8 @@ Stages, each a function below, and what a relaunch does at each:
    relaunch scores only the images without a row.
 5. :func:`time_stage`: a separate timed pass (warm-up, repeats interleaved with the baseline).
 6. :func:`assemble_record`: the record (schema: :mod:`varbench.schema`), then ``DONE``; then
-   :class:`varbench.publish.JobRun` (opened at start-up, so W&B shows config, progress and
-   system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.
+   :class:`varbench.publish.JobRun` (opened once the job holds its lock, so W&B shows config,
+   progress and system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.
 
 Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
 (:mod:`varbench.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
@@ -73,7 +73,7 @@ class Job:
     shard: Shard
     preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
     t0: float
-    wandb: Any = None          # the job's W&B run (:class:`varbench.publish.JobRun`), open from start-up
+    wandb: Any = None          # the job's W&B run (:class:`varbench.publish.JobRun`), open once it holds its lock
 
     @property
     def prompts_per_block(self) -> int:
@@ -298,21 +298,24 @@ def run_job(cfg: DictConfig) -> Path:
 
     SIGTERM/SIGINT (Slurm's time limit, preemption, Ctrl-C) finish the batch in flight, commit
     it and exit with 128 + the signal's number (:mod:`varbench.interrupt`); the relaunch resumes.
-    The W&B run (``logger=wandb``) opens here, before any model is built: a bad ``WANDB_MODE`` or
-    a missing login fails now, naming the fix."""
-    from .publish import JobRun
+    A bad ``logger.mode`` fails at once; the W&B run (``logger=wandb``) opens once the job holds
+    its entry's (or shard's) lock and has work to do, before any model is built, so a missing
+    login fails then, naming the fix, and a job that finds its entry finished leaves no run."""
+    from .publish import sink_from_cfg
 
     job = prepare_job(cfg)
+    sink_from_cfg(job.cfg.get("logger"))              # a bad logger.mode fails now, naming the fix
     with GracefulStop():
         if _finished(job):
             return job.entry.dir
-        job.wandb = JobRun.open(job)
         try:
             record = _run_shard(job) if job.shard.count > 1 else _run_whole(job)
         except BaseException as e:
-            job.wandb.fail(e)
+            if job.wandb is not None:
+                job.wandb.fail(e)
             raise
-        job.wandb.finish(job, record)                 # None: finished by another job, or a shard that did not assemble
+        if job.wandb is not None:
+            job.wandb.finish(job, record)             # None: a shard that did not assemble the record
         if record is not None:
             print(result_line(record, job_position(_job_num())))
     return job.entry.dir
@@ -322,6 +325,7 @@ def _run_whole(job: Job) -> dict | None:
     with _no_empty_folder(job.entry.dir), job.entry.lock(wait_s=job.lock_wait_s):
         if _finished(job):                           # another job finished it while this one waited
             return None
+        _open_wandb_run(job)
         rt, policy = _build(job)
         n_new = generate_stage(job, rt, policy)
         print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
@@ -332,6 +336,15 @@ def _run_whole(job: Job) -> dict | None:
             job.entry.mark_done()
     print(f"[varbench] record: {job.entry.record_path}")
     return record
+
+
+def _open_wandb_run(job: Job) -> None:
+    """Open the job's W&B run (``logger=wandb``) once it holds its lock and knows it has work, so a
+    job that finds its entry finished by another one leaves no empty run. A missing login fails
+    here, before any model is built, naming the fix."""
+    from .publish import JobRun
+
+    job.wandb = JobRun.open(job)
 
 
 def _finished(job: Job) -> bool:
@@ -354,6 +367,7 @@ def _run_shard(job: Job) -> dict | None:
     sdir = job.work_dir
     shard_entry = RunEntry.from_dir(sdir)
     with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
+        _open_wandb_run(job)
         if not (sdir / "SHARD_DONE").exists():
             if not job.keys:
                 print(f"[varbench] shard {job.shard.name}: no prompts for this shard (the benchmark's "

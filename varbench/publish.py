@@ -2,7 +2,7 @@
 
 In a job (``logger=wandb``; :mod:`varbench.job` calls these)::
 
-    run = JobRun.open(job)            # right after prepare_job: config, name, group, tags; a bad
+    run = JobRun.open(job)            # once the job holds its lock: config, name, group, tags; a bad
                                       # WANDB_MODE or a missing login is a ConfigError naming the fix
     run.progress("generate", 8, 64)   # after each batch: live progress (system metrics stream by themselves)
     bar = run.wrap(tqdm_bar, "generate nova", 64)   # or: a progress bar whose update() also reports it
