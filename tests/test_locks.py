@@ -320,3 +320,38 @@ def test_a_signal_between_jobs_is_noted_then_raised_when_the_next_job_starts(tmp
     assert "job 2 stopped on entry: 143" in proc.stdout
     assert proc.returncode == 143, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_first_checkpoint_hash_stops_between_chunks_on_a_noted_signal(tmp_path):
+    """Hashing a multi-GB checkpoint runs before the job's own (immediate) block, under the
+    command's deferring one; it checks for a noted stop between its 4 MiB chunks, so Ctrl-C during
+    a first hash stops within one chunk instead of after the whole file."""
+    code = f"""
+        import os, signal, time
+        from varbench import provenance
+        from varbench.interrupt import GracefulStop, JobInterrupted
+        path = {str(tmp_path / "ckpt.bin")!r}
+        with open(path, "wb") as f:
+            f.write(os.urandom(3 * provenance._CHUNK))
+        reads = []
+        real_open = open
+        class Counting:
+            def __init__(self, f): self.f = f
+            def __enter__(self): return self
+            def __exit__(self, *a): self.f.close()
+            def read(self, n):
+                reads.append(n)
+                if len(reads) == 1:
+                    os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C during the first chunk
+                    time.sleep(0.05)
+                return self.f.read(n)
+        provenance.open = lambda p, mode: Counting(real_open(p, mode))
+        try:
+            with GracefulStop(immediate=False):
+                provenance.sha256_file(path)
+        except JobInterrupted as e:
+            print("stopped after", len(reads), "chunk(s), exit", e.code)
+    """
+    proc = subprocess.run([PY, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "HOME": str(tmp_path)})
+    assert "stopped after 1 chunk(s), exit 130" in proc.stdout, proc.stdout + proc.stderr

@@ -99,9 +99,12 @@ def sha256_file(path: str | os.PathLike) -> str:
         big = st.st_size >= DISK_CACHE_MIN_BYTES
         digest = _disk_cache_get(disk_key) if big else None
         if digest is None:
+            from .interrupt import check_stop
+
             h = hashlib.sha256()
             with open(path, "rb") as f:
                 while True:
+                    check_stop()   # a first hash of a 30 GB checkpoint takes minutes: Ctrl-C stops it between chunks
                     block = f.read(_CHUNK)
                     if not block:
                         break
