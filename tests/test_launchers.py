@@ -6,10 +6,13 @@ separate processes, at the same time, and the end-of-sweep callback aggregates o
 The Slurm config is checked as Hydra composes it (no cluster here): one GPU per job and the documented
 time-limit, partition and requeue knobs reach the launcher."""
 import importlib.util
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -97,3 +100,66 @@ def test_local_submitit_sweep_runs_jobs_in_parallel_processes_and_aggregates_one
     rows = [ln for ln in table.read_text().splitlines() if ln.startswith("| ") and "---" not in ln]
     assert sum("| Baseline |" in r for r in rows) == 1, table.read_text()          # by label: the column layout may change
     assert sum("| Skip last scale |" in r for r in rows) == 1, table.read_text()
+
+
+def _task_pids(sweep: Path) -> list[int]:
+    """Pids of the submitit task processes (``python -m submitit.core._submit <folder>``) of ``sweep``."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"submitit.core._submit" in cmd and any(str(sweep).encode() in c for c in cmd):
+            pids.append(int(d.name))
+    return pids
+
+
+def _committed_images(store: Path) -> list[tuple[int, int]]:
+    rows = []
+    for index in store.glob("images/*/images.jsonl"):
+        for line in index.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            rows.append((int(r["prompt_index"]), int(r["sample_index"])))
+    return rows
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the job's process through /proc")
+def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
+    """Slurm's pre-timeout/preemption signal (SIGUSR2) reaches a running job through submitit: the
+    job's GracefulStop finishes the image in flight, then hands the signal to submitit's own handler,
+    which requeues the job (the local executor restarts it); the restarted job resumes from the store
+    and the sweep ends with the record and table, every image generated once. (Before, varbench's
+    handler replaced submitit's: the job exited 140 and was never requeued.)"""
+    sweep, store = tmp_path / "sweep", tmp_path / "store"
+    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
+           "benchmark.limit=8", "runtime.batch_size=1", "runtime.progress=false", "method=baseline",
+           "hydra/launcher=local", f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "VARBENCH_STORE": str(store), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _committed_images(store) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        pids = _task_pids(sweep)
+        assert len(pids) == 1 and len(_committed_images(store)) < 8, (pids, _committed_images(store))
+        os.kill(pids[0], signal.SIGUSR2)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    log = "\n".join(f.read_text() for f in sorted(sweep.glob(".submitit/*/*_0_log.*")))   # stdout and stderr
+    assert "SIGUSR2: finishing the current unit of work" in log, log
+    assert "this job is preempted" in log and "Requeued job" in log, log
+    assert log.count("[varbench] record:") == 1, log
+    images = _committed_images(store)
+    assert sorted(images) == sorted(set(images)) and len(images) == 8, images   # each image committed once
+    assert len(list((store / "smoke").glob("entries/*/DONE"))) == 1
+    assert (tmp_path / "results" / "smoke" / "table.md").exists(), out

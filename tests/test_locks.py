@@ -355,3 +355,48 @@ def test_a_first_checkpoint_hash_stops_between_chunks_on_a_noted_signal(tmp_path
     proc = subprocess.run([PY, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "HOME": str(tmp_path)})
     assert "stopped after 1 chunk(s), exit 130" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_handler_installed_before_is_called_at_the_safe_point(tmp_path):
+    """Under Slurm, submitit installs its own SIGUSR2 handler (checkpoint, requeue, exit) before the
+    job runs. The job's GracefulStop must not swallow it: the unit in flight finishes, then the
+    earlier handler runs (here it "requeues" and exits 3); a handler that returns (submitit's
+    SIGTERM bypass) is followed by the usual exit 128 + signal. Python's own SIGINT default is not chained."""
+    code = """
+        import os, signal, sys, time
+        from varbench.interrupt import GracefulStop, JobInterrupted, uninterruptible
+        def requeue(signum, frame):
+            print("requeue handler ran, unit finished:", finished, flush=True)
+            sys.exit(3)
+        bypassed = []
+        signal.signal(signal.SIGUSR2, requeue)
+        signal.signal(signal.SIGTERM, lambda s, f: bypassed.append(s))
+        finished = False
+        try:
+            with GracefulStop():
+                with uninterruptible():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.05)
+                    finished = True
+        except JobInterrupted as e:
+            print("bypass then", e.code, bypassed == [signal.SIGTERM], flush=True)
+        assert signal.getsignal(signal.SIGUSR2) is requeue          # restored after the block
+        try:
+            with GracefulStop(immediate=False):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        except JobInterrupted as e:
+            print("sigint", e.code, flush=True)                     # not KeyboardInterrupt
+        finished = False
+        with GracefulStop():
+            with uninterruptible():
+                os.kill(os.getpid(), signal.SIGUSR2)
+                time.sleep(0.05)
+                finished = True
+        print("not reached")
+    """
+    proc = subprocess.run([PY, "-c", textwrap.dedent(code)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "bypass then 143 True" in proc.stdout, proc.stdout + proc.stderr
+    assert "sigint 130" in proc.stdout, proc.stdout + proc.stderr
+    assert "requeue handler ran, unit finished: True" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 3 and "not reached" not in proc.stdout

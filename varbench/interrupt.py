@@ -32,6 +32,11 @@ Semantics:
   and each job in ``GracefulStop()``. A signal that lands between two jobs (while Hydra composes the
   next job's config) is only noted, so it never raises inside Hydra or OmegaConf; the next job's
   block raises it on entry, before any work.
+* A handler the process had before (a Python function, not Python's defaults) is not lost: at
+  the safe point where the job stops, it is called first. Under Slurm through submitit that is
+  submitit's SIGUSR2 handler, which requeues the job (``max_num_timeout``) and exits; the requeued
+  job resumes where this one stopped. A handler that returns (submitit's SIGTERM "bypass") is
+  followed by :class:`JobInterrupted` as usual.
 * The previous handlers come back when the block ends. Outside the main thread (where Python
   cannot install handlers) ``GracefulStop`` does nothing and signals keep their usual effect.
 """
@@ -71,6 +76,7 @@ _requested: int | None = None   # the pending signal, if any
 _deferred = 0                   # depth of uninterruptible() blocks
 _immediate = True               # the active GracefulStop's mode
 _active = 0                     # nesting depth of active GracefulStop blocks
+_chained: dict = {}             # Python handlers the outermost block replaced (e.g. submitit's requeue)
 
 
 def _say(msg: str) -> None:
@@ -80,15 +86,25 @@ def _say(msg: str) -> None:
         pass
 
 
+def _stop(signum: int) -> None:
+    """Stop for ``signum`` at a safe point: first the handler this process had before the
+    outermost block (if it was a Python function, such as submitit's, which requeues the Slurm job
+    and exits), then :class:`JobInterrupted` if that handler returned."""
+    previous = _chained.get(signum)
+    if previous is not None:
+        previous(signum, None)
+    raise JobInterrupted(signum)
+
+
 def _handler(signum: int, frame) -> None:
     global _requested
     if _requested is not None:
         _say(f"[varbench] {_name(signum)} again: stopping now")
-        raise JobInterrupted(signum)
+        _stop(signum)
     _requested = signum
     if _immediate and _deferred == 0:
         _say(f"[varbench] {_name(signum)}: stopping now (finished work is kept; relaunch to resume)")
-        raise JobInterrupted(signum)
+        _stop(signum)
     _say(f"[varbench] {_name(signum)}: finishing the current unit of work, then stopping "
          f"(finished work is kept; relaunch to resume; send it again to stop at once)")
 
@@ -101,7 +117,7 @@ def stop_requested() -> bool:
 def check_stop() -> None:
     """Raise :class:`JobInterrupted` if a stop was requested (call it between units of work)."""
     if _requested is not None:
-        raise JobInterrupted(_requested)
+        _stop(_requested)
 
 
 @contextlib.contextmanager
@@ -141,11 +157,14 @@ class GracefulStop:
             _requested = None
             for s in self.signals:
                 self._previous[s] = signal.signal(s, _handler)
+            _chained.clear()
+            _chained.update({s: h for s, h in self._previous.items()
+                             if callable(h) and h is not signal.default_int_handler})
             self._installed = True
         elif self.immediate and _requested is not None and _deferred == 0:
             # a stop noted by the outer (deferring) block, e.g. between two jobs of a sweep, is
             # honoured here, where a job may stop, and not inside whatever library code was running
-            raise JobInterrupted(_requested)
+            _stop(_requested)
         _immediate = self.immediate
         _active += 1
         return self
@@ -158,7 +177,7 @@ class GracefulStop:
         _immediate = self._outer_mode
         if not self._installed:
             if _requested is not None and exc_type is None and self.immediate:
-                raise JobInterrupted(_requested)
+                _stop(_requested)
             return
         pending = _requested
         for s, prev in self._previous.items():
@@ -166,8 +185,11 @@ class GracefulStop:
         self._previous.clear()
         self._installed = False
         _requested = None
-        if pending is not None and exc_type is None:
-            raise JobInterrupted(pending)   # noted but never honoured: do not carry on (e.g. to the next job)
+        try:
+            if pending is not None and exc_type is None:
+                _stop(pending)              # noted but never honoured: do not carry on (e.g. to the next job)
+        finally:
+            _chained.clear()
 
     @property
     def requested(self) -> int | None:
