@@ -29,3 +29,32 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     assert list((tmp_path / "store" / "smoke").glob("**/DONE"))      # the good job still finished
     assert "| Baseline |" in out                                    # and the table was written
     assert "[varbench] job 1/2 done · baseline · 1 images" in out, out  # one result line per job, placed in the sweep
+
+
+def _run(tmp_path, *args):
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store"), "VARBENCH_WEIGHTS": str(tmp_path / "no_weights")}
+    cmd = [sys.executable, "-m", "varbench", *args, "+experiment=smoke", "model=infinity_2b", "evaluator=[]",
+           "timing=none", "benchmark.limit=1", "runtime.progress=false", f"paths.output_root={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_missing_weights_fail_every_job_alike_and_are_said_once_without_a_traceback(tmp_path):
+    """Forgetting VARBENCH_WEIGHTS fails every job of a sweep with the same error. The first job
+    prints it in full; the others point at it; the end of the sweep names all jobs on one line. The
+    message names the fix, so no traceback is printed (it once printed 309 lines for a 9-job sweep)."""
+    rc, out = _run(tmp_path, "-m", "method=baseline,skip_last_1")
+    assert rc == 1, out
+    assert "Traceback" not in out, out
+    assert "2 job(s) of this sweep failed" in out, out
+    assert "FAILED 2 jobs (method=baseline, method=skip_last_1; all with +experiment=smoke" in out, out
+    assert "WeightsNotFound: Infinity transformer weights not found: infinity_2b_reg.pth" in out, out
+    assert "the same WeightsNotFound as (method=baseline" in out, out
+    assert out.count("fix: put the file there") == 2, out      # the first job, and the end-of-sweep list
+
+
+def test_missing_weights_in_a_single_run_exit_2_with_the_message_only(tmp_path):
+    rc, out = _run(tmp_path, "hydra.mode=RUN", "method=baseline")
+    assert rc == 2, out
+    assert "Traceback" not in out and "[varbench] WeightsNotFound: Infinity transformer weights not found" in out, out
+    assert "fix: put the file there" in out, out

@@ -25,14 +25,18 @@ def main(cfg: DictConfig) -> None:
     from .callbacks import aggregate_experiment, failures_path
     from .job import run_job
 
-    from .validate import ConfigError
+    from .validate import ConfigError, names_its_fix
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     if not multirun:
         try:
             run_job(cfg)
-        except ConfigError as e:      # a bad setting: one line naming it and the fix, no traceback
-            print(f"[varbench] config error: {e}", file=sys.stderr)
+        except Exception as e:
+            if not names_its_fix(e):
+                raise
+            # a bad setting or a missing file: its message names it and the fix; no traceback
+            what = "config error" if isinstance(e, ConfigError) else type(e).__name__
+            print(f"[varbench] {what}: {e}", file=sys.stderr)
             raise SystemExit(2) from None
         if cfg.get("aggregate", True):
             aggregate_experiment(cfg)
@@ -42,12 +46,20 @@ def main(cfg: DictConfig) -> None:
         run_job(cfg)
     except Exception as e:  # noqa: BLE001 - reported below and again at the end of the sweep
         overrides = list(HydraConfig.get().overrides.task)
-        print(f"[varbench] job failed ({' '.join(overrides)}): {type(e).__name__}: {e}")
-        log.error("job failed:\n%s", traceback.format_exc())
+        error = f"{type(e).__name__}: {e}"
         path = failures_path(HydraConfig.get().sweep.dir)  # the sweep's folder: the end-of-sweep callback reads it
+        earlier = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+        first = next((f for f in earlier if f["error"] == error), None)
+        if first is None:
+            print(f"[varbench] job failed ({' '.join(overrides)}): {error}")
+        else:                         # e.g. a missing weight file fails every job alike: say it once
+            print(f"[varbench] job failed ({' '.join(overrides)}): the same {type(e).__name__} as "
+                  f"({' '.join(first['overrides'])}); listed again at the end of the sweep")
+        if not names_its_fix(e):      # a missing file or a bad setting says what to do; anything else gets its traceback
+            log.error("job failed:\n%s", traceback.format_exc())
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps({"overrides": overrides, "error": f"{type(e).__name__}: {e}"}) + "\n")
+            f.write(json.dumps({"overrides": overrides, "error": error}) + "\n")
 
 
 def cli() -> None:

@@ -16,15 +16,25 @@ def failures_path(sweep_dir: str | Path) -> Path:
 
 
 def report_failures(sweep_dir: str | Path) -> int:
-    """Print each failed job of the sweep (overrides and error); the number failed."""
+    """Print the failed jobs of the sweep, one line per distinct error (a missing weight file fails
+    every job the same way: one line names them all by the overrides that differ); the number failed."""
     path = failures_path(sweep_dir)
     if not path.exists():
         return 0
     failed = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if failed:
         print(f"[varbench] {len(failed)} job(s) of this sweep failed (details in the job logs under {sweep_dir}):")
+        by_error: dict[str, list[list[str]]] = {}
         for f in failed:
-            print(f"  FAILED {' '.join(f['overrides'])}: {f['error']}")
+            by_error.setdefault(f["error"], []).append(list(f["overrides"]))
+        for error, jobs in by_error.items():
+            if len(jobs) == 1:
+                print(f"  FAILED {' '.join(jobs[0])}: {error}")
+                continue
+            shared = set.intersection(*(set(o) for o in jobs))
+            names = [" ".join(o for o in overrides if o not in shared) or "(same overrides)" for overrides in jobs]
+            print(f"  FAILED {len(jobs)} jobs ({', '.join(names)}; all with {' '.join(o for o in jobs[0] if o in shared)}): "
+                  f"{error}")
     return len(failed)
 
 

@@ -23,6 +23,19 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the setting."""
 
 
+def names_its_fix(exc: BaseException) -> bool:
+    """True for the errors whose message already says what to do: a bad setting, a missing or
+    wrong prompt or weight file. The command prints them as one message, without a traceback."""
+    from .evaluators._weights import WeightsNotFoundError, WrongWeightsError
+    from .models.bsq_vae import VAEWeightsNotFoundError
+    from .models.checkpoints import WeightsNotFound
+    from .prompts import PromptSetError
+    from .toy.load import ToyWeightsError
+
+    return isinstance(exc, (ConfigError, PromptSetError, WeightsNotFound, VAEWeightsNotFoundError,
+                            WeightsNotFoundError, WrongWeightsError, ToyWeightsError))
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
