@@ -163,3 +163,34 @@ def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
     assert sorted(images) == sorted(set(images)) and len(images) == 8, images   # each image committed once
     assert len(list((store / "smoke").glob("entries/*/DONE"))) == 1
     assert (tmp_path / "results" / "smoke" / "table.md").exists(), out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the job's process through /proc")
+def test_ctrl_c_in_the_launching_process_stops_waiting_for_submitit_jobs_at_once(tmp_path):
+    """The launching process of a submitit sweep only waits for its jobs: Ctrl-C there stops at once
+    (exit 130). The command's outer block defers signals (to protect Hydra composing the next job of
+    a local sweep); the end-of-sweep callback makes it immediate when the jobs run elsewhere."""
+    sweep, store = tmp_path / "sweep", tmp_path / "store"
+    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
+           "benchmark.limit=8", "runtime.batch_size=1", "runtime.progress=false", "method=baseline",
+           "hydra/launcher=local", f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "VARBENCH_STORE": str(store), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _task_pids(sweep) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert _task_pids(sweep), "the job did not start"
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        out, _ = proc.communicate(timeout=60)
+        waited = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _task_pids(sweep):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert "SIGINT: stopping now" in out and "finishing the current unit" not in out, out
+    assert waited < 15, f"took {waited:.1f} s to stop waiting"

@@ -104,6 +104,10 @@ class AggregateOnMultirunEnd(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         failures_path(config.hydra.sweep.dir).unlink(missing_ok=True)  # a relaunch into the same folder
         _announce_sweep_size(config)
+        if not str(config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
+            from .interrupt import set_immediate
+
+            set_immediate(True)   # the jobs run in other processes: Ctrl-C here only stops waiting for them
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:

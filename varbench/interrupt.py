@@ -31,7 +31,8 @@ Semantics:
 * Blocks nest: the ``varbench`` command wraps the whole process in ``GracefulStop(immediate=False)``
   and each job in ``GracefulStop()``. A signal that lands between two jobs (while Hydra composes the
   next job's config) is only noted, so it never raises inside Hydra or OmegaConf; the next job's
-  block raises it on entry, before any work.
+  block raises it on entry, before any work. With a launcher whose jobs run in other processes
+  (submitit), the launching process only waits, and :func:`set_immediate` makes it stop at once.
 * A handler the process had before (a Python function, not Python's defaults) is not lost: at
   the safe point where the job stops, it is called first. Under Slurm through submitit that is
   submitit's SIGUSR2 handler, which requeues the job (``max_num_timeout``) and exits; the requeued
@@ -118,6 +119,19 @@ def check_stop() -> None:
     """Raise :class:`JobInterrupted` if a stop was requested (call it between units of work)."""
     if _requested is not None:
         _stop(_requested)
+
+
+def set_immediate(immediate: bool) -> None:
+    """Change the active block's mode (no-op outside one). The ``varbench`` command's outer block
+    defers, which protects Hydra while it composes the next job in this process; a launcher whose
+    jobs run in other processes (submitit) makes it immediate, so Ctrl-C while the launching process
+    waits for them stops waiting at once. A stop already noted is raised now if ``immediate``."""
+    global _immediate
+    if _active == 0 or threading.current_thread() is not threading.main_thread():
+        return
+    _immediate = bool(immediate)
+    if _immediate and _deferred == 0:
+        check_stop()
 
 
 @contextlib.contextmanager
