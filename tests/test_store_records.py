@@ -95,6 +95,44 @@ def test_device_and_dtype_hash_as_resolved_type():
     assert generation_hash(base) != generation_hash(_with(base, "runtime.device", "cpu"))
 
 
+def test_sha256_of_a_big_file_streams_its_chunks_with_a_byte_progress_bar(tmp_path, monkeypatch):
+    """A file past the disk-cache size is hashed chunk by chunk (the bar counts its bytes); the
+    digest is the file's sha256, not a per-chunk one."""
+    import hashlib
+
+    import tqdm.auto
+
+    from varbench import provenance
+
+    monkeypatch.setenv("VARBENCH_SHA_CACHE", str(tmp_path / "cache.json"))
+    monkeypatch.setattr(provenance, "DISK_CACHE_MIN_BYTES", 1)
+    monkeypatch.setattr(provenance, "_CHUNK", 1000)
+    data = os.urandom(2500)
+    (tmp_path / "ckpt.pth").write_bytes(data)
+    bars = []
+
+    class Recording:                   # a tqdm stand-in that counts what the hash reports
+        def __init__(self, **kw):
+            self.kw, self.n = kw, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.n += n
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
+    assert provenance.sha256_file(tmp_path / "ckpt.pth") == hashlib.sha256(data).hexdigest()
+    (bar,) = bars
+    kw = bar.kw
+    assert kw["total"] == 2500 and kw["unit"] == "B" and bar.n == 2500 and "ckpt.pth" in kw["desc"]
+    assert kw["disable"] is None                  # shown on a terminal (tqdm's auto), hidden in logs
+
+
 def test_sha256_file_caches_by_path_size_mtime(tmp_path, monkeypatch):
     from varbench import provenance
 

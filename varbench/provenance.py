@@ -99,21 +99,32 @@ def sha256_file(path: str | os.PathLike) -> str:
         big = st.st_size >= DISK_CACHE_MIN_BYTES
         digest = _disk_cache_get(disk_key) if big else None
         if digest is None:
-            from .interrupt import check_stop
-
-            h = hashlib.sha256()
-            with open(path, "rb") as f:
-                while True:
-                    check_stop()   # a first hash of a 30 GB checkpoint takes minutes: Ctrl-C stops it between chunks
-                    block = f.read(_CHUNK)
-                    if not block:
-                        break
-                    h.update(block)
-            digest = h.hexdigest()
+            digest = _hash_chunks(path, st.st_size, show=big)
             if big:
                 _disk_cache_put(disk_key, digest)
         _SHA_CACHE[key] = digest
     return _SHA_CACHE[key]
+
+
+def _hash_chunks(path: str | os.PathLike, size: int, show: bool) -> str:
+    """sha256 of a file in 4 MiB chunks; ``show``: a byte progress bar (a first hash of an 8B
+    checkpoint takes minutes; tqdm hides it when stderr is not a terminal)."""
+    from tqdm.auto import tqdm
+
+    from .interrupt import check_stop
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, leave=False,
+                                     desc=f"sha256 {Path(path).name} (once; cached)",
+                                     disable=None if show else True) as bar:
+        while True:
+            check_stop()   # Ctrl-C stops a first hash between chunks, not after the whole file
+            block = f.read(_CHUNK)
+            if not block:
+                break
+            h.update(block)
+            bar.update(len(block))
+    return h.hexdigest()
 
 
 def weight_hashes(named: dict[str, str | os.PathLike | None]) -> dict[str, str]:
