@@ -26,13 +26,17 @@ class ConfigError(ValueError):
 def names_its_fix(exc: BaseException) -> bool:
     """True for the errors whose message already says what to do: a bad setting, a missing or
     wrong prompt or weight file. The command prints them as one message, without a traceback."""
-    from .evaluators._weights import WeightsNotFoundError, WrongWeightsError
-    from .models.bsq_vae import VAEWeightsNotFoundError
-    from .models.checkpoints import WeightsNotFound
-    from .prompts import PromptSetError
-    from .toy.load import ToyWeightsError
-
-    return isinstance(exc, (ConfigError, PromptSetError, WeightsNotFound, VAEWeightsNotFoundError,
+    if isinstance(exc, ConfigError):
+        return True
+    try:
+        from .evaluators._weights import WeightsNotFoundError, WrongWeightsError
+        from .models.bsq_vae import VAEWeightsNotFoundError
+        from .models.checkpoints import WeightsNotFound
+        from .prompts import PromptSetError
+        from .toy.load import ToyWeightsError
+    except ImportError:     # a broken install must not hide the error being reported
+        return False
+    return isinstance(exc, (PromptSetError, WeightsNotFound, VAEWeightsNotFoundError,
                             WeightsNotFoundError, WrongWeightsError, ToyWeightsError))
 
 
