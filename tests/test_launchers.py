@@ -129,6 +129,18 @@ def _committed_images(store: Path) -> list[tuple[int, int]]:
     return rows
 
 
+def _start_one_job_local_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
+    """A one-job sweep (baseline, 8 tiny-model images, one per batch) under the real submitit_local
+    launcher, started in the background: (launching process, sweep folder, store)."""
+    sweep, store = tmp_path / "sweep", tmp_path / "store"
+    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
+           "benchmark.limit=8", "runtime.batch_size=1", "runtime.progress=false", "method=baseline",
+           "hydra/launcher=local", f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
+    env = {**os.environ, "VARBENCH_STORE": str(store), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, sweep, store
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the job's process through /proc")
 def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
@@ -137,12 +149,7 @@ def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
     which requeues the job (the local executor restarts it); the restarted job resumes from the store
     and the sweep ends with the record and table, every image generated once. (Before, varbench's
     handler replaced submitit's: the job exited 140 and was never requeued.)"""
-    sweep, store = tmp_path / "sweep", tmp_path / "store"
-    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
-           "benchmark.limit=8", "runtime.batch_size=1", "runtime.progress=false", "method=baseline",
-           "hydra/launcher=local", f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "VARBENCH_STORE": str(store), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, sweep, store = _start_one_job_local_sweep(tmp_path)
     try:
         deadline = time.monotonic() + 180
         while not _committed_images(store) and time.monotonic() < deadline and proc.poll() is None:
@@ -172,12 +179,7 @@ def test_ctrl_c_in_the_launching_process_stops_waiting_for_submitit_jobs_at_once
     """The launching process of a submitit sweep only waits for its jobs: Ctrl-C there stops at once
     (exit 130). The command's outer block defers signals (to protect Hydra composing the next job of
     a local sweep); the end-of-sweep callback makes it immediate when the jobs run elsewhere."""
-    sweep, store = tmp_path / "sweep", tmp_path / "store"
-    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
-           "benchmark.limit=8", "runtime.batch_size=1", "runtime.progress=false", "method=baseline",
-           "hydra/launcher=local", f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
-    env = {**os.environ, "VARBENCH_STORE": str(store), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, sweep, store = _start_one_job_local_sweep(tmp_path)
     try:
         deadline = time.monotonic() + 180
         while not _task_pids(sweep) and time.monotonic() < deadline and proc.poll() is None:
