@@ -18,3 +18,18 @@ def tiny_rt():
     from varbench.testing import tiny_runtime
 
     return tiny_runtime(seed=0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every `gpu` test skips, with the reason, where torch sees no CUDA device (`pytest -m gpu` on
+    a CPU machine reports skips, never a driver error from inside a test)."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu test: no CUDA device here (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
