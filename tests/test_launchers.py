@@ -102,8 +102,9 @@ def test_local_submitit_sweep_runs_jobs_in_parallel_processes_and_aggregates_one
     assert sum("| Skip last scale |" in r for r in rows) == 1, table.read_text()
 
 
-def _task_pids(sweep: Path) -> list[int]:
-    """Pids of the submitit task processes (``python -m submitit.core._submit <folder>``) of ``sweep``."""
+def _task_pids(sweep: Path, module: bytes = b"submitit.core._submit") -> list[int]:
+    """Pids of the submitit task processes (``python -m submitit.core._submit <folder>``) of ``sweep``
+    (``module=b"submitit"``: its local controllers too)."""
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -112,7 +113,7 @@ def _task_pids(sweep: Path) -> list[int]:
             cmd = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"submitit.core._submit" in cmd and any(str(sweep).encode() in c for c in cmd):
+        if any(module in c for c in cmd) and any(str(sweep).encode() in c for c in cmd):
             pids.append(int(d.name))
     return pids
 
@@ -192,8 +193,9 @@ def test_ctrl_c_in_the_launching_process_stops_waiting_for_submitit_jobs_at_once
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _task_pids(sweep):
+        for pid in _task_pids(sweep, b"submitit"):     # the job and its local controller keep running: stop them
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 130, out
     assert "SIGINT: stopping now" in out and "finishing the current unit" not in out, out
+    assert "the submitted jobs keep running" in out and f"python -m varbench.aggregate {store / 'smoke'}" in out, out
     assert waited < 15, f"took {waited:.1f} s to stop waiting"

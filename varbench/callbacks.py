@@ -107,7 +107,12 @@ class AggregateOnMultirunEnd(Callback):
         if not str(config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
             from .interrupt import set_immediate
 
-            set_immediate(True)   # the jobs run in other processes: Ctrl-C here only stops waiting for them
+            # the jobs run in other processes: Ctrl-C here only stops waiting for them
+            store = Path(config.paths.store_dir) / str(config.experiment_name)
+            set_immediate(True, farewell=(
+                "[varbench] stopped waiting; the submitted jobs keep running (scancel them to stop them). "
+                f"Once they finish: python -m varbench.aggregate {store} --out "
+                f"{Path(config.paths.results_dir) / str(config.experiment_name)}"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:

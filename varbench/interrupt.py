@@ -78,6 +78,7 @@ _deferred = 0                   # depth of uninterruptible() blocks
 _immediate = True               # the active GracefulStop's mode
 _active = 0                     # nesting depth of active GracefulStop blocks
 _chained: dict = {}             # Python handlers the outermost block replaced (e.g. submitit's requeue)
+_farewell: str | None = None    # said once when the stop is raised (set_immediate)
 
 
 def _say(msg: str) -> None:
@@ -91,9 +92,13 @@ def _stop(signum: int) -> None:
     """Stop for ``signum`` at a safe point: first the handler this process had before the
     outermost block (if it was a Python function, such as submitit's, which requeues the Slurm job
     and exits), then :class:`JobInterrupted` if that handler returned."""
+    global _farewell
     previous = _chained.get(signum)
     if previous is not None:
         previous(signum, None)
+    if _farewell:
+        _say(_farewell)
+        _farewell = None
     raise JobInterrupted(signum)
 
 
@@ -121,15 +126,17 @@ def check_stop() -> None:
         _stop(_requested)
 
 
-def set_immediate(immediate: bool) -> None:
+def set_immediate(immediate: bool, farewell: str | None = None) -> None:
     """Change the active block's mode (no-op outside one). The ``varbench`` command's outer block
     defers, which protects Hydra while it composes the next job in this process; a launcher whose
     jobs run in other processes (submitit) makes it immediate, so Ctrl-C while the launching process
-    waits for them stops waiting at once. A stop already noted is raised now if ``immediate``."""
-    global _immediate
+    waits for them stops waiting at once. A stop already noted is raised now if ``immediate``.
+    ``farewell``: a line said when the stop is raised (e.g. what became of the submitted jobs)."""
+    global _immediate, _farewell
     if _active == 0 or threading.current_thread() is not threading.main_thread():
         return
     _immediate = bool(immediate)
+    _farewell = farewell
     if _immediate and _deferred == 0:
         check_stop()
 
@@ -184,7 +191,7 @@ class GracefulStop:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        global _requested, _active, _immediate
+        global _requested, _active, _immediate, _farewell
         if threading.current_thread() is not threading.main_thread():
             return
         _active -= 1
@@ -204,6 +211,7 @@ class GracefulStop:
                 _stop(pending)              # noted but never honoured: do not carry on (e.g. to the next job)
         finally:
             _chained.clear()
+            _farewell = None
 
     @property
     def requested(self) -> int | None:
