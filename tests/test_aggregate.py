@@ -286,7 +286,17 @@ def test_failed_records_are_skipped_and_unfinished_reported(store, tmp_path, cap
     assert "fail01" not in set(paired["entry_id"])
     with pytest.warns(UserWarning, match="fail01"):
         assert main([str(store), "--out", str(tmp_path / "o2"), "--no-figures"]) == 0
-    assert "unfinished entry (no DONE) not included: half01" in capsys.readouterr().out
+    note = "Not in this table: 1 unfinished store entry (no DONE: still running, killed or failed): half01."
+    assert note in capsys.readouterr().out
+    assert note in (tmp_path / "o2" / "table.md").read_text()     # in the pasted table itself, not only on the console
+    assert "half01" in (tmp_path / "o2" / "table.tex").read_text()
+
+
+def test_a_sweeps_failed_jobs_are_named_in_the_table_notes(store, tmp_path):
+    failed = [{"overrides": ["method=nova_fast", "+experiment=x"], "error": "WeightsNotFound: no file\n  fix: ..."}]
+    aggregate(store, tmp_path / "o", figures=False, failed=failed)
+    md = (tmp_path / "o" / "table.md").read_text()
+    assert "Not in this table: 1 job(s) of the sweep failed: method=nova_fast +experiment=x (WeightsNotFound)." in md
 
 
 # -- paired speed-ups with intervals, presets, sections (issue #14) ----------------------------------

@@ -28,6 +28,10 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     assert len(failed) == 1 and "method.name=bogus" in failed[0]["overrides"]
     assert list((tmp_path / "store" / "smoke").glob("**/DONE"))      # the good job still finished
     assert "| Baseline |" in out                                    # and the table was written
+    table = (tmp_path / "results" / "smoke" / "table.md").read_text()
+    assert ("Not in this table: 1 job(s) of the sweep failed: +experiment=smoke evaluator=[] timing=none "
+            "benchmark.limit=1 runtime.progress=False method.name=bogus (ConfigError)." in table), table  # says what it lacks
+    assert str(tmp_path) not in table                               # no machine-local paths in a pasted table
     assert "[varbench] job 1/2 done · baseline · 1 images" in out, out  # one result line per job, placed in the sweep
 
 

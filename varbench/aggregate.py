@@ -70,7 +70,7 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from varbench.records import SealError, find_entries, metric_columns, records_to_frame
 
@@ -309,20 +309,38 @@ def _ordered_with_all(paired, baseline: str):
     return _order(paired, baseline).reset_index(drop=True)
 
 
-def markdown_table(paired, baseline: str = "baseline") -> str:
+def markdown_table(paired, baseline: str = "baseline", extra_notes: Sequence[str] = ()) -> str:
     """Formatted table (``table.md``; :mod:`varbench.tables`): one section per baseline."""
     from varbench.tables import build_sections, footnotes, render_markdown
 
     table = _ordered_with_all(paired, baseline)
-    return render_markdown(build_sections(table, baseline), footnotes(table, baseline))
+    return render_markdown(build_sections(table, baseline), footnotes(table, baseline) + list(extra_notes))
 
 
-def latex_table(paired, baseline: str = "baseline") -> str:
+def latex_table(paired, baseline: str = "baseline", extra_notes: Sequence[str] = ()) -> str:
     """The same tables in LaTeX (``table.tex``; booktabs)."""
     from varbench.tables import build_sections, footnotes, render_latex
 
     table = _ordered_with_all(paired, baseline)
-    return render_latex(build_sections(table, baseline), footnotes(table, baseline))
+    return render_latex(build_sections(table, baseline), footnotes(table, baseline) + list(extra_notes))
+
+
+def incompleteness_notes(failed: Sequence[Mapping] = (), unfinished: Sequence[Path] = ()) -> list[str]:
+    """Table notes for what the table lacks, so a pasted table never hides it: the sweep's failed
+    jobs (``{"overrides", "error"}`` rows of ``failed_jobs.jsonl``) and entries without DONE
+    (running, killed or failed)."""
+    def shown(override: str) -> bool:          # machine-local paths do not belong in a pasted table
+        return not override.lstrip("+~").startswith(("paths.", "hydra."))
+
+    notes = []
+    if failed:
+        jobs = [f"{' '.join(o for o in f['overrides'] if shown(o))} ({str(f['error']).split(':', 1)[0]})" for f in failed]
+        notes.append(f"Not in this table: {len(failed)} job(s) of the sweep failed: {'; '.join(jobs)}.")
+    if unfinished:
+        names = ", ".join(p.name for p in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
+        notes.append(f"Not in this table: {len(unfinished)} unfinished store entr{'y' if len(unfinished) == 1 else 'ies'} "
+                     f"(no DONE: still running, killed or failed): {names}.")
+    return notes
 
 
 def unfinished_entries(path: str | Path) -> list[Path]:
@@ -332,9 +350,10 @@ def unfinished_entries(path: str | Path) -> list[Path]:
 
 
 def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", allow_unpaired: bool = False,
-              figures: bool = True):
+              figures: bool = True, failed: Sequence[Mapping] = ()):
     """Find records under ``path``, pair them, write tables (and figures) into ``out``; returns
-    the paired frame."""
+    the paired frame. ``failed``: the sweep's failed jobs, named in the tables' notes with the
+    entries under ``path`` that have no DONE (:func:`incompleteness_notes`)."""
     entries = find_entries(path)
     if not entries:
         raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}")
@@ -350,8 +369,9 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     out.mkdir(parents=True, exist_ok=True)
     paired.to_csv(out / "tidy.csv", index=False)
     wide_table(paired, baseline).to_csv(out / "table.csv", index=False)
-    (out / "table.md").write_text(markdown_table(paired, baseline), encoding="utf-8")
-    (out / "table.tex").write_text(latex_table(paired, baseline), encoding="utf-8")
+    missing = incompleteness_notes(failed, unfinished_entries(path))
+    (out / "table.md").write_text(markdown_table(paired, baseline, missing), encoding="utf-8")
+    (out / "table.tex").write_text(latex_table(paired, baseline, missing), encoding="utf-8")
     if figures:
         from varbench.plots import write_figures  # the figures live with the plotting code
 
@@ -378,11 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (AggregationError, SealError) as e:  # a broken or legacy-sealed entry: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(markdown_table(paired, args.baseline))
-    unfinished = unfinished_entries(args.path)
-    if unfinished:
-        print(f"note: {len(unfinished)} unfinished entr{'y' if len(unfinished) == 1 else 'ies'} (no DONE) "
-              f"not included: {', '.join(p.name for p in unfinished[:10])}{' ...' if len(unfinished) > 10 else ''}")
+    print((out / "table.md").read_text(encoding="utf-8"))   # its notes name unfinished entries
     print(f"wrote {out}/table.md, table.tex, table.csv, tidy.csv ({len(paired)} records)")
     return 0
 

@@ -15,13 +15,18 @@ def failures_path(sweep_dir: str | Path) -> Path:
     return Path(sweep_dir) / "failed_jobs.jsonl"
 
 
+def read_failures(sweep_dir: str | Path) -> list[dict]:
+    """The failed jobs noted in the sweep's folder: ``{"overrides": [...], "error": str}`` each."""
+    path = failures_path(sweep_dir)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def report_failures(sweep_dir: str | Path) -> int:
     """Print the failed jobs of the sweep, one line per distinct error (a missing weight file fails
     every job the same way: one line names them all by the overrides that differ); the number failed."""
-    path = failures_path(sweep_dir)
-    if not path.exists():
-        return 0
-    failed = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    failed = read_failures(sweep_dir)
     if failed:
         print(f"[varbench] {len(failed)} job(s) of this sweep failed (details in the job logs under {sweep_dir}):")
         by_error: dict[str, list[list[str]]] = {}
@@ -51,18 +56,19 @@ def _wandb_sink(cfg: DictConfig):
     return sink if sink is not None and sink.log_sweep else None
 
 
-def aggregate_experiment(cfg: DictConfig) -> Path | None:
+def aggregate_experiment(cfg: DictConfig, failed: list[dict] | None = None) -> Path | None:
     """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/;
     with `logger=wandb`, also the sweep-level W&B run (varbench.publish.log_sweep: the table,
-    table.md, figures and image grids), whose failure is printed and never fails the sweep."""
-    from .aggregate import AggregationError, aggregate, markdown_table
+    table.md, figures and image grids), whose failure is printed and never fails the sweep.
+    `failed`: the sweep's failed jobs (:func:`read_failures`), named in the table's notes."""
+    from .aggregate import AggregationError, aggregate
     from .records import SealError
 
     src = Path(cfg.paths.store_dir) / str(cfg.experiment_name)
     out = Path(cfg.paths.results_dir) / str(cfg.experiment_name)
     sink = _wandb_sink(cfg)
     try:
-        paired = aggregate(src, out, figures=sink is None)   # with W&B the figures are rendered once, below
+        paired = aggregate(src, out, figures=sink is None, failed=failed or ())   # with W&B the figures are rendered once, below
     except (AggregationError, SealError) as e:
         print(f"[varbench] no table written: {e}")
         return None
@@ -71,7 +77,7 @@ def aggregate_experiment(cfg: DictConfig) -> Path | None:
 
         figures = sweep_figures(paired, out)
         log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(paired))
-    print(markdown_table(paired))
+    print((out / "table.md").read_text(encoding="utf-8"))
     print(f"[varbench] tables and figures: {out}")
     return out
 
@@ -117,7 +123,7 @@ class AggregateOnMultirunEnd(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:
             if config.get("aggregate", True):
-                aggregate_experiment(config)
+                aggregate_experiment(config, read_failures(config.hydra.sweep.dir))
         finally:
             n_failed = report_failures(config.hydra.sweep.dir)
         if n_failed:
