@@ -58,3 +58,23 @@ def test_two_experiments_started_together_generate_each_image_once(tmp_path):
         entries = list((tmp_path / "store" / exp / "entries").iterdir())
         assert len(entries) == 2 and all((e / "DONE").exists() for e in entries)
     _check_images_once(tmp_path)
+
+
+def test_two_sweeps_started_together_keep_their_own_sweep_folders_and_failure_notes(tmp_path):
+    """Hydra's default sweep folder is a timestamp; to the second, two sweeps started together share
+    it, and one's start deletes the other's failure notes (a failed sweep could then exit 0). The
+    folder name carries microseconds, so each sweep keeps its own folder and reports its own failure."""
+    cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "method.name=bogus,baseline", "evaluator=[]",
+           "timing=none", "benchmark.limit=1", "runtime.progress=false", f"paths.output_root={tmp_path}"]
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], "\n\n".join(o[-3000:] for o in outs)
+    folders = []
+    for out in outs:
+        assert "1 job(s) of this sweep failed" in out, out[-3000:]
+        folders.append(out.split("details in the job logs under ", 1)[1].split(")", 1)[0])
+    assert folders[0] != folders[1]
+    for folder in folders:
+        assert len((Path(folder) / "failed_jobs.jsonl").read_text().splitlines()) == 1
