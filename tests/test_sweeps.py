@@ -62,3 +62,16 @@ def test_missing_weights_in_a_single_run_exit_2_with_the_message_only(tmp_path):
     assert rc == 2, out
     assert "Traceback" not in out and "[varbench] WeightsNotFound: Infinity transformer weights not found" in out, out
     assert "fix: put the file there" in out, out
+
+
+def test_third_party_info_logs_stay_out_of_the_console(tmp_path):
+    """open_clip logs every model build at INFO to the root logger (8 lines per scorer); the job's
+    logging keeps the root at WARNING, so the console shows varbench's lines and real warnings."""
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
+    cmd = [sys.executable, "-m", "varbench", "+experiment=smoke", "evaluator=[hpsv2_tiny]", "timing=none",
+           "benchmark.limit=1", "runtime.progress=false", f"paths.output_root={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "[varbench] record:" in out and "No pretrained weights loaded" in out, out   # a WARNING still shows
+    assert "[root][INFO]" not in out, out
