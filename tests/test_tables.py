@@ -113,7 +113,8 @@ def test_markdown_table_reads_well(store, tmp_path):
     assert "∞" not in nova and "100.00 ± 0.01" in nova                    # capped mean, not infinite
     assert "| 12 / 9 |" in nova                                           # 6 prompts x 2, 9 repeats
     assert "± = the evaluator's standard error" in md
-    assert "LPIPS not reported: fidelity/lpips skipped:" in md and "alexnet-owt-7be5be79.pth not present" in md
+    assert "LPIPS not reported: fidelity/lpips skipped: alexnet-owt-7be5be79.pth not present." in md
+    assert "/root/.cache" not in md                                       # no machine-local path in a pasted table
     assert "-70" not in md and "Δ PSNR" not in md
     # GenEval breakdown: the six tags and overall, in the paper's order, 2 decimals
     bd = md[md.index("#### toy GenEval by tag"):]

@@ -20,6 +20,7 @@ timed jobs (``speedup``) is in ``table.csv``/``tidy.csv`` only: it drifts with t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -213,6 +214,9 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     return sections
 
 
+_ABS_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:;,()]+)+/([^\s/:;,()]+)")
+
+
 def footnotes(table, baseline: str = "baseline") -> list[str]:
     """What the symbols mean, per-row reasons for unreliable cells, skipped evaluator parts."""
     orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not _nan(o)})
@@ -253,7 +257,8 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
     for s in skipped:
         part = s.split(":", 1)[0]
         name = metric_header(part).replace(" ↑", "").replace(" ↓", "")
-        notes.append(f"{name} not reported: {part} {s.split(': ', 1)[-1]}.")
+        reason = _ABS_PATH.sub(r"\1", s.split(": ", 1)[-1])   # a file's name, not this machine's path to it
+        notes.append(f"{name} not reported: {part} {reason}.")
     return notes
 
 
