@@ -293,7 +293,8 @@ def test_failed_records_are_skipped_and_unfinished_reported(store, tmp_path, cap
 
 
 def test_a_sweeps_failed_jobs_are_named_in_the_table_notes(store, tmp_path):
-    failed = [{"overrides": ["method=nova_fast", "+experiment=x"], "error": "WeightsNotFound: no file\n  fix: ..."}]
+    failed = [{"overrides": ["method=nova_fast", "+experiment=x", "paths.output_root=/tmp/a", "benchmark.path=/data/g.jsonl"],
+               "error": "WeightsNotFound: no file\n  fix: ..."}]
     aggregate(store, tmp_path / "o", figures=False, failed=failed)
     md = (tmp_path / "o" / "table.md").read_text()
     assert "Not in this table: 1 job(s) of the sweep failed: method=nova_fast +experiment=x (WeightsNotFound)." in md

@@ -330,7 +330,7 @@ def incompleteness_notes(failed: Sequence[Mapping] = (), unfinished: Sequence[Pa
     jobs (``{"overrides", "error"}`` rows of ``failed_jobs.jsonl``) and entries without DONE
     (running, killed or failed)."""
     def shown(override: str) -> bool:          # machine-local paths do not belong in a pasted table
-        return not override.lstrip("+~").startswith(("paths.", "hydra."))
+        return not (override.lstrip("+~").startswith(("paths.", "hydra.")) or "=/" in override)
 
     notes = []
     if failed:
