@@ -367,11 +367,13 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     paired = pair_with_baseline(frame, baseline=baseline, allow_unpaired=allow_unpaired)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paired.to_csv(out / "tidy.csv", index=False)
-    wide_table(paired, baseline).to_csv(out / "table.csv", index=False)
+    from varbench.store import atomic_write_bytes   # a killed aggregate never leaves half a table behind
+
     missing = incompleteness_notes(failed, unfinished_entries(path))
-    (out / "table.md").write_text(markdown_table(paired, baseline, missing), encoding="utf-8")
-    (out / "table.tex").write_text(latex_table(paired, baseline, missing), encoding="utf-8")
+    for name, text in (("tidy.csv", paired.to_csv(index=False)), ("table.csv", wide_table(paired, baseline).to_csv(index=False)),
+                       ("table.md", markdown_table(paired, baseline, missing)),
+                       ("table.tex", latex_table(paired, baseline, missing))):
+        atomic_write_bytes(out / name, text.encode("utf-8"))
     if figures:
         from varbench.plots import write_figures  # the figures live with the plotting code
 
