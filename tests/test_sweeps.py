@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,7 +24,7 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out
-    assert "1 job(s) of this sweep failed" in out, out
+    assert "1 job(s) of this sweep failed:" in out, out     # a ConfigError names its fix: no traceback to look up
     assert "FAILED" in out and "method.name=bogus" in out and "Unknown method 'bogus'" in out, out
     assert "stale" not in out                                       # notes of an earlier launch are cleared
     failed = [json.loads(x) for x in (sweep / "failed_jobs.jsonl").read_text().splitlines()]
@@ -75,3 +78,28 @@ def test_third_party_info_logs_stay_out_of_the_console(tmp_path):
     assert proc.returncode == 0, out
     assert "[varbench] record:" in out and "No pretrained weights loaded" in out, out   # a WARNING still shows
     assert "[root][INFO]" not in out, out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_asked_for_on_a_machine_without_it_is_a_config_error(tmp_path):
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
+    cmd = [sys.executable, "-m", "varbench", "+experiment=smoke", "hydra.mode=RUN", "runtime.device=cuda",
+           "evaluator=[]", "timing=none", "benchmark.limit=1", f"paths.output_root={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert "[varbench] config error: runtime.device=cuda but CUDA is not available here; use runtime.device=cpu" in out, out
+
+
+def test_the_failure_report_points_at_the_logs_only_when_a_traceback_is_there(tmp_path, capsys):
+    from varbench.callbacks import failures_path, report_failures
+
+    path = failures_path(tmp_path)
+    path.write_text(json.dumps({"overrides": ["method=a"], "error": "ConfigError: x", "traceback_logged": False}) + "\n")
+    assert report_failures(tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "1 job(s) of this sweep failed:" in out and "logs" not in out
+    with open(path, "a") as f:
+        f.write(json.dumps({"overrides": ["method=b"], "error": "RuntimeError: y", "traceback_logged": True}) + "\n")
+    assert report_failures(tmp_path) == 2
+    assert f"2 job(s) of this sweep failed (tracebacks in the job logs under {tmp_path}):" in capsys.readouterr().out

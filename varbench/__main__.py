@@ -55,11 +55,12 @@ def main(cfg: DictConfig) -> None:
         else:                         # e.g. a missing weight file fails every job alike: say it once
             print(f"[varbench] job failed ({' '.join(overrides)}): the same {type(e).__name__} as "
                   f"({' '.join(first['overrides'])}); listed again at the end of the sweep")
-        if not names_its_fix(e):      # a missing file or a bad setting says what to do; anything else gets its traceback
+        logged = not names_its_fix(e)  # a missing file or a bad setting says what to do; anything else gets its traceback
+        if logged:
             log.error("job failed:\n%s", traceback.format_exc())
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            f.write(json.dumps({"overrides": overrides, "error": error}) + "\n")
+            f.write(json.dumps({"overrides": overrides, "error": error, "traceback_logged": logged}) + "\n")
 
 
 def cli() -> None:

@@ -15,7 +15,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"runtime.device={name} but CUDA is not available here; use runtime.device=cpu (or auto)")
+        from .validate import ConfigError
+
+        raise ConfigError(f"runtime.device={name} but CUDA is not available here; use runtime.device=cpu (or auto)")
     return dev
 
 
@@ -24,7 +26,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
     if name not in table:
-        raise ValueError(f"runtime.dtype={name!r}; use auto, float32 or bfloat16")
+        from .validate import ConfigError
+
+        raise ConfigError(f"runtime.dtype={name!r}; use auto, float32 or bfloat16")
     return table[name]
 
 

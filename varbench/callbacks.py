@@ -28,7 +28,9 @@ def report_failures(sweep_dir: str | Path) -> int:
     every job the same way: one line names them all by the overrides that differ); the number failed."""
     failed = read_failures(sweep_dir)
     if failed:
-        print(f"[varbench] {len(failed)} job(s) of this sweep failed (details in the job logs under {sweep_dir}):")
+        where = (f" (tracebacks in the job logs under {sweep_dir})" if any(f.get("traceback_logged", True) for f in failed)
+                 else "")
+        print(f"[varbench] {len(failed)} job(s) of this sweep failed{where}:")
         by_error: dict[str, list[list[str]]] = {}
         for f in failed:
             by_error.setdefault(f["error"], []).append(list(f["overrides"]))
