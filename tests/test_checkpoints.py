@@ -36,7 +36,7 @@ def test_training_checkpoint_nested_under_trainer_gpt_fsdp(tmp_path):
     _assert_same(m, sd)
 
 
-def test_sharded_safetensors_folder_with_index_like_8b(tmp_path):
+def test_sharded_safetensors_folder_with_index_like_8b(tmp_path, capsys):
     sd = {k: v.contiguous() for k, v in _tiny_sd(3).items()}
     keys = sorted(sd)
     half = len(keys) // 2
@@ -51,6 +51,8 @@ def test_sharded_safetensors_folder_with_index_like_8b(tmp_path):
     m = build_infinity("tiny")
     load_infinity_weights(m, folder)
     _assert_same(m, sd)
+    size = sum(f.stat().st_size for f in folder.iterdir()) / 2**30      # a minute-long load says what it reads
+    assert f"[varbench] loading Infinity weights infinity_8b_weights ({size:.1f} GiB)" in capsys.readouterr().out
     # a shard listed in the index but absent names itself
     (folder / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(WeightsNotFound, match="model-00002-of-00002.safetensors"):

@@ -63,9 +63,11 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
             raise CheckpointMismatch(f"{p} is a folder but has no model.safetensors.index.json (expected the sharded 8B layout)")
         from safetensors.torch import load_file
 
+        from tqdm.auto import tqdm
+
         weight_map = json.loads(index.read_text())["weight_map"]
         sd: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
+        for shard in tqdm(sorted(set(weight_map.values())), desc=f"load {p.name}", unit="shard", leave=False):
             sd.update(load_file(str(require_file(p / shard, "checkpoint shard"))))
         missing_in_shards = sorted(set(weight_map) - set(sd))
         if missing_in_shards:
@@ -147,4 +149,6 @@ def load_strict(module: nn.Module, sd: Mapping[str, torch.Tensor], source: str) 
 
 def load_infinity_weights(model: nn.Module, path: str | os.PathLike) -> None:
     p = require_file(path, "Infinity transformer weights")
+    size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+    print(f"[varbench] loading Infinity weights {p.name} ({size / 2**30:.1f} GiB)", flush=True)   # a minute for 8B
     load_strict(model, read_state_dict(p), str(p))
