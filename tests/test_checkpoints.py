@@ -27,6 +27,16 @@ def test_flat_pth_like_infinity_2b_reg(tmp_path):
     _assert_same(m, sd)
 
 
+def test_a_legacy_format_pth_loads_without_the_memory_map(tmp_path):
+    """Zip-format files are memory-mapped; a file saved in torch's legacy format cannot be and is
+    read whole instead, with the same result."""
+    sd = _tiny_sd(4)
+    torch.save(sd, tmp_path / "infinity_2b_reg.pth", _use_new_zipfile_serialization=False)
+    m = build_infinity("tiny")
+    load_infinity_weights(m, tmp_path / "infinity_2b_reg.pth")
+    _assert_same(m, sd)
+
+
 def test_training_checkpoint_nested_under_trainer_gpt_fsdp(tmp_path):
     sd = _tiny_sd(2)
     torch.save({"trainer": {"gpt_fsdp": sd, "optimizer": {"step": torch.tensor(3)}}, "args": {"lr": torch.tensor(1.0)}},

@@ -77,7 +77,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(p))
-    obj = torch.load(p, map_location="cpu", weights_only=True)
+    try:   # memory-mapped: the file's pages back the tensors until they are copied into the model (half the peak RAM)
+        obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise
+        obj = torch.load(p, map_location="cpu", weights_only=True)   # a legacy (pre-zip) file cannot be mapped
     return unwrap_state_dict(obj)
 
 
