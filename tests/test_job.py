@@ -3,19 +3,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from varbench.job import run_job
-
-CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
+from varbench.testing import job_config
 
 
 def _cfg(tmp_path, *extra):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "+experiment=smoke", "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
-            "runtime.progress=false", "timing.repeats=2", "timing.warmup=0",
-            f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results", *extra])
+    return job_config(tmp_path, "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
+                      "runtime.progress=false", "timing.repeats=2", "timing.warmup=0", *extra)
 
 
 def test_record_then_skip_then_reuse_then_resume(tmp_path, capsys):
@@ -80,10 +75,7 @@ def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch)
 def test_smoke_record_carries_every_weight_free_scorer(tmp_path):
     """The smoke experiment's own evaluator list (tiny random HPSv2, ImageReward and native GenEval
     backbones + fidelity) runs through the real scorer code and lands in the record with provenance."""
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "+experiment=smoke", "benchmark.limit_per_tag=1", "runtime.progress=false", "timing.repeats=1",
-            "timing.warmup=0", f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results"])
+    cfg = job_config(tmp_path, "benchmark.limit_per_tag=1", "runtime.progress=false", "timing.repeats=1", "timing.warmup=0")
     rec = json.loads((run_job(cfg) / "record.json").read_text())
     for name in ("hpsv2_tiny/score", "imagereward_tiny/score", "geneval_tiny/overall", "fidelity/psnr"):
         assert name in rec["metrics"], sorted(rec["metrics"])

@@ -5,21 +5,16 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from varbench.job import assemble_cli, run_job
 from varbench.schema import check_record
 from varbench.seeds import image_seed
-
-CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
+from varbench.testing import job_config
 
 
 def _cfg(tmp_path, *extra):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "+experiment=smoke", "evaluator=[fidelity,hpsv2_tiny]", "benchmark.limit=5", "runtime.batch_size=2",
-            "runtime.progress=false", "timing=none", "method=skip_last_2",
-            f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results", *extra])
+    return job_config(tmp_path, "evaluator=[fidelity,hpsv2_tiny]", "benchmark.limit=5", "runtime.batch_size=2",
+                      "runtime.progress=false", "timing=none", "method=skip_last_2", *extra)
 
 
 def _rows(entry: Path, name: str) -> list[dict]:

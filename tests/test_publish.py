@@ -11,23 +11,19 @@ import types
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 pytest.importorskip("wandb")
 
 from varbench.publish import MARKER, JobRun, main, republish  # noqa: E402
+from varbench.testing import job_config  # noqa: E402
 from varbench.validate import ConfigError  # noqa: E402
 
-CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 
 
 def _cfg(tmp, *extra):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "+experiment=smoke", "model=toy", "benchmark=toy", "evaluator=[toy_geneval]", "benchmark.limit=3",
-            "benchmark.samples_per_prompt=1", "runtime.batch_size=3", "runtime.progress=false", "timing.repeats=2",
-            "timing.warmup=0", "experiment_name=exp", f"paths.store_dir={tmp}/store",
-            f"paths.results_dir={tmp}/results", *extra])
+    return job_config(tmp, "model=toy", "benchmark=toy", "evaluator=[toy_geneval]", "benchmark.limit=3",
+                      "benchmark.samples_per_prompt=1", "runtime.batch_size=3", "runtime.progress=false",
+                      "timing.repeats=2", "timing.warmup=0", "experiment_name=exp", *extra)
 
 
 # -- reading an offline run back (the .wandb file is a LevelDB-style log of protobuf records) ----

@@ -130,14 +130,10 @@ def test_image_sha256_is_stored_and_checked_on_load(tmp_path):
 # ---- the job: swapped image regenerated, traces land with their images --------------------
 
 def _cfg(tmp_path, *extra):
-    from hydra import compose, initialize_config_dir
+    from varbench.testing import job_config
 
-    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf"
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "+experiment=smoke", "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
-            "runtime.progress=false", "timing=none",
-            f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results", *extra])
+    return job_config(tmp_path, "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
+                      "runtime.progress=false", "timing=none", *extra)
 
 
 def _store_of(entry_dir):

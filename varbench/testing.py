@@ -33,3 +33,15 @@ def tiny_runtime(seed: int = 0, **overrides) -> InfinityRuntime:
     vae = BSQVAE(cfg.vae)
     text = WordTextEncoder(dim=cfg.text_channels, max_len=cfg.text_maxlen)
     return InfinityRuntime(model, vae, text)
+
+
+def job_config(root, *overrides: str):
+    """The job config ``python -m varbench +experiment=smoke <overrides>`` composes, with the store and
+    results under ``root`` (what the job tests run; later overrides win)."""
+    from hydra import compose, initialize_config_dir
+
+    from .resources import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            "+experiment=smoke", f"paths.store_dir={root}/store", f"paths.results_dir={root}/results", *overrides])
