@@ -139,11 +139,13 @@ def test_cuda_graphed_bits_equal_eager_bits(dtype, method):
 
 
 # ------------------------------------------------------------------ nothing in a captured step reads the device
-#: ops that read a tensor's value on the host, or whose output shape depends on values: on CUDA each
-#: one synchronises, and inside stream capture it fails ("operation not permitted when stream is
-#: capturing") or, worse, bakes the value seen at capture into every replay
+#: ops that read a tensor's value on the host, or whose output shape depends on values, or (lift_fresh:
+#: `torch.tensor(<Python data>)`) copy host data to the device: on CUDA each one synchronises, and inside
+#: stream capture it fails ("operation not permitted when stream is capturing") or, worse, bakes the
+#: value seen at capture into every replay
 HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique",
-              "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave", "bincount", "histc"}
+              "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave", "bincount", "histc",
+              "lift_fresh", "lift_fresh_copy"}
 
 
 class _HostReadDetector(TorchDispatchMode):

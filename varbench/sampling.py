@@ -33,7 +33,7 @@ def filter_top_k_top_p_(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     if top_p > 0:
         sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
         remove = sorted_logits.softmax(dim=-1).cumsum_(dim=-1) <= (1 - top_p)
-        remove[..., -1:] = False
+        remove[..., -1:].fill_(False)   # not `= False`: that lifts a host scalar into a tensor first
         logits.masked_fill_(remove.scatter(sorted_idx.ndim - 1, sorted_idx, remove), -torch.inf)
     return logits
 
