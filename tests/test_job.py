@@ -81,3 +81,21 @@ def test_smoke_record_carries_every_weight_free_scorer(tmp_path):
         assert name in rec["metrics"], sorted(rec["metrics"])
     ge = [v for k, v in rec["evaluators"].items() if k.startswith("geneval_tiny")]
     assert ge and ge[0]["detector"] == "tiny-random" and len(ge[0]["detector_sha256"]) == 1
+
+
+@pytest.mark.parametrize("evaluator, error", [
+    ("hpsv2", "WeightsNotFoundError"),      # a scorer's checkpoint that is not there
+    ("toy_geneval", "ConfigError"),         # a scorer that cannot read this benchmark's prompts
+])
+def test_a_job_whose_scorer_cannot_run_fails_before_generating_anything(tmp_path, evaluator, error):
+    """Checked before the model is built: without it the whole generation ran first (minutes to
+    hours of GPU time on a real benchmark), then scoring failed."""
+    from varbench.evaluators._weights import WeightsNotFoundError
+    from varbench.validate import ConfigError, names_its_fix
+
+    cfg = _cfg(tmp_path, f"evaluator=[{evaluator}]", f"paths.weights_dir={tmp_path}/none")  # smoke prompts: not toy-world
+    with pytest.raises((WeightsNotFoundError, ConfigError)) as info:
+        run_job(cfg)
+    assert type(info.value).__name__ == error and names_its_fix(info.value)
+    assert not list((tmp_path / "store").rglob("*.png")), "images were generated before the check"
+    assert not list((tmp_path / "store").rglob("record.json"))

@@ -47,7 +47,7 @@ from .prompts import PromptSet, load_prompt_set
 from .provenance import collect_provenance, weight_hashes
 from .report import job_position, result_line
 from .records import SCHEMA_VERSION, RunEntry, append_jsonl, read_json, read_jsonl, utc_now, write_json
-from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, score_images, write_samples
+from .scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, preflight, score_images, write_samples
 from .seeds import SEED_RULE, image_seed
 from .sharding import Shard, batches, block_prompts, generation_batches, key_blocks
 from .store import ImageStore, entry_hash, generation_hash
@@ -300,7 +300,8 @@ def run_job(cfg: DictConfig) -> Path:
     it and exit with 128 + the signal's number (:mod:`varbench.interrupt`); the relaunch resumes.
     A bad ``logger.mode`` fails at once; the W&B run (``logger=wandb``) opens once the job holds
     its entry's (or shard's) lock and has work to do, before any model is built, so a missing
-    login fails then, naming the fix, and a job that finds its entry finished leaves no run."""
+    login fails then, naming the fix, and a job that finds its entry finished leaves no run. The
+    evaluators check their files and the prompts before anything is generated (`scoring.preflight`)."""
     from .publish import sink_from_cfg
 
     job = prepare_job(cfg)
@@ -308,6 +309,7 @@ def run_job(cfg: DictConfig) -> Path:
     with GracefulStop():
         if _finished(job):
             return job.entry.dir
+        preflight(job.cfg.get("evaluator"), [it.metadata for it in job.prompt_set.items], str(job.device))
         try:
             record = _run_shard(job) if job.shard.count > 1 else _run_whole(job)
         except BaseException as e:

@@ -39,6 +39,25 @@ def evaluator_kwargs(ecfg: Any, device: str) -> tuple[str, dict]:
     return cls_name, kwargs
 
 
+def preflight(evaluators_cfg: Any, metadata: list[dict], device: str) -> None:
+    """Before any image is generated, every configured evaluator checks that it will be able to
+    score them (:meth:`varbench.evaluators.base.Evaluator.preflight`): a missing checkpoint fails
+    the job in seconds instead of after the whole generation. Prompts an evaluator cannot score, or
+    a bad evaluator setting, raise ConfigError; missing weight files raise their own error."""
+    from .evaluators import build_evaluator
+    from .evaluators._weights import WrongWeightsError
+    from .validate import ConfigError
+
+    for name, ecfg in (evaluators_cfg or {}).items():
+        cls_name, kwargs = evaluator_kwargs(ecfg, device)
+        try:
+            build_evaluator(cls_name, **kwargs).preflight(metadata)
+        except WrongWeightsError:
+            raise
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"evaluator {name}: {e}") from None
+
+
 def evaluator_class(ecfg: Any) -> type:
     """The evaluator class of one ``evaluator.<name>`` node, imported lazily (no weights touched)."""
     from .evaluators import REGISTRY

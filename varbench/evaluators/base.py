@@ -71,6 +71,11 @@ class Evaluator(abc.ABC):
     def setup(self, device: str = "cpu") -> None:
         """Load weights (from local paths only) and move to `device`. Idempotent."""
 
+    def preflight(self, metadata: Sequence[dict]) -> None:
+        """Before any image is generated: raise now what `setup` or `update` would raise later for
+        prompts with this `metadata` (a weight file that is not there, prompts this scorer cannot
+        read), without loading or hashing anything heavy. Default: nothing to check."""
+
     @abc.abstractmethod
     def update(self, samples: Sequence[Sample]) -> None:
         """Score `samples` and accumulate their per-sample rows."""

@@ -55,6 +55,18 @@ class FidelityEvaluator(Evaluator):
     def _lpips_weights(self) -> Path:
         return Path(torch.hub.get_dir()) / "checkpoints" / LPIPS_BACKBONE_FILES[self.lpips_net]
 
+    def preflight(self, metadata) -> None:
+        if self.lpips_mode is True and not self._lpips_weights().exists():
+            self._missing_lpips()
+
+    def _missing_lpips(self):
+        from ._weights import WeightsNotFoundError
+
+        w = self._lpips_weights()
+        raise WeightsNotFoundError(
+            f"fidelity LPIPS: backbone file {w.name!r} not found; searched {str(w)!r}. It is published by "
+            f"torchvision (download.pytorch.org/models/{w.name}); place it there or set lpips: auto/false.")
+
     def setup(self, device: Optional[str] = None) -> None:
         if device is not None:
             self.device = device
@@ -64,11 +76,7 @@ class FidelityEvaluator(Evaluator):
         w = self._lpips_weights()
         if not w.exists():
             if self.lpips_mode is True:
-                from ._weights import WeightsNotFoundError
-
-                raise WeightsNotFoundError(
-                    f"fidelity LPIPS: backbone file {w.name!r} not found; searched {str(w)!r}. It is published by "
-                    f"torchvision (download.pytorch.org/models/{w.name}); place it there or set lpips: auto/false.")
+                self._missing_lpips()
             self._lpips_status = f"skipped: {w} not present"
             return
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity

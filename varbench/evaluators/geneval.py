@@ -262,7 +262,18 @@ class GenEvalEvaluator(Evaluator):
         elif self._det is None:
             self._setup_native()
 
-    def _setup_official(self) -> None:
+    def preflight(self, metadata) -> None:
+        for i, m in enumerate(metadata):
+            if "tag" not in m or "include" not in m:
+                raise ValueError(f"prompt {i} has no GenEval metadata ('tag'/'include'): geneval scores the GenEval "
+                                 "prompts (benchmark=geneval); drop it from `evaluator` for this benchmark")
+        if self.backend == "official":
+            self._official_files()
+        else:
+            self._native_files()
+
+    def _official_files(self) -> tuple[Path, Path]:
+        """(evaluate_images.py, detector checkpoint) of the official backend, each checked to exist."""
         py = self.official_python
         if not py or not (Path(py).exists() or shutil.which(py)):
             raise WeightsNotFoundError(f"geneval official backend: python executable {py!r} not found. Set "
@@ -275,13 +286,16 @@ class GenEvalEvaluator(Evaluator):
         ckpt = resolve_file(None, str(self._under(self.official_model_path) or "."),
                             "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.pth", what="GenEval mmdet detector",
                             published=PUBLISHED_DET)
+        return script, ckpt
+
+    def _setup_official(self) -> None:
+        script, ckpt = self._official_files()
         self._info = {"detector": "official mmdet mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco",
                       "detector_weights": str(ckpt), "detector_sha256": check_sha256(ckpt, None, what="GenEval detector"),
                       "official_script": str(script)}
 
-    def _setup_native(self) -> None:
-        import open_clip
-
+    def _native_files(self) -> tuple[Path, Path, list[Path], Path]:
+        """(detector folder, its config.json, its weight files, the colour CLIP's weights), checked to exist."""
         det_dir = self._under(self.detector_dir)
         cfg = resolve_file(str(det_dir / "config.json"), None, "config.json", what="GenEval Mask2Former folder",
                            published=PUBLISHED_DET)
@@ -289,9 +303,15 @@ class GenEvalEvaluator(Evaluator):
         if not wfiles:
             raise WeightsNotFoundError(f"GenEval Mask2Former folder {str(det_dir)!r} has config.json but no weights "
                                        f"(*.safetensors/*.bin). Published at {PUBLISHED_DET}.")
-        self._det = Mask2FormerDetector(det_dir, self.device, self.detector_scale)
         clip_path = resolve_file(str(self._under(self.clip_weights)), None, Path(self.clip_weights).name,
                                  what="GenEval colour CLIP weights", published=PUBLISHED_CLIP)
+        return det_dir, cfg, wfiles, clip_path
+
+    def _setup_native(self) -> None:
+        import open_clip
+
+        det_dir, cfg, wfiles, clip_path = self._native_files()
+        self._det = Mask2FormerDetector(det_dir, self.device, self.detector_scale)
         if self.clip_model_config:
             open_clip.add_model_config(self.clip_model_config)
         model = open_clip.create_model(self.clip_model, pretrained=None, device="cpu")

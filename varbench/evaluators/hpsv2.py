@@ -105,6 +105,10 @@ class HPSv2Evaluator(Evaluator):
         self._rows: list[dict] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def preflight(self, metadata) -> None:
+        resolve_file(self.weights, self.weights_dir, self.filename, what=f"HPS {self.version} checkpoint",
+                     published=PUBLISHED)
+
     def setup(self, device: Optional[str] = None) -> None:
         if device is not None:
             self.device = device

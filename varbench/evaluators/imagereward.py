@@ -175,12 +175,8 @@ class ImageRewardEvaluator(Evaluator):
         self._path = self._sha = self._tok_path = None
         self._rows: list[dict] = []
 
-    def setup(self, device: Optional[str] = None) -> None:
-        if device is not None:
-            self.device = device
-        if self._model is not None:
-            self._model.to(self.device)
-            return
+    def _files(self) -> tuple[Path, Path]:
+        """(checkpoint, tokenizer folder), each checked to exist."""
         path = resolve_file(self.weights, self.weights_dir, self.filename, what="ImageReward checkpoint",
                             published=PUBLISHED_CKPT)
         tok_dir = Path(self.tokenizer_dir)
@@ -188,6 +184,18 @@ class ImageRewardEvaluator(Evaluator):
             tok_dir = Path(self.weights_dir) / tok_dir
         resolve_file(str(tok_dir / "vocab.txt"), None, "vocab.txt", what="ImageReward tokenizer (bert-base-uncased)",
                      published=PUBLISHED_TOK)
+        return path, tok_dir
+
+    def preflight(self, metadata) -> None:
+        self._files()
+
+    def setup(self, device: Optional[str] = None) -> None:
+        if device is not None:
+            self.device = device
+        if self._model is not None:
+            self._model.to(self.device)
+            return
+        path, tok_dir = self._files()
         self._sha = check_sha256(path, self.expected_sha256, what="ImageReward checkpoint")
         config = json.loads(Path(self.model_config).read_text()) if self.model_config else REAL_CONFIG
         model = ImageRewardModel(config)

@@ -257,6 +257,10 @@ class ToyGenEval(Evaluator):
     def setup(self, device: str = "cpu") -> None:
         """Nothing to load: the scorer is pure numpy."""
 
+    def preflight(self, metadata) -> None:
+        for i, m in enumerate(metadata):
+            _check_metadata(m, f"prompt {i} of the benchmark")
+
     def score_image(self, image, metadata: dict) -> tuple[bool, str, dict[str, list[Detection]]]:
         """(correct, reason, detections by class) for one image against GenEval metadata."""
         dets = detect(image, self.color_tolerance, self.min_coverage, self.min_side_frac, self.max_aspect, self.min_iou)
