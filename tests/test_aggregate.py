@@ -168,6 +168,18 @@ def test_two_baselines_with_the_same_settings_are_refused_naming_both(store):
     assert "fast01" in str(e.value) and "ambiguous" in str(e.value)
     with pytest.raises(AggregationError, match="base02"):   # --allow-unpaired does not pick one either
         pair_with_baseline(frame, allow_unpaired=True)
+    assert "move or delete the stale one" in str(e.value) and "--allow-unpaired" not in str(e.value)
+
+
+def test_baselines_of_two_experiments_are_told_apart_by_experiment_not_called_stale(store):
+    # aggregating a whole store: each sweep's baseline is valid in its own experiment
+    rec = make_record("base02", "baseline", 80.0, 100.0, 1e12, {"geneval/overall": (0.71, 0.02)})
+    rec["experiment"]["name"] = "other_sweep"
+    write(store, rec)
+    with pytest.raises(AggregationError, match=r"different experiments \(other_sweep, synthetic\): aggregate one "
+                                               r"experiment at a time") as e:
+        pair_with_baseline(records_to_frame(find_entries(store)))
+    assert "stale" not in str(e.value)
 
 
 def test_cfg3_rows_pair_with_the_cfg3_baseline_not_a_newer_cfg4_one(tmp_path):
@@ -274,7 +286,9 @@ def test_cli(store, tmp_path, capsys):
     assert "fastvar r=0.4" in capsys.readouterr().out
     assert (out / "table.md").is_file() and not list(out.glob("*.png"))
     assert main([str(tmp_path / "nothing_here"), "--out", str(out)]) == 2
-    assert "no finished records" in capsys.readouterr().err
+    assert "is not a folder; records live in the store" in capsys.readouterr().err
+    assert main([str(out), "--out", str(tmp_path / "again")]) == 2   # the results folder, not the store
+    assert "no finished records" in (err := capsys.readouterr().err) and "that is a results folder" in err
 
 
 def test_failed_records_are_skipped_and_unfinished_reported(store, tmp_path, capsys):

@@ -2,11 +2,11 @@
 
 Usage::
 
-    python -m varbench.aggregate results/ --out results/nova_sweep_table [--baseline baseline]
+    python -m varbench.aggregate store/nova_sweep --out results/nova_sweep [--baseline baseline]
                                           [--allow-unpaired] [--no-figures]
 
     from varbench.aggregate import aggregate, pair_with_baseline
-    paired = aggregate("results/", out="results/tables")   # DataFrame; files written under out/
+    paired = aggregate("store/nova_sweep", out="results/nova_sweep")   # DataFrame; files written under out/
 
 Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
 (:func:`varbench.records.records_to_frame`) -> :func:`pair_with_baseline` -> files:
@@ -208,7 +208,9 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     if bases.empty:
         methods = sorted(str(m) for m in frame["method"].dropna().unique())
         raise AggregationError(f"no record with method == {baseline!r} among {len(frame)} records "
-                               f"(methods present: {methods}); run the baseline or pass --baseline NAME")
+                               f"(methods present: {methods}); run the baseline (method={baseline} with the same "
+                               f"experiment_name and settings), or compare against another method family with "
+                               f"`python -m varbench.aggregate STORE/EXPERIMENT --baseline NAME`")
     records = frame.to_dict("records")
     base_rows = bases.to_dict("records")
     added = []
@@ -261,16 +263,20 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
                 out[f"{m}_delta"] = a - b
         added.append(out)
+    unmatched = len(problems)
     for match, rows in ambiguous.values():
-        cands = "; ".join(f"entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"
-                          for b in match)
-        problems.append(f"{len(match)} {baseline!r} records have the same generation settings, so the baseline "
-                        f"of {', '.join(rows)} is ambiguous: {cands}; move or delete the stale one(s) "
-                        "(nothing is chosen silently)")
+        cands = "".join(f"\n    entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"
+                        for b in match)
+        experiments = sorted({str(b.get("experiment")) for b in match})
+        fix = (f"they belong to different experiments ({', '.join(experiments)}): aggregate one experiment at a "
+               "time (python -m varbench.aggregate STORE/EXPERIMENT)" if len(experiments) > 1
+               else "move or delete the stale one(s)")
+        problems.append(f"{len(match)} {baseline!r} records have the same generation settings, so the baseline of "
+                        f"{', '.join(rows)} is ambiguous; {fix} (nothing is chosen silently):{cands}")
     if problems:
         raise AggregationError("refusing to compare mismatched runs:\n  " + "\n  ".join(problems)
-                               + "\n(run the matching baseline, or pass --allow-unpaired to keep rows that have "
-                               "no matching baseline without ratios)")
+                               + ("\n(run the matching baseline, or pass --allow-unpaired to keep rows that have "
+                                  "no matching baseline without ratios)" if unmatched else ""))
     return pd.concat([frame, pd.DataFrame(added, columns=list(out))], axis=1)
 
 
@@ -354,9 +360,14 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     """Find records under ``path``, pair them, write tables (and figures) into ``out``; returns
     the paired frame. ``failed``: the sweep's failed jobs, named in the tables' notes with the
     entries under ``path`` that have no DONE (:func:`incompleteness_notes`)."""
+    if not Path(path).is_dir():
+        raise AggregationError(f"{path} is not a folder; records live in the store, one folder per experiment "
+                               "(paths.store_dir/<experiment_name>, e.g. store/nova_sweep)")
     entries = find_entries(path)
     if not entries:
-        raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}")
+        hint = (" (that is a results folder: the records are in the store, e.g. store/<experiment_name>)"
+                if (Path(path) / "table.md").is_file() else "")
+        raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}{hint}")
     frame = records_to_frame(entries)
     frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
     bad = frame[frame["status"].fillna("ok") != "ok"]
