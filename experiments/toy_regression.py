@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     problems = check(measured, json.loads(REFERENCE.read_text()))
     for p in problems:
         print("REGRESSION:", p)
+    print(f"FAIL: {len(problems)} regression(s) against {REFERENCE.name}" if problems else
+          f"PASS: {len(measured)} methods within the reference's tolerances ({REFERENCE.name})")
     return 1 if problems else 0
 
 

@@ -323,7 +323,16 @@ def test_cli_publishes_each_record_once_and_the_sweep_table(store, wb, capsys):
 def test_cli_bad_mode_exits_2(store, wb, capsys):
     root, _, _ = store
     assert main([str(root / "store" / "exp"), "--mode", "bogus", "--dir", str(wb)]) == 2
-    assert "WANDB_MODE=offline" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--mode" in err and "online, offline, disabled" in err and "logger.mode" not in err  # this CLI's option
+
+
+def test_cli_disabled_mode_does_not_say_published(store, wb, capsys):
+    root, base_dir, _ = store
+    assert main([str(root / "store" / "exp"), "--mode", "disabled", "--dir", str(wb), "--no-sweep"]) == 0
+    out = capsys.readouterr().out
+    assert "2 checked, nothing published (W&B disabled)" in out and "] published" not in out
+    assert not (base_dir / MARKER).exists()
 
 
 # -- the sweep run at the end of a sweep -------------------------------------------------------

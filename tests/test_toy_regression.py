@@ -30,3 +30,14 @@ def test_a_much_more_aggressive_default_is_caught(reference):
     problems = tr.check(measured, ref)
     assert any(p.startswith("fastvar_generalised: FLOPs ratio") for p in problems)
     assert all(not p.startswith("baseline") for p in problems)
+
+
+def test_check_prints_a_verdict_either_way(reference, monkeypatch, capsys):
+    """A CI gate says PASS as well as FAIL (measure() is replaced: its own tests are above)."""
+    monkeypatch.setattr(tr, "measure", lambda: reference["methods"])
+    assert tr.main(["--check"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("PASS:")
+    worse = {k: {**v, "toy_geneval": v["toy_geneval"] - 10 * reference["quality_tol"]} for k, v in reference["methods"].items()}
+    monkeypatch.setattr(tr, "measure", lambda: worse)
+    assert tr.main(["--check"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("FAIL:")

@@ -627,6 +627,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .records import RunEntry, SealError, find_entries
     from .validate import ConfigError
 
+    from .wandb_sink import MODES
+
+    if args.mode not in MODES:
+        print(f"error: --mode (default: $WANDB_MODE) must be one of {', '.join(MODES)}, got {args.mode!r}",
+              file=sys.stderr)
+        return 2
     path = Path(args.path)
     entries = find_entries(path)
     if not entries:
@@ -661,12 +667,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[varbench] skip (published): {e_dir}")
         else:
             done += 1
-            print(f"[varbench] published {e_dir} -> {info.get('name')} ({sink.mode})")
+            verb = "checked (W&B disabled, nothing sent)" if sink.mode == "disabled" else "published"
+            print(f"[varbench] {verb} {e_dir} -> {info.get('name')} ({sink.mode})")
     rc = 1 if failed else 0
     if not args.no_sweep and not single:
         results = Path(args.results) if args.results else Path("results") / exp_dir.name
         rc = max(rc, publish_sweep(sink, exp_dir, results, force=args.force, baseline=args.baseline))
-    print(f"[varbench] {done} published, {skipped} already published, {len(failed)} failed"
+    print(f"[varbench] {done} {'checked, nothing published (W&B disabled)' if sink.mode == 'disabled' else 'published'}, "
+          f"{skipped} already published, {len(failed)} failed"
           + (f"; offline runs under {Path(args.dir) / 'wandb'}: `wandb sync {Path(args.dir) / 'wandb'}/offline-run-*`"
              if sink.mode == "offline" and done else ""))
     return rc
