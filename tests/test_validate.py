@@ -81,6 +81,9 @@ def test_every_experiment_validates(exp):
     (["generation.tau=0"], "generation.tau must be > 0"),
     (["generation.cfg=abc"], "generation.cfg must be a number or a list of numbers"),
     (["generation.pn=2M"], "generation.pn must be one of"),
+    # the toy's fixed schedule: a pn or aspect ratio would be recorded and hashed but not used
+    (["model=toy", "generation.pn=1M"], "model=toy generates on its own fixed schedule"),
+    (["model=toy", "generation.h_div_w=0.5"], "generation.h_div_w=0.5 cannot change it"),
     (["benchmark.limit=0"], "benchmark.limit must be >= 1"),
     (["benchmark.loader=genevl"], "Did you mean 'geneval'"),
     (["model=toy", "method=fastvar_generalised", "method.knobs.skip=[40]"],

@@ -117,12 +117,21 @@ def _schedule(model: Any, gen: Any) -> list[tuple[int, int]] | None:
     from .models.schedules import RESOLUTION_PRESETS, scale_schedule
 
     sched = _get(model, "schedule")
+    pn, hw = _get(gen, "pn"), _get(gen, "h_div_w")
     if sched is not None:
         try:
-            return [(int(h), int(w)) for h, w in sched]
+            sched = [(int(h), int(w)) for h, w in sched]
         except (TypeError, ValueError):
             raise ConfigError(f"model.schedule must be a list of [h, w] integer pairs, got {sched!r}") from None
-    pn, hw = _get(gen, "pn"), _get(gen, "h_div_w")
+        # a fixed schedule decides the resolution: a pn or aspect ratio set for this run would be
+        # recorded (and hashed) but not used, so two entries would hold the same images
+        (h, w), model_pn = sched[-1], _get(model, "pn")
+        if pn != model_pn or not _is_num(hw) or abs(float(hw) - h / w) > 1e-6:
+            raise ConfigError(
+                f"model={_get(model, 'name')} generates on its own fixed schedule (model.schedule, last grid {h}x{w}): "
+                f"generation.pn={pn!r} and generation.h_div_w={hw!r} cannot change it; leave them at the model's "
+                f"(pn {model_pn}, h_div_w {h / w:g}), or set model.schedule=null to use the released tables")
+        return sched
     if pn not in RESOLUTION_PRESETS:
         raise ConfigError(f"generation.pn must be one of {list(RESOLUTION_PRESETS)}, got {pn!r}")
     return scale_schedule(float(hw), str(pn))
