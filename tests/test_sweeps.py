@@ -58,6 +58,25 @@ def test_missing_weights_fail_every_job_alike_and_are_said_once_without_a_traceb
     assert "WeightsNotFound: Infinity transformer weights not found: infinity_2b_reg.pth" in out, out
     assert "the same WeightsNotFound as (method=baseline" in out, out
     assert out.count("fix: put the file there") == 2, out      # the first job, and the end-of-sweep list
+    assert "no job of this sweep finished: no table written" in out, out
+
+
+def test_a_sweep_whose_every_job_failed_does_not_reprint_an_earlier_table(tmp_path):
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
+    common = ["+experiment=smoke", "evaluator=[]", "timing=none", "benchmark.limit=1", "runtime.progress=false",
+              f"paths.output_root={tmp_path}"]
+    first = subprocess.run([sys.executable, "-m", "varbench", *common], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=600)
+    table = tmp_path / "results" / "smoke" / "table.md"
+    assert first.returncode == 0 and table.is_file(), first.stdout + first.stderr
+    before = table.stat().st_mtime_ns
+    proc = subprocess.run([sys.executable, "-m", "varbench", "-m", *common, "method.name=bogus,bogus2"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "2 job(s) of this sweep failed" in out, out
+    assert "| Baseline |" not in out, out                    # the earlier run's table is not shown as this sweep's
+    assert f"no job of this sweep finished: no table written ({table} is from an earlier run)" in out, out
+    assert table.stat().st_mtime_ns == before
 
 
 def test_missing_weights_in_a_single_run_exit_2_with_the_message_only(tmp_path):

@@ -123,9 +123,20 @@ class AggregateOnMultirunEnd(Callback):
                 f"{Path(config.paths.results_dir) / str(config.experiment_name)}"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        import os
+
+        from .report import ENV_SWEEP_JOBS
+
+        failed = read_failures(config.hydra.sweep.dir)
+        n_jobs = os.environ.get(ENV_SWEEP_JOBS)
         try:
-            if config.get("aggregate", True):
-                aggregate_experiment(config, read_failures(config.hydra.sweep.dir))
+            if n_jobs is not None and failed and len(failed) >= int(n_jobs):
+                # the table could only show earlier runs' records: reprinting it would look like success
+                out = Path(config.paths.results_dir) / str(config.experiment_name)
+                print(f"[varbench] no job of this sweep finished: no table written"
+                      + (f" ({out / 'table.md'} is from an earlier run)" if (out / "table.md").is_file() else ""))
+            elif config.get("aggregate", True):
+                aggregate_experiment(config, failed)
         finally:
             n_failed = report_failures(config.hydra.sweep.dir)
         if n_failed:
