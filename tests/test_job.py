@@ -64,12 +64,13 @@ def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
     assert row["fidelity/ssim"] < 1.0              # and changes the image
 
 
-def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch):
+def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     entry = run_job(_cfg(tmp_path, "logger=wandb", f"logger.dir={tmp_path}/wb", "evaluator=[]", "timing=none"))
     runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert (entry / "DONE").exists() and len(runs) == 1
     assert list(runs[0].glob("run-*.wandb"))
+    assert f"W&B offline run: {runs[0]} (upload it with `wandb sync {runs[0]}`)" in capsys.readouterr().out
 
 
 def test_smoke_record_carries_every_weight_free_scorer(tmp_path):

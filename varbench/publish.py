@@ -409,6 +409,10 @@ class JobRun:
             _finish_quietly(run, 1)
             _report_failure(e)
             return
+        if info.get("url"):
+            print(f"[varbench] W&B run: {info['url']}")
+        elif info.get("dir"):  # offline: say where it waits and how it gets uploaded
+            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`)")
         if record is not None:
             try:
                 _write_marker(job.entry.dir, info, self.sink)
