@@ -36,6 +36,9 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
             "benchmark.limit=1 runtime.progress=False method.name=bogus (ConfigError)." in table), table  # says what it lacks
     assert str(tmp_path) not in table                               # no machine-local paths in a pasted table
     assert "[varbench] job 1/2 done · baseline · 1 images" in out, out  # one result line per job, placed in the sweep
+    # each job's lines are in its own log file too (they were only on the console)
+    assert "[varbench] job 1/2 done · baseline" in (sweep / "0" / "__main__.log").read_text()
+    assert "ConfigError: method.name: Unknown method 'bogus'" in (sweep / "1" / "__main__.log").read_text()
 
 
 def _run(tmp_path, *args):

@@ -22,6 +22,13 @@ def main(cfg: DictConfig) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")         # weights come from local paths only
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     logging.getLogger("varbench").setLevel(logging.INFO)
+    from .joblog import hydra_log_file, tee_stdout
+
+    with tee_stdout(hydra_log_file()):   # the job's lines also in <output dir>/<job>.log
+        _main(cfg)
+
+
+def _main(cfg: DictConfig) -> None:
     from .callbacks import aggregate_experiment, failures_path
     from .job import run_job
 
