@@ -435,9 +435,10 @@ def check_value(cls: type, key: str, value: Any, where: str, n_scales: int | Non
             if scale == "count" and not 0 <= v < n:
                 raise ConfigError(f"{where}={v}: must be 0..{n - 1} on this {n}-scale schedule "
                                   f"({v} would leave no scale to run)")
-            if scale == "run" and (v == 0 or v <= -n):
-                raise ConfigError(f"{where}={v}: must be >= 1 (scales run) or negative -1..{-(n - 1)} "
-                                  f"(all but the last |k|) on this {n}-scale schedule; {v} runs no scale")
+            if scale == "run" and (v == 0 or v <= -n or v > n):
+                raise ConfigError(f"{where}={v}: must be 1..{n} (scales run) or negative -1..{-(n - 1)} "
+                                  f"(all but the last |k|) on this {n}-scale schedule; "
+                                  + (f"{v} runs no scale" if v <= 0 else f"{v} > {n} would silently run every scale"))
     elif scale == "run" and value == 0:
         raise ConfigError(f"{where}=0 would run no scale at all; use >= 1 (or negative: all but the last |k|)")
 

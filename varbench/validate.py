@@ -296,6 +296,10 @@ def validate_config(cfg: Any):
     name = cfg.method.get("name")
     if not isinstance(name, str):
         raise ConfigError(f"method.name must be a method name, got {name!r}")
+    if cfg.method.get("label") in (None, ""):  # every preset names itself; the knob schemas do not
+        raise ConfigError(f"method.label is not set: method={name}_schema (or a preset without a label) is the "
+                          f"knob schema behind {name}'s presets, not one of them; use method={name} or another "
+                          f"preset in conf/method/, or set method.label")
     try:
         cls = resolve(REGISTRY, name, "method")
     except KeyError as e:
