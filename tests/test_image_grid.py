@@ -194,3 +194,21 @@ def test_column_without_images_is_left_out_with_a_warning(sweep, tmp_path):
     p, s = layout["items"][0]
     want = np.asarray(Image.fromarray(arrays["slow"][(p, s)]).resize((32, 32), Image.NEAREST))
     assert np.array_equal(crop(img, layout["cells"][(0, 1)]), want)
+
+
+def test_figures_of_groups_no_longer_in_the_records_are_removed_and_nothing_else(sweep, tmp_path):
+    """Two groups write group-suffixed figures; when only one group is left, the suffix goes and the
+    two-group files would stay behind as stale figures next to the new table."""
+    from varbench.plots import write_figures
+
+    frame, _ = sweep
+    out = tmp_path / "figs"
+    out.mkdir()
+    (out / "my_notes.png").write_bytes(b"the user's own file")
+    two = pd.concat([frame, frame.assign(resolution="32x32")], ignore_index=True)
+    first = {p.name for p in write_figures(two, out, grid_rows=1)}
+    assert any("__toy_32x32" in n for n in first)
+    second = {p.name for p in write_figures(frame, out, grid_rows=1)}
+    assert not any("__toy_32x32" in n for n in second)
+    on_disk = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    assert on_disk == second | {"my_notes.png"}

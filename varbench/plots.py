@@ -679,10 +679,40 @@ def write_figures(paired, out: Path, baseline: str = "baseline", image_grids: bo
                   grid_rows: int = 4, grid_diff: bool = True) -> list[Path]:
     """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces; the
     qualitative image grid per group (:func:`varbench.image_grid.write_image_grids`, skipped with a
-    warning when the images cannot be read)."""
+    warning when the images cannot be read). Figures an earlier call wrote into ``out`` that this
+    one did not (a group or method no longer in the records) are removed, so the folder shows only
+    what the current table shows; files varbench did not write are never touched."""
+    out = Path(out)
+    written = _all_figures(paired, out, baseline, image_grids, grid_rows, grid_diff)
+    _forget_stale_figures(out, written)
+    return written
+
+
+FIGURES_MANIFEST = ".figures.json"
+
+
+def _forget_stale_figures(out: Path, written: list[Path]) -> None:
+    """Delete the files the previous call listed in ``out/.figures.json`` that ``written`` lacks,
+    then list ``written`` there."""
+    import json
+
+    from varbench.store import atomic_write_bytes
+
+    manifest = out / FIGURES_MANIFEST
+    try:
+        before = set(json.loads(manifest.read_text())) if manifest.is_file() else set()
+    except (OSError, ValueError):
+        before = set()
+    now = {Path(p).name for p in written if p}
+    for name in sorted(before - now):
+        if "/" not in name and not name.startswith("."):   # only plain files of this folder
+            (out / name).unlink(missing_ok=True)
+    atomic_write_bytes(manifest, json.dumps(sorted(now), indent=1).encode())
+
+
+def _all_figures(paired, out: Path, baseline: str, image_grids: bool, grid_rows: int, grid_diff: bool) -> list[Path]:
     from varbench.records import RunEntry
 
-    out = Path(out)
     written = speed_quality_scatter(paired, out, baseline=baseline)
     group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
     for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
