@@ -105,9 +105,12 @@ class HPSv2Evaluator(Evaluator):
         self._rows: list[dict] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def _checkpoint(self) -> Path:
+        return resolve_file(self.weights, self.weights_dir, self.filename, what=f"HPS {self.version} checkpoint",
+                            published=PUBLISHED)
+
     def preflight(self, metadata) -> None:
-        resolve_file(self.weights, self.weights_dir, self.filename, what=f"HPS {self.version} checkpoint",
-                     published=PUBLISHED)
+        self._checkpoint()
 
     def setup(self, device: Optional[str] = None) -> None:
         if device is not None:
@@ -115,8 +118,7 @@ class HPSv2Evaluator(Evaluator):
         if self._model is not None:
             self._model.to(self.device)
             return
-        path = resolve_file(self.weights, self.weights_dir, self.filename, what=f"HPS {self.version} checkpoint",
-                            published=PUBLISHED)
+        path = self._checkpoint()
         other = [v for v, f in HPS_FILES.items() if v != self.version and Path(path).name == f]
         if other:
             raise WrongWeightsError(
