@@ -178,13 +178,16 @@ PRESETS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "varbenc
 @pytest.mark.parametrize("preset", PRESETS)
 def test_captured_steps_of_every_method_preset_never_read_device_values(monkeypatch, preset):
     """Every step of every shipped method preset is captured in graph mode, and what is captured
-    dispatches no op that reads a value on the host (emulated capture on the CPU, see the top)."""
+    dispatches no op that reads a value on the host and makes no tensor off the runtime's device
+    (emulated capture on the CPU, see the top)."""
     from experiments.device_bench import load_preset
 
     detector = _HostReadDetector()
 
     def capture(self, fn):
-        with detector:
+        # default device "meta": a tensor made without device= (CPU on a CUDA run: a crash or a host
+        # copy inside the capture) meets the step's real tensors and fails loudly
+        with detector, torch.device("meta"):
             return _emulated_capture(self, fn)
 
     init = _GenState.__init__
