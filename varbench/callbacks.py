@@ -23,10 +23,11 @@ def read_failures(sweep_dir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def report_failures(sweep_dir: str | Path) -> int:
+def report_failures(sweep_dir: str | Path, failed: list[dict] | None = None) -> int:
     """Print the failed jobs of the sweep, one line per distinct error (a missing weight file fails
-    every job the same way: one line names them all by the overrides that differ); the number failed."""
-    failed = read_failures(sweep_dir)
+    every job the same way: one line names them all by the overrides that differ); the number failed.
+    ``failed``: :func:`read_failures` of ``sweep_dir`` when the caller has read it already."""
+    failed = read_failures(sweep_dir) if failed is None else failed
     if failed:
         where = (f" (tracebacks in the job logs under {sweep_dir})" if any(f.get("traceback_logged", True) for f in failed)
                  else "")
@@ -138,6 +139,6 @@ class AggregateOnMultirunEnd(Callback):
             elif config.get("aggregate", True):
                 aggregate_experiment(config, failed)
         finally:
-            n_failed = report_failures(config.hydra.sweep.dir)
+            n_failed = report_failures(config.hydra.sweep.dir, failed)
         if n_failed:
             raise SystemExit(1)
