@@ -28,7 +28,7 @@ Every FLOPs number in the docs comes from here: `--write` regenerates
     <!--flops:8b:PRESET-->3.63<!--/flops-->         8B, transformer only
     <!--flops:e2e:PRESET-->3.30<!--/flops-->        2B end to end (8b:e2e:PRESET for 8B)
     <!--flops:PRESET|knob=value|...-->2.81<!--/flops-->   the preset with knobs overridden (YAML values;
-                                                      write \| for | inside a markdown table cell)
+                                                      write \\| for | inside a markdown table cell)
 
 and `--check` (run by tests/test_flops_docs.py) lists every place that no longer matches.
 """
