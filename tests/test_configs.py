@@ -110,6 +110,23 @@ def _typed(x):
     return (type(x).__name__, x)
 
 
+# Deliberate changes since the fixture, each changing the hash of the presets it touches (old store
+# entries are then not reused, as they should not be): method name -> {knob: new value}.
+CHANGED_SINCE_FIXTURE = {
+    # issue 20: adaptive methods decide per image at every batch size (varbench/batch_split.py)
+    "nova": {"batch_rule": "per_image"},
+    "toprovar": {"batch_rule": "per_image"},
+    "skipvar": {"batch_rule": "per_image"},
+}
+
+
+def _with_changes(node: dict) -> dict:
+    changed = CHANGED_SINCE_FIXTURE.get(node.get("name"))
+    if changed and isinstance(node.get("knobs"), dict):
+        node = {**node, "knobs": {**node["knobs"], **changed}}
+    return node
+
+
 @pytest.mark.parametrize("preset", sorted(__import__("json").loads(PRESETS_BEFORE.read_text())))
 def test_method_presets_compose_exactly_as_before_the_dataclasses(preset, monkeypatch):
     import ast
@@ -121,7 +138,8 @@ def test_method_presets_compose_exactly_as_before_the_dataclasses(preset, monkey
     cfg = _compose([f"method={preset}"])
     for mode, resolve in (("resolved", True), ("raw", False)):
         now = OmegaConf.to_container(cfg.method, resolve=resolve)
-        assert _typed(now) == _typed(ast.literal_eval(before[mode])), f"{preset} ({mode}): {now!r} != {before[mode]}"
+        want = _with_changes(ast.literal_eval(before[mode]))
+        assert _typed(now) == _typed(want), f"{preset} ({mode}): {now!r} != {want}"
 
 
 def test_base_presets_state_only_differences_from_their_dataclass():

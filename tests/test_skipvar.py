@@ -266,7 +266,7 @@ def test_uncond_action_changes_nothing_without_cfg():
 def test_batches_take_the_conservative_action_or_refuse():
     def decide(X):
         return np.array([2, 0, 0]), np.array([0, 3, 1])
-    pol = SkipVAR(decide=decide)
+    pol = SkipVAR(decide=decide, batch_rule="conservative")
     plans, _, _ = drive(pol, ctx_for(batch=3))
     st = pol.stats()
     assert st["per_sample"] == [{"skip": 2, "uncond": 0}, {"skip": 0, "uncond": 3}, {"skip": 0, "uncond": 1}]
@@ -439,9 +439,13 @@ def test_each_action_is_the_fixed_arm_bit_for_bit(rt, action):
         assert [tr["rows"] for tr in out.trace] == [4] * (n - k) + [2] * k
 
 
-def test_features_do_not_depend_on_the_batch(rt):
+@pytest.mark.parametrize("rule", ["conservative", "per_image"])
+def test_features_do_not_depend_on_the_batch(rt, rule):
     rec1, rec2 = [], []
     rt.generate(["a red circle"], seeds=[5], policy=SkipVAR(decide=constant_decide(0, 0, rec1)), cfg=3.0, tau=1.0, pn=PN)
-    rt.generate(["two blue squares", "a red circle"], seeds=[6, 5], policy=SkipVAR(decide=constant_decide(0, 0, rec2)),
-                cfg=3.0, tau=1.0, pn=PN)
-    np.testing.assert_allclose(rec2[0][1], rec1[0][0], rtol=1e-5, atol=1e-6)
+    rt.generate(["two blue squares", "a red circle"], seeds=[6, 5],
+                policy=SkipVAR(decide=constant_decide(0, 0, rec2), batch_rule=rule), cfg=3.0, tau=1.0, pn=PN)
+    # conservative: one decision call for the batch; per_image: one call per image, each with its row
+    mine = rec2[0][1] if rule == "conservative" else rec2[1][0]
+    assert len(rec2) == (1 if rule == "conservative" else 2)
+    np.testing.assert_allclose(mine, rec1[0][0], rtol=1e-5, atol=1e-6)

@@ -92,18 +92,17 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
     return out
 
 
-def image_work(flops: dict, trace: list[dict], batch: int) -> dict:
-    """One image's share of a generation's work, for its trace row: FLOPs (the batch's divided by
-    its ``batch`` images: a plan applies to the whole batch, and text tokens are averaged over it;
-    with ``runtime.batch_size=1`` this is exact per image), executed token-layers (per block the
-    mean over its sublayers of the tokens it ran, summed over blocks and run scales) and the dense
-    count a full forward would execute."""
+def image_work(flops: dict, trace: list[dict]) -> dict:
+    """One image's work, for its trace row: its FLOPs (`GenerationOutput.image_flops`: each scale's
+    count divided by the images of the (sub-)batch that ran it, text tokens averaged over the batch;
+    exact per image with per-image plans or ``runtime.batch_size=1``), executed token-layers (per
+    block the mean over its sublayers of the tokens it ran, summed over blocks and run scales) and
+    the dense count a full forward would execute."""
     executed = sum((b["sa"] + b["ca"] + b["ffn"]) / 3 for tr in trace if tr["ran"]
                    for b in tr["blocks"] if b["mode"] != "skip")
     depth = max((len(tr["blocks"]) for tr in trace if tr["ran"]), default=0)
     dense = sum(tr["tokens"] for tr in trace) * depth
-    return {"flops": {"total": flops["total"] / batch, "text": flops["text"] / batch,
-                      "per_scale": [f / batch for f in flops["per_scale"]]},
+    return {"flops": {"total": flops["total"], "text": flops["text"], "per_scale": list(flops["per_scale"])},
             "executed_tokens": float(executed), "dense_tokens": int(dense)}
 
 

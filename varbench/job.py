@@ -193,7 +193,7 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
                         continue
                     _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
                                                   metadata={**item.metadata, "prompt": item.prompt})
-                    rows.append(_trace_row(out, b, len(batch), item.index, s, method_name, stages[b]))
+                    rows.append(_trace_row(out, b, item.index, s, method_name, stages[b]))
                     written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
                 store.commit(written)
@@ -485,22 +485,25 @@ def _gen_kwargs(cfg: DictConfig, rt) -> dict:
     return kw
 
 
-def _trace_row(out, b: int, batch: int, p: int, s: int, method: str, stages: dict | None = None) -> dict:
+def _trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = None) -> dict:
+    """Image b's trace row: per scale what its (sub-)batch ran, its entropy, and its own FLOPs and
+    policy stats (per-image decisions give every image its own); ``stages``: its text-encoder and
+    VAE-decode FLOPs (:func:`varbench.stage_flops.stage_flops`) for the end-to-end count."""
     scales = []
-    for si, tr in enumerate(out.trace):
+    for si, tr in enumerate(out.image_traces[b]):
         keep = None
         if tr["ran"] and any(blk["mode"] != "full" for blk in tr["blocks"]):
             n = tr["tokens"]
             keep = [0.0 if blk["mode"] == "skip" else (blk["sa"] + blk["ca"] + blk["ffn"]) / (3 * n) for blk in tr["blocks"]]
         ent = out.token_entropy[si]
         scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
-                       "entropy_mean": None if ent is None else float(ent[b].mean()), "ms": tr.get("ms")})
+                       "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms")})
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
-            "resolution": list(out.images.shape[1:3]),
+            "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
             # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
-            "work": with_end_to_end(image_work(out.flops, out.trace, batch), (stages or {}).get("text_encoder"),
-                                    (stages or {}).get("vae_decode")),
-            "stats": _jsonable(out.policy_stats)}
+            "work": with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
+                                    (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
+            "stats": _jsonable(out.image_stats[b])}
 
 
 def _jsonable(obj):

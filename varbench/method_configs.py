@@ -159,7 +159,10 @@ class NOVAKnobs(_Knobs):
                       more -> faster.
     -- end of the unstated choices
     min_tokens_to_prune  smaller scales never prune.
-    batch_activation  earliest (fastest) | median | latest (safest) | mean_curve.
+    batch_rule        per_image (each image decides alone, as at batch 1; the runtime splits a batch
+                      where images disagree) | shared (one plan per batch: faster batches, an image
+                      then depends on its batch companions).
+    batch_activation  batch_rule=shared: earliest (fastest) | median | latest (safest) | mean_curve.
     keep_multiple     round kept counts up to a multiple (8/64 help kernels; 1 = exact).
     """
     entropy_logits: str = knob("guided", choices=("guided", "cond"))
@@ -193,6 +196,7 @@ class NOVAKnobs(_Knobs):
     skip_last_scales: int = knob(0, ge=0, scale="count")
     min_tokens_to_prune: int = knob(256, ge=0)
     batch_activation: str = knob("median", choices=("earliest", "median", "latest", "mean_curve"))
+    batch_rule: str = knob("per_image", choices=("per_image", "shared"))
     keep_multiple: int = knob(1, ge=1)
     sublayers: Sequence[str] = knob(("sa", "ca", "ffn"), choices=("sa", "ca", "ffn"), composed=False)
 
@@ -233,8 +237,10 @@ class ToProVARKnobs(_Knobs):
     head_reduce       mean: the runtime averages heads.
     keep_mode         topk_deterministic | weighted_sample (seeded).
     keep_multiple     kept counts rounded up to a multiple.
-    batch_keep        max (safer) | mean: one kept count for the batch.
-    batch_depth       earliest | median | latest per-image D.
+    batch_rule        per_image (each image its own D, layers and kept counts, as at batch 1; the
+                      runtime splits a batch where images disagree) | shared (one plan per batch).
+    batch_keep        batch_rule=shared: max (safer) | mean: one kept count for the batch.
+    batch_depth       batch_rule=shared: earliest | median | latest per-image D.
     share_mask_cfg    uncond rows reuse the cond choice.
     prune_kv          RECON (paper silent): drop pruned tokens from the scale's K/V (faster).
     protect_first, protect_last  blocks never pruned at either end (count or fraction of depth);
@@ -269,6 +275,7 @@ class ToProVARKnobs(_Knobs):
     keep_multiple: int = knob(8, ge=1)
     batch_keep: str = knob("max", choices=("max", "mean"))
     batch_depth: str = knob("median", choices=("earliest", "median", "latest"))
+    batch_rule: str = knob("per_image", choices=("per_image", "shared"))
     share_mask_cfg: bool = knob(True)
     prune_kv: bool = knob(True)
     protect_first: float = knob(0, ge=0)
@@ -314,14 +321,16 @@ class SkipVARKnobs(_Knobs):
     feature_scale    schedule index whose latent grid the codes are resized to before decoding (4 = 8x8
                      on 1M).
     fft_freq_ratio   HF_Ratio radius = int(ratio * min(H, W) / 2) (released 0.4).
-    batch_rule       conservative (batch > 1: the most conservative per-sample action) | raise.
+    batch_rule       per_image (each sample its own action, as at batch 1; the runtime splits a batch
+                     where samples disagree) | conservative (one plan per batch: the most conservative
+                     per-sample action) | raise (refuse a batch whose samples disagree).
     """
     decision_models: Optional[str] = knob(f"{_WEIGHTS}/skipvar/decision_model_ssim_84")
     classifier: str = knob("Logistic_Regression", choices=("Logistic_Regression", "Decision_Tree", "Random_Forest"))
     decision_scale: int = knob(-4, scale="index")
     feature_scale: int = knob(4, scale="index")
     fft_freq_ratio: float = knob(0.4, gt=0.0, lt=2.0)
-    batch_rule: str = knob("conservative", choices=("conservative", "raise"))
+    batch_rule: str = knob("per_image", choices=("per_image", "conservative", "raise"))
 
 
 @_schema("compose")

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from .batch_split import group_by_plan, image_rows, merge_plans, scatter_images, select_signals, take_rows
 from .flops import scale_flops, text_flops
 from .models.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
 from .block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, rope_qkv_table, sa_out
@@ -44,13 +45,18 @@ _FULL = BlockPlan()
 class GenerationOutput:
     images: Optional[torch.Tensor]          # (B, H, W, 3) uint8 RGB, None if decode=False
     summed_codes: torch.Tensor              # (B, d_vae, 1, H_lat, W_lat) before decode
-    bits: list[Optional[torch.Tensor]]      # per scale (B, h, w, d) int64 on the transformer grid; None if skipped
+    bits: list[Optional[torch.Tensor]]      # per scale (B, h, w, d) int64 on the transformer grid; None if no
+                                            # image ran it, -1 in the rows of images that skipped it
     schedule: list[tuple[int, int]]
-    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms
-    flops: dict                             # {"total", "text", "per_scale": [...]}
+    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms (of
+                                            # image 0's sub-batch; `image_traces` has every image's)
+    flops: dict                             # the batch's {"total", "text", "per_scale": [...]}
     timings_ms: dict                        # {"text", "ar", "decode", "per_scale": [...]}
-    policy_stats: dict
-    token_entropy: list[Optional[torch.Tensor]]  # per scale (B, h*w) predictive entropy
+    policy_stats: dict                      # the policy's stats; per-image decisions at batch > 1: {"per_image": [...]}
+    token_entropy: list[Optional[torch.Tensor]]  # per scale (B, h*w) predictive entropy (NaN: that image skipped it)
+    image_traces: list[list[dict]] = dataclasses.field(default_factory=list)  # per image: the trace of its sub-batch
+    image_flops: list[dict] = dataclasses.field(default_factory=list)         # per image: its share of `flops`
+    image_stats: list[dict] = dataclasses.field(default_factory=list)         # per image: its policy's stats
 
 
 class _Timer:
@@ -98,6 +104,13 @@ class _KVCache:
         self.len[bi] = end = start + kv.shape[3]
         buf.narrow(3, start, kv.shape[3]).copy_(kv)
         return buf.narrow(3, 0, end).unbind(0)
+
+    def take(self, rows) -> "_KVCache":
+        """A cache holding `rows(buffer)` of every block's rows in use (copies, same capacity and lengths)."""
+        new = _KVCache(len(self.len), self.capacity)
+        new.kv = [None if t is None else rows(t).contiguous() for t in self.kv]
+        new.full, new.len = list(new.kv), list(self.len)
+        return new
 
     def drop_uncond(self, batch: int) -> None:
         self.kv = [None if t is None else t[:, :batch] for t in self.kv]
@@ -260,11 +273,21 @@ class InfinityRuntime:
         ctx = GenerationContext(schedule=tuple(sched), depth=self.cfg.depth, embed_dim=self.cfg.embed_dim,
                                 num_heads=self.cfg.num_heads, batch=batch, cfg_rows=cfg_rows,
                                 cfg=tuple(cfgs), tau=tuple(taus), device=str(dev))
-        policy.reset(ctx)
-        state = self._state(ctx, text, negative, sched, h_div_w, seeds)
+        # per-image decisions (varbench.batch_split): each image plans with its own copy of the
+        # policy; images whose plans share a shape run as one sub-batch
+        per_image = batch > 1 and policy.per_image_decisions
+        policies = [policy.fork() for _ in range(batch)] if per_image else [policy]
+        for p in policies:
+            p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
+        root = self._state(ctx, text, negative, sched, h_div_w, seeds)
+        groups = [(list(range(batch)), root)]
         scale_marks = _Timer(dev)
         for si in range(n_scales):
             scale_marks.mark()
+            if per_image:
+                groups = self._per_image_step(si, groups, policies, cfgs, taus, top_k, top_p)
+                continue
+            state = groups[0][1]
             plan = policy.plan(si)
             signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
                                  taus[si] if plan.tau is None else plan.tau, top_k, top_p)
@@ -272,8 +295,12 @@ class InfinityRuntime:
                 policy.observe(si, signals)
         scale_marks.mark()
         timer.mark()
-        # graph mode: the state's buffer is refilled by the next generation, so hand out a copy
-        summed_codes = state.summed_codes if state.graphs is None else state.summed_codes.clone()
+        state0 = groups[0][1]
+        if len(groups) == 1:
+            # graph mode: the state's buffer is refilled by the next generation, so hand out a copy
+            summed_codes = state0.summed_codes if state0.graphs is None else state0.summed_codes.clone()
+        else:
+            summed_codes = scatter_images([(g, st.summed_codes) for g, st in groups], batch, 0.0)
         images = None
         if decode:
             images = self.decode(summed_codes)
@@ -281,16 +308,47 @@ class InfinityRuntime:
 
         text_ms, ar_ms, decode_ms = timer.intervals_ms()
         per_scale_ms = scale_marks.intervals_ms()
-        for tr, ms in zip(state.trace, per_scale_ms):
-            tr["ms"] = ms
-        per_scale_flops = [scale_flops(self.cfg, tr) for tr in state.trace]
-        tflops = text_flops(self.cfg, state.text_tokens[state.rows0], state.rows0)
+        image_traces: list[list[dict]] = [None] * batch
+        for g, st in groups:
+            for tr, ms in zip(st.trace, per_scale_ms):
+                tr["ms"] = ms
+            for i in g:
+                image_traces[i] = st.trace
+        tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
+        image_flops = [_image_flops(self.cfg, tr, root.image_text_tokens(i)) for i, tr in enumerate(image_traces)]
+        # the batch's count: each sub-batch's entry once (entries before a split are shared)
+        per_scale_flops = [sum(scale_flops(self.cfg, tr) for tr in {id(st.trace[si]): st.trace[si] for _, st in groups}.values())
+                           for si in range(n_scales)]
+        image_stats = [p.stats() for p in policies] if per_image else [policy.stats()] * batch
         return GenerationOutput(
-            images=images, summed_codes=summed_codes, bits=state.bits, schedule=sched, trace=state.trace,
+            images=images, summed_codes=summed_codes, schedule=sched, trace=image_traces[0],
+            bits=[scatter_images([(g, st.bits[si]) for g, st in groups], batch, -1) for si in range(n_scales)],
+            token_entropy=[scatter_images([(g, st.entropies[si]) for g, st in groups], batch, float("nan"))
+                           for si in range(n_scales)],
             flops={"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops},
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
-            policy_stats=policy.stats(), token_entropy=state.entropies,
+            policy_stats={"per_image": image_stats} if per_image else image_stats[0],
+            image_traces=image_traces, image_flops=image_flops, image_stats=image_stats,
         )
+
+    def _per_image_step(self, si, groups, policies, cfgs, taus, top_k, top_p):
+        """Scale si for every sub-batch: each image's policy plans, images with same-shaped plans run
+        together (a sub-batch whose images disagree splits here), each image observes its own rows."""
+        out = []
+        for images, state in groups:
+            plans = [policies[i].plan(si) for i in images]
+            parts = group_by_plan(plans)
+            for part in parts:
+                sub = state if len(parts) == 1 else state.take(part)
+                members = [images[j] for j in part]
+                plan = merge_plans([plans[j] for j in part], state.ctx.cfg_rows)
+                signals = sub.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
+                                   taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+                if signals is not None:
+                    for k, i in enumerate(members):
+                        policies[i].observe(si, select_signals(signals, k, len(members)))
+                out.append((members, sub))
+        return out
 
     def _state(self, ctx, text, negative, sched, h_div_w, seeds) -> "_GenState":
         """A fresh generation state; in graph mode the one of the previous call with the same shapes,
@@ -323,6 +381,24 @@ class InfinityRuntime:
                          for c in summed_codes.split(1)])
         img = ((img + 1) / 2).clamp_(0, 1)
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
+
+
+def _image_flops(cfg, trace: list[dict], tokens: tuple[int, int]) -> dict:
+    """One image's FLOPs: every count is linear in the rows except cross-attention's, which goes with
+    each row's text length, so an image's share is its scale entries counted for its own rows and
+    its own prompt's text tokens (`tokens`: cond row, uncond row). They sum to the batch's count."""
+    cond, uncond = tokens
+
+    def own(tr):
+        if not tr["ran"]:
+            return tr
+        both = tr["rows"] == 2 * tr["batch"]
+        return {**tr, "rows": 2 if both else 1, "batch": 1, "text_tokens": cond + uncond if both else cond}
+
+    per_scale = [scale_flops(cfg, own(tr)) for tr in trace]
+    rows0 = 2 if trace and trace[0]["rows"] == 2 * trace[0]["batch"] else 1
+    text = text_flops(cfg, cond + (uncond if rows0 == 2 else 0), rows0)
+    return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}
 
 
 def _per_scale(v, n: int, name: str) -> list[float]:
@@ -363,12 +439,9 @@ class _GenState:
         self.rt, self.m, self.ctx, self.sched = rt, rt.model, ctx, sched
         self.batch = ctx.batch
         self.rows = self.rows0 = ctx.rows
-        ca_text, ca_mask, self.cond, shared_gss = rt._condition(text, negative, ctx.cfg_rows)
-        # host reads happen here, once, before the loop: text tokens (FLOPs) and text-length runs
-        self.text_tokens = {self.rows0: int(ca_mask.sum()), self.batch: int(ca_mask[: self.batch].sum())}
-        runs = key_runs(ca_mask)
+        self.ca_text, self.ca_mask, self.cond, self.shared_gss = rt._condition(text, negative, ctx.cfg_rows)
         self.blocks: list[CrossAttnBlock] = self.m.blocks
-        self.consts = [BlockConsts.build(b, shared_gss, ca_text, ca_mask, runs, rt.ca_bf16) for b in self.blocks]
+        self._build_text_consts()
         self.kv = _KVCache(len(self.blocks), sum(h * w for h, w in sched))
         self.kv_dtype = torch.float32 if rt.dtype == torch.float32 else torch.bfloat16
         self.rope = [rt.rope_qkv(hw, h_div_w) for hw in sched]
@@ -394,6 +467,47 @@ class _GenState:
         self.keep_buffers: dict = {}           # static copies of plans' kept indices, read by graphs
         self.static_ptrs: set = set()          # residual tensors that are captured steps' outputs
 
+    def _build_text_consts(self) -> None:
+        """Per-block constants of this state's rows. Host reads happen here, once, before the loop:
+        text tokens (FLOPs) and text-length runs."""
+        mask = self.ca_mask
+        self.row_tokens = mask.sum(1).tolist()
+        self.text_tokens = {self.rows0: sum(self.row_tokens), self.batch: sum(self.row_tokens[: self.batch])}
+        runs = key_runs(mask)
+        self.consts = [BlockConsts.build(b, self.shared_gss, self.ca_text, mask, runs, self.rt.ca_bf16) for b in self.blocks]
+
+    def image_text_tokens(self, i: int) -> tuple[int, int]:
+        """Text tokens of image i's conditional row and of its unconditional row (0 without CFG)."""
+        return self.row_tokens[i], (self.row_tokens[self.batch + i] if self.rows0 == 2 * self.batch else 0)
+
+    def take(self, images: Sequence[int]) -> "_GenState":
+        """A state for the images at positions `images` of this batch, to continue apart from the
+        others (per-image decisions, `varbench.batch_split`): their rows of the text constants, KV
+        cache, residual caches, codes, history and generators. It runs eagerly: graph mode captures
+        whole-batch states only, whose tensors live across generations."""
+        sub = object.__new__(_GenState)
+        sub.__dict__.update(self.__dict__)   # rt, model, schedule, RoPE tables, latent size: shared
+        b, B = len(images), self.batch
+        idx = torch.tensor(list(images), device=self.rt.device)
+        sub.ctx = dataclasses.replace(self.ctx, batch=b)
+        sub.batch, sub.rows0 = b, len(image_rows(images, B, self.rows0))
+        sub.rows = b if self.dropped_uncond else sub.rows0
+        sub.ca_text, sub.ca_mask, sub.cond, sub.shared_gss = (take_rows(t, images, B) for t in
+                                                              (self.ca_text, self.ca_mask, self.cond, self.shared_gss))
+        sub._build_text_consts()
+        sub.consts_full = sub.consts
+        if self.dropped_uncond:
+            sub.consts = [bc.first_rows(b) for bc in sub.consts]
+        sub.kv = self.kv.take(lambda t: take_rows(t, images, B, dim=1))
+        sub.summed_codes = self.summed_codes.index_select(0, idx)
+        sub.generators = [self.generators[i] for i in images]   # each image keeps drawing from its own
+        sub.residuals = {s: {k: take_rows(t, images, B) for k, t in d.items()} for s, d in self.residuals.items()}
+        sub.bits = [None if t is None else t.index_select(0, idx) for t in self.bits]
+        sub.entropies = [None if t is None else t.index_select(0, idx) for t in self.entropies]
+        sub.trace = list(self.trace)          # the entries so far are shared (they ran for these images too)
+        sub.graphs, sub.seen, sub.keep_buffers, sub.static_ptrs = None, set(), {}, set()
+        return sub
+
     def restart(self, text: TextBatch, negative: Optional[TextBatch], seeds: Sequence[int]) -> None:
         """Graph mode: begin a new generation in the same tensors (captured steps read their addresses)."""
         fresh = _GenState(self.rt, self.ctx, text, negative, self.sched, self.h_div_w, seeds)
@@ -401,6 +515,7 @@ class _GenState:
             for name in BlockConsts.PER_PROMPT:
                 getattr(old, name).copy_(getattr(new, name))
         self.cond.copy_(fresh.cond)
+        self.ca_text, self.ca_mask, self.shared_gss = fresh.ca_text, fresh.ca_mask, fresh.shared_gss
         self.summed_codes.zero_()
         for g, seed in zip(self.generators, seeds):
             g.manual_seed(int(seed))

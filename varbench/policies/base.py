@@ -7,6 +7,11 @@ A policy is a small object with per-generation state:
     policy.observe(si, signals)      # after scale si is sampled
     policy.stats()                   # JSON-able summary of what it did to this generation
 
+Batches: a policy whose decisions are per image (`per_image_decisions`, an adaptive method with
+`batch_rule: per_image`) is forked once per image at batch > 1 and each copy is reset for a batch
+of one; the runtime groups images whose plans agree into sub-batches (`varbench.batch_split`).
+Other policies see the whole batch and emit one plan for it.
+
 Methods that only reshape plans (FastVAR, skip baselines) ignore `observe`; entropy-driven methods
 (NOVA, ToProVAR) decide later scales from earlier signals. `observe` may read GPU tensors to the
 host: it runs between scale steps, never inside one.
@@ -14,6 +19,7 @@ host: it runs between scale steps, never inside one.
 from __future__ import annotations
 
 import abc
+import copy
 from typing import Any
 
 from ..plan import GenerationContext, ScalePlan, ScaleSignals
@@ -23,8 +29,16 @@ class Policy(abc.ABC):
     #: registry name, e.g. "fastvar"
     name: str = "policy"
 
+    #: decisions are made per image: at batch > 1 the runtime runs one fork per image (see above)
+    per_image_decisions: bool = False
+
     def reset(self, ctx: GenerationContext) -> None:
         self.ctx = ctx
+
+    def fork(self) -> "Policy":
+        """An independent copy for one image of a batch. Shallow: configuration is shared, and
+        `reset` must rebind (never mutate in place) every piece of per-generation state."""
+        return copy.copy(self)
 
     @abc.abstractmethod
     def plan(self, si: int) -> ScalePlan:

@@ -83,6 +83,15 @@ class Compose(Policy):
                     raise ValueError(f"compose: {names[i]} + {names[j]} is refused. {reason}")
         self.members, self.conflict, self.cache = members, conflict, cache
 
+    @property
+    def per_image_decisions(self) -> bool:
+        return any(m.per_image_decisions for m in self.members)
+
+    def fork(self) -> "Compose":
+        twin = super().fork()
+        twin.members = [m.fork() for m in self.members]
+        return twin
+
     def reset(self, ctx: GenerationContext) -> None:
         super().reset(ctx)
         for m in self.members:

@@ -48,10 +48,12 @@ entropies come from the previous scale (layer_entropy_lag=1); the token ranking 
 scale's entropy map. lag 0 (the same scale's earlier layer) would need a plan that changes its
 kept count mid-scale; the runtime's static shapes forbid it, so it is refused.
 
-Batch: one plan serves the whole batch (static shapes). Each image detects its own activation;
-`batch_activation` reduces them (earliest: fastest; latest: safest; median; mean_curve: detect once
-on the batch-mean entropy curve). Ratios use batch-mean entropies; the kept *tokens* are chosen
-per image (each prompt's own entropy map; its uncond row reuses the choice).
+Batch: `batch_rule: per_image` (default) decides every image alone, as at batch 1 (its own
+activation, ratios from its own entropies); the runtime splits a batch where images disagree
+(`varbench.batch_split`). `shared`: one plan per batch (static shapes, no split): each image detects
+its own activation and `batch_activation` reduces them (earliest: fastest; latest: safest; median;
+mean_curve: detect once on the batch-mean entropy curve); ratios use batch-mean entropies; the kept
+*tokens* are still chosen per image (each prompt's own entropy map; its uncond row reuses the choice).
 
 Knobs (speed <-> quality):
   entropy_logits  guided | cond: which distribution's entropy (neutral on speed).
@@ -95,7 +97,8 @@ Knobs (speed <-> quality):
   min_tokens_to_prune          scales smaller than this never prune (saves nothing there).
   skip_last_scales             FastVAR-style full skipping of the last scales (RECON default 0:
                   NOVA states none). More -> much faster, loses the finest detail.
-  batch_activation             earliest | median | latest | mean_curve (see Batch).
+  batch_rule                   per_image | shared (see Batch).
+  batch_activation             earliest | median | latest | mean_curve (batch_rule=shared; see Batch).
   keep_multiple   round kept counts up to a multiple (8/64 help kernels; 1 = exact).
 """
 from __future__ import annotations
@@ -151,6 +154,7 @@ class NOVA(Policy):
         min_tokens_to_prune: int = 256,
         skip_last_scales: int = 0,
         batch_activation: str = "median",
+        batch_rule: str = "per_image",
         keep_multiple: int = 1,
         sublayers: Sequence[str] = ("sa", "ca", "ffn"),
     ):
@@ -167,6 +171,7 @@ class NOVA(Policy):
         check_choice("cache_source", cache_source, ("prev_scale", "activation_scale", "fixed"))
         check_choice("fill", fill, ("cache", "pass"))
         check_choice("batch_activation", batch_activation, ("earliest", "median", "latest", "mean_curve"))
+        check_choice("batch_rule", batch_rule, ("per_image", "shared"))
         if layer_entropy == "logit_lens":
             raise ValueError("nova.layer_entropy=logit_lens needs per-layer hidden states pushed through the head; the "
                              "runtime's ScaleSignals do not carry them. Use attn_subsample or none.")
@@ -193,6 +198,10 @@ class NOVA(Policy):
         for key, v in self.k.items():
             setattr(self, key, v)
         self.baseline_scales = tuple(int(s) for s in baseline_scales)
+
+    @property
+    def per_image_decisions(self) -> bool:
+        return self.batch_rule == "per_image"
 
     # -- per generation ---------------------------------------------------------------------
     def reset(self, ctx: GenerationContext) -> None:

@@ -27,10 +27,12 @@ Changes, step by step:
      (infinity.py 486-494), while its baseline rows use autocast-computed ones; here the cond rows
      keep the baseline's conditioning (differences at bf16 rounding level).
   7. reconstructed (release: batch 1 only, `.item()` and the KV-cache slice `B==1`): batch > 1.
-     Decisions are per sample; the runtime applies one plan per batch, so the batch takes the
-     most conservative per-sample action (`batch_rule: conservative`: skip min k; drop the
-     unconditional branch only where every sample does) or refuses (`batch_rule: raise`). At
-     batch 1 the decision is exactly the sample's.
+     Decisions are per sample. `batch_rule: per_image` (default) gives every sample its own
+     action, as at batch 1: the runtime splits the batch where samples disagree
+     (`varbench.batch_split`). `conservative` makes one plan for the batch from the most
+     conservative per-sample action (skip min k; drop the unconditional branch only where every
+     sample does; slower, and a sample's image depends on its batch companions); `raise` refuses
+     a batch whose samples disagree.
   8. reconstructed (release: indices 9/8/4 and 10/11/12 hard-coded for the 13-scale 1M schedules):
      other schedules. The decision scale counts from the end (-4 = 9 of 13), the feature grid is
      an absolute index (4), actions count from the end. On 1M schedules this is the release.
@@ -48,7 +50,8 @@ Knobs:   decision_models  folder with the four joblib files (strict: missing/inv
                           Earlier -> more scales the decision can save, less reliable features.
          feature_scale    schedule index whose latent grid the codes are resized to (4 = 8x8).
          fft_freq_ratio   HF_Ratio radius fraction (0.4 released).
-         batch_rule       conservative | raise (batch > 1 with disagreeing samples).
+         batch_rule       per_image (each sample its own action) | conservative | raise (batch > 1
+                          with disagreeing samples; see 7).
 """
 from __future__ import annotations
 
@@ -72,11 +75,11 @@ class SkipVAR(Policy):
 
     def __init__(self, decision_models: Optional[str] = None, classifier: str = "Logistic_Regression",
                  decision_scale: int = -4, feature_scale: int = 4, fft_freq_ratio: float = FFT_FREQ_RATIO,
-                 batch_rule: str = "conservative",
+                 batch_rule: str = "per_image",
                  decide: Optional[Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]] = None,
                  n_features: int = 2):
         check_choice("skipvar.classifier", classifier, CLASSIFIERS)
-        check_choice("skipvar.batch_rule", batch_rule, ("conservative", "raise"))
+        check_choice("skipvar.batch_rule", batch_rule, ("per_image", "conservative", "raise"))
         for k, v in (("decision_scale", decision_scale), ("feature_scale", feature_scale)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"skipvar.{k} must be an int (negative counts from the end), got {v!r}")
@@ -87,6 +90,15 @@ class SkipVAR(Policy):
         self.fft_freq_ratio, self.batch_rule = float(fft_freq_ratio), batch_rule
         self._decide, self._n_features = decide, int(n_features)   # test/training injection instead of a folder
         self._models: Optional[DecisionModels] = None
+
+    @property
+    def per_image_decisions(self) -> bool:
+        return self.batch_rule == "per_image"
+
+    def fork(self) -> "SkipVAR":
+        if self._decide is None:
+            self.load()   # load once, so the per-image copies share the models
+        return super().fork()
 
     # ------------------------------------------------------------------ decision model
     def load(self) -> DecisionModels:

@@ -62,9 +62,11 @@ Knobs (speed <-> quality):
   0.5 (lower -> more Detail layers skipped -> faster)                     - layer level
   entropy_norm (minmax | mean | rank | sum), alpha_min 0.3, alpha_max 0.9 (higher -> faster),
   alpha_min_semantics (min_prune: Eq. 6 | min_keep: A.5.3), head_reduce (mean only), keep_mode
-  (topk_deterministic | weighted_sample), keep_multiple 8, batch_keep (max | mean), batch_depth
-  (earliest | median | latest), share_mask_cfg, prune_kv, protect_first/last, min_tokens_to_prune,
-  seed                                                                    - token level
+  (topk_deterministic | weighted_sample), keep_multiple 8, share_mask_cfg, prune_kv,
+  protect_first/last, min_tokens_to_prune, seed                           - token level
+  batch_rule per_image (default: each image its own depth D, Detail layers and kept counts, as at
+  batch 1; the runtime splits a batch where images disagree, `varbench.batch_split`) | shared (one
+  plan per batch: batch_keep (max | mean) kept count, batch_depth (earliest | median | latest) D)
 """
 from __future__ import annotations
 
@@ -136,6 +138,7 @@ class ToProVAR(Policy):
         keep_multiple: int = 8,
         batch_keep: str = "max",
         batch_depth: str = "median",
+        batch_rule: str = "per_image",
         share_mask_cfg: bool = True,
         prune_kv: bool = True,
         protect_first: float = 0,
@@ -163,6 +166,7 @@ class ToProVAR(Policy):
         check_choice("keep_mode", keep_mode, ("topk_deterministic", "weighted_sample"))
         check_choice("batch_keep", batch_keep, ("max", "mean"))
         check_choice("batch_depth", batch_depth, ("earliest", "median", "latest"))
+        check_choice("batch_rule", batch_rule, ("per_image", "shared"))
         if depth_offset < 1:
             raise ValueError("toprovar.depth_offset must be >= 1: D is known only after scale D has been sampled, and a "
                              "scale's plan is fixed before it runs.")
@@ -174,6 +178,10 @@ class ToProVAR(Policy):
         self.k.pop("self")
         for key, v in self.k.items():
             setattr(self, key, v)
+
+    @property
+    def per_image_decisions(self) -> bool:
+        return self.batch_rule == "per_image"
 
     # -- per generation ---------------------------------------------------------------------
     def reset(self, ctx: GenerationContext) -> None:
