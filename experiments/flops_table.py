@@ -15,15 +15,20 @@ synthetic scenario (below) and the numbers are "FLOPs under that scenario", not 
             look Global (a dominant component), the rest Detail (the paper's HART observation);
             token entropy maps are ramps, i.e. uniformly spread normalised entropies.
 
-FLOPs count what flops.py counts (linear layers, attention products, head, word embedding, text
-projections); attention-entropy measurement and the VAE are not included.
+Two counts per config. "transformer": what flops.py counts (linear layers, attention products,
+head, word embedding, the transformer's text projections, the attention-entropy score pass),
+the part methods change. "end to end": that plus flan-t5-xl over its 512 padded tokens and one
+VAE decode at the final latent grid (varbench/stage_flops.py), which every method runs unchanged;
+per image, batch 1, no negative prompt. SkipVAR's two small feature decodes are in neither.
 
 Every FLOPs number in the docs comes from here: `--write` regenerates
 `results/curated/flops_analytic.md` and every marker in `docs/methods.md`,
 
-    <!--flops:PRESET-->4.23<!--/flops-->            2B, the preset as configured
-    <!--flops:8b:PRESET-->3.63<!--/flops-->         8B
-    <!--flops:PRESET|knob=value|...-->2.81<!--/flops-->   the preset with knobs overridden (YAML values)
+    <!--flops:PRESET-->4.23<!--/flops-->            2B, the preset as configured, transformer only
+    <!--flops:8b:PRESET-->3.63<!--/flops-->         8B, transformer only
+    <!--flops:e2e:PRESET-->3.30<!--/flops-->        2B end to end (8b:e2e:PRESET for 8B)
+    <!--flops:PRESET|knob=value|...-->2.81<!--/flops-->   the preset with knobs overridden (YAML values;
+                                                      write \\| for | inside a markdown table cell)
 
 and `--check` (run by tests/test_flops_docs.py) lists every place that no longer matches.
 """
@@ -41,6 +46,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from varbench.flops import plan_trace, scale_flops, text_flops
+from varbench.stage_flops import T5_MAX_LENGTH, preset_stage_flops
 from varbench.models.infinity import PRESETS
 from varbench.models.schedules import scale_schedule
 from varbench.plan import GenerationContext, ScaleSignals
@@ -56,8 +62,11 @@ DEFAULT_METHODS = ["baseline", "fastvar", "fastvar_generalised", "fastvar_2b_pap
                    "skipvar_skip2", "skipvar_uncond3", "skipvar_hybrid", "nova", "nova_fast", "nova_safe", "nova_keep_kv",
                    "nova_on_fastvar", "toprovar", "toprovar_fixed_exit", "toprovar_scale_only", "toprovar_scale_token",
                    "toprovar_scale_layer", "toprovar_gate_detail"]
-MARKER = re.compile(r"<!--flops:(?:(2b|8b):)?(\w+)((?:\|[\w]+=[^|>]+)*)-->(.*?)<!--/flops-->")
-SCENARIO = dict(pn="1M", h_div_w=1.0, batch=1, text_len=32, nova_act=6, topro_D=9)
+MARKER = re.compile(r"<!--flops:(?:(?P<model>2b|8b):)?(?:(?P<scope>e2e):)?(?P<preset>\w+)"
+                    r"(?P<knobs>(?:\\?\|[\w]+=[^|>\\]+)*)-->(?P<value>.*?)<!--/flops-->")  # \| inside a table cell
+#: text_len: cross-attention tokens per prompt (the transformer's count); t5_tokens: the positions the
+#: T5 encoder computes (its padded length, whatever the prompt's; end-to-end count only)
+SCENARIO = dict(pn="1M", h_div_w=1.0, batch=1, text_len=32, nova_act=6, topro_D=9, t5_tokens=T5_MAX_LENGTH)
 
 
 def load_method(name: str) -> tuple[str, str, dict]:
@@ -109,21 +118,38 @@ def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, ba
     return total, pol.stats()
 
 
+def stage_extra(model: str, h_div_w: float, pn: str, t5_tokens: int = T5_MAX_LENGTH) -> float:
+    """Per image: flan-t5-xl over ``t5_tokens`` + one VAE decode at the schedule's last grid (what
+    the end-to-end count adds to the transformer's; the same for every method)."""
+    stages = preset_stage_flops(model, t5_tokens)
+    return stages["text_encoder"] + stages["vae_decode"](scale_schedule(h_div_w, pn)[-1])
+
+
 @functools.lru_cache(maxsize=None)
-def x_fewer(preset: str, model: str = "infinity_2b", overrides: tuple = ()) -> float:
-    """Baseline FLOPs / the preset's FLOPs under the default scenario (overrides: ((knob, value), ...))."""
+def scenario_flops(preset: str, model: str = "infinity_2b", overrides: tuple = ()) -> dict:
+    """Per-image FLOPs of the preset under the default scenario: ``{"transformer", "end_to_end"}``."""
     name, _, knobs = load_method(preset)
     knobs = {**knobs, **dict(overrides)}
     args = (model, SCENARIO["h_div_w"], SCENARIO["pn"], SCENARIO["batch"], SCENARIO["text_len"],
             SCENARIO["nova_act"], SCENARIO["topro_D"])
-    return method_flops("baseline", {}, *args)[0] / method_flops(name, knobs, *args)[0]
+    t = method_flops(name, knobs, *args)[0] / SCENARIO["batch"]
+    return {"transformer": t, "end_to_end": t + stage_extra(model, SCENARIO["h_div_w"], SCENARIO["pn"],
+                                                             SCENARIO["t5_tokens"])}
+
+
+def x_fewer(preset: str, model: str = "infinity_2b", overrides: tuple = (), scope: str = "transformer") -> float:
+    """Baseline FLOPs / the preset's FLOPs under the default scenario (overrides: ((knob, value), ...));
+    ``scope``: "transformer" (the transformer alone) or "end_to_end" (+ text encoder and VAE decode)."""
+    if scope not in ("transformer", "end_to_end"):
+        raise ValueError(f"scope={scope!r}; use 'transformer' or 'end_to_end'")
+    return scenario_flops("baseline", model)[scope] / scenario_flops(preset, model, overrides)[scope]
 
 
 def fill_markers(text: str) -> str:
     """Every FLOPs marker of a doc filled with the generated value (2 decimals)."""
     def value(m):
-        overrides = tuple((k, yaml.safe_load(v)) for k, v in (kv.split("=", 1) for kv in m.group(3).split("|")[1:]))
-        v = x_fewer(m.group(2), MODELS[m.group(1) or "2b"], overrides)
+        overrides = tuple((k, yaml.safe_load(v)) for k, v in (kv.split("=", 1) for kv in m["knobs"].replace("\\|", "|").split("|")[1:]))
+        v = x_fewer(m["preset"], MODELS[m["model"] or "2b"], overrides, "end_to_end" if m["scope"] else "transformer")
         return m.group(0)[: m.group(0).index("-->") + 3] + f"{v:.2f}" + "<!--/flops-->"
     return MARKER.sub(value, text)
 
@@ -134,9 +160,22 @@ def render_table(methods=DEFAULT_METHODS) -> str:
              f"experiments/flops_table.py (NOVA activation {SCENARIO['nova_act']}, ToProVAR D {SCENARIO['topro_D']}), "
              f"not real prompts. 1024² ({SCENARIO['pn']}), h/w {SCENARIO['h_div_w']}, batch {SCENARIO['batch']}, "
              f"CFG on, {SCENARIO['text_len']} text tokens.", "",
-             "| config | label | 2B x fewer | 8B x fewer |", "|---|---|---:|---:|"]
+             "\"x fewer\" = baseline FLOPs / the config's FLOPs per image. *Transformer*: the transformer alone",
+             "(varbench/flops.py), the part methods change. *End to end*: plus the flan-t5-xl encoder over its",
+             f"{SCENARIO['t5_tokens']} padded tokens and one VAE decode at 1024² (varbench/stage_flops.py), which every",
+             "method runs unchanged. Baseline per image, TFLOPs:", ""]
+    lines += ["| model | transformer | T5 encoder | VAE decode | end to end |", "|---|---:|---:|---:|---:|"]
+    for key, model in MODELS.items():
+        stages = preset_stage_flops(model, SCENARIO["t5_tokens"])
+        vae = stages["vae_decode"](scale_schedule(SCENARIO["h_div_w"], SCENARIO["pn"])[-1])
+        base = scenario_flops("baseline", model)
+        lines.append(f"| {key.upper()} | {base['transformer'] / 1e12:.2f} | {stages['text_encoder'] / 1e12:.2f} | "
+                     f"{vae / 1e12:.2f} | {base['end_to_end'] / 1e12:.2f} |")
+    lines += ["", "| config | label | 2B x fewer (transformer) | 2B x fewer (end to end) | 8B x fewer (transformer) "
+              "| 8B x fewer (end to end) |", "|---|---|---:|---:|---:|---:|"]
     for m in methods:
-        lines.append(f"| `{m}` | {load_method(m)[1]} | {x_fewer(m, MODELS['2b']):.2f} | {x_fewer(m, MODELS['8b']):.2f} |")
+        cells = [f"{x_fewer(m, MODELS[k], scope=s):.2f}" for k in ("2b", "8b") for s in ("transformer", "end_to_end")]
+        lines.append(f"| `{m}` | {load_method(m)[1]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -148,8 +187,8 @@ def check() -> list[str]:
     for doc in DOCS:
         text = doc.read_text()
         for old, new in zip(MARKER.finditer(text), MARKER.finditer(fill_markers(text))):
-            if old.group(4) != new.group(4):
-                problems.append(f"{doc.relative_to(ROOT)}: {old.group(0)} -> generated {new.group(4)}")
+            if old["value"] != new["value"]:
+                problems.append(f"{doc.relative_to(ROOT)}: {old.group(0)} -> generated {new['value']}")
     return problems
 
 
@@ -166,6 +205,8 @@ def main(argv=None):
     ap.add_argument("--h-div-w", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--text-len", type=int, default=32, help="T5 tokens per prompt (cross-attention keys)")
+    ap.add_argument("--t5-tokens", type=int, default=T5_MAX_LENGTH,
+                    help="positions the T5 encoder computes (end-to-end count; the released pipeline pads to 512)")
     ap.add_argument("--nova-activation", type=int, default=6, help="scenario: NOVA's activation scale index")
     ap.add_argument("--toprovar-depth", type=int, default=9, help="scenario: the scale where rho crosses tau")
     ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
@@ -181,16 +222,20 @@ def main(argv=None):
         return 1 if problems else 0
     rows = []
     base = None
+    extra = stage_extra(a.model, a.h_div_w, a.pn, a.t5_tokens)   # per image, the same for every method
     for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
         name, label, knobs = load_method(m)
         f, st = method_flops(name, knobs, a.model, a.h_div_w, a.pn, a.batch, a.text_len, a.nova_activation, a.toprovar_depth)
+        f /= a.batch
         base = f if m == "baseline" else base
         rows.append((m, label, f))
-    print(f"# analytic FLOPs, {a.model}, pn={a.pn}, h/w={a.h_div_w}, batch {a.batch}, CFG on; "
-          f"scenario: NOVA activation {a.nova_activation}, ToProVAR D {a.toprovar_depth}")
-    print(f"{'config':24s} {'label':36s} {'TFLOPs':>8s} {'ratio':>7s} {'x fewer':>8s}")
+    print(f"# analytic FLOPs per image, {a.model}, pn={a.pn}, h/w={a.h_div_w}, batch {a.batch}, CFG on; "
+          f"scenario: NOVA activation {a.nova_activation}, ToProVAR D {a.toprovar_depth}; "
+          f"end to end adds T5 ({a.t5_tokens} tokens) + VAE decode = {extra / 1e12:.2f} TFLOPs")
+    print(f"{'config':24s} {'label':36s} {'TFLOPs':>8s} {'ratio':>7s} {'x fewer':>8s} {'e2e TFLOPs':>10s} {'e2e x':>6s}")
     for m, label, f in rows:
-        print(f"{m:24s} {label:36s} {f / 1e12:8.2f} {f / base:7.3f} {base / f:8.2f}")
+        print(f"{m:24s} {label:36s} {f / 1e12:8.2f} {f / base:7.3f} {base / f:8.2f} {(f + extra) / 1e12:10.2f} "
+              f"{(base + extra) / (f + extra):6.2f}")
 
 
 if __name__ == "__main__":

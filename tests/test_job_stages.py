@@ -106,6 +106,11 @@ def test_record_carries_per_image_flops_and_executed_tokens(tmp_path):
     assert rec["flops"]["total"] == pytest.approx(sum(per_image) / len(per_image))
     assert 0 < rec["work"]["keep_fraction"]["mean"] < 1            # skip_last_2 skips the last two scales' tokens
     assert rec["work"]["executed_tokens"]["max"] < rec["work"]["dense_tokens"]
+    # end to end: + the text encoder and one VAE decode per image at the generated resolution
+    f = rec["flops"]
+    assert f["vae_decode"] > 0 and f["text_encoder"] is not None and f["end_to_end_per_image"]["n"] == 5
+    assert f["end_to_end"] == pytest.approx(f["total"] + f["text_encoder"] + f["vae_decode"])
+    assert all(t["work"]["flops"]["vae_decode"] == f["vae_decode"] for t in traces)   # skipping scales skips no decode
 
 
 def test_a_failed_wandb_mirror_is_published_by_the_next_launch(tmp_path, monkeypatch, capsys):

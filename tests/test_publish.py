@@ -169,7 +169,8 @@ def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, 
     assert s["paired/status"] == "paired" and s["paired/baseline_entry"] == base_dir.name
     assert s["paired/speedup_ci_low"] <= s["paired/speedup"] <= s["paired/speedup_ci_high"]
     assert s["paired/speedup"] > 0 and s["paired/n_repeats"] == 2 and "paired/speedup_reliable" in s   # value: CPU noise here
-    assert s["paired/flops_x"] > 1
+    assert s["paired/flops_x"] > s["paired/flops_x_e2e"] > 1                 # the shared decode dilutes it
+    assert s["flops/end_to_end"] == record["flops"]["end_to_end"] > s["flops/total"]
     delta = record["metrics"]["toy_geneval/overall"] - base["metrics"]["toy_geneval/overall"]
     assert delta < 0 and s["toy_geneval/overall_delta"] == pytest.approx(delta)
     assert s["toy_geneval/overall"] == record["metrics"]["toy_geneval/overall"]

@@ -103,7 +103,8 @@ def test_markdown_table_reads_well(store, tmp_path):
     md = (tmp_path / "out" / "table.md").read_text()
     lines = md.splitlines()
     header = next(line for line in lines if line.startswith("| method "))
-    for h in ("n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]", "FLOPs ×", "PSNR (dB) ↑",
+    for h in ("n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]", "FLOPs × (transformer)",
+              "FLOPs × (end to end)", "PSNR (dB) ↑",
               "toy GenEval overall", "Δ toy GenEval overall"):
         assert f"| {h} |" in header, h
     assert "/" not in header.replace("n (images / repeats)", "")          # no raw evaluator/metric names
@@ -167,3 +168,26 @@ def test_a_job_whose_own_timing_spread_is_marked(tmp_path):
     assert frame.loc["m", "ar_ms_reliable"] == True                                                       # noqa: E712
     md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
     assert "| 100.0 † |" in md and "| 80.0 |" in md and "† on AR (ms)" in md and "baseline 130%" in md
+
+
+def test_both_flops_columns(tmp_path):
+    """FLOPs × (transformer) from flops.total, FLOPs × (end to end) from flops.end_to_end; a record
+    without the end-to-end count (traces older than it) shows – there, never a made-up ratio."""
+    def rec(entry_id, method, total, e2e):
+        r = record(entry_id, method, flops=total)
+        r["flops"]["end_to_end"] = e2e
+        return r
+
+    write(tmp_path, rec("b", "baseline", 1e12, 1.2e12))
+    write(tmp_path, rec("f", "fastvar", 2.5e11, 4.5e11))         # 4.00× transformer, 2.67× end to end
+    write(tmp_path, rec("o", "nova", 5e11, None))
+    aggregate(tmp_path, tmp_path / "out", figures=False)
+    lines = (tmp_path / "out" / "table.md").read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| method ")).split(" | ")
+    t, e = header.index("FLOPs × (transformer)"), header.index("FLOPs × (end to end)")
+    cells = {line.split(" | ")[0]: line.split(" | ") for line in lines if line.startswith("| ") and " label" in line}
+    assert (cells["| fastvar"][t], cells["| fastvar"][e]) == ("4.00×", "2.67×")
+    assert (cells["| nova"][t], cells["| nova"][e]) == ("2.00×", "–")
+    assert (cells["| baseline"][t], cells["| baseline"][e]) == ("1.00×", "1.00×")
+    table = pd.read_csv(tmp_path / "out" / "table.csv").set_index("method")
+    assert table.loc["fastvar", "flops_x_e2e"] == pytest.approx(1.2 / 0.45)

@@ -18,7 +18,8 @@ RECORD = {
     "metrics": {"geneval/overall": 0.7, "hpsv2/score": 0.31}, "uncertainty": {"geneval/overall": 0.02},
     "timing": {"by_batch": {"1": {"ar_ms": {"median": 40.0}, "total_ms": {"median": 55.0},
                                   "images_per_s": 18.0, "peak_mem_bytes": 3 * 2**30}}},
-    "flops": {"total": 2e12, "ar": 1.8e12}, "wall_s": 12.0,
+    "flops": {"total": 2e12, "ar": 1.8e12, "text_encoder": 1e11, "vae_decode": 3e11, "end_to_end": 2.4e12},
+    "wall_s": 12.0,
 }
 
 
@@ -27,6 +28,9 @@ def test_summary_flattening():
     assert s["geneval/overall"] == 0.7 and s["geneval/overall_err"] == 0.02 and "hpsv2/score_err" not in s
     assert s["timing/bs1/ar_ms"] == 40.0 and s["timing/bs1/peak_mem_gb"] == 3.0
     assert s["flops/total"] == 2e12 and s["wall_s"] == 12.0
+    assert s["flops/end_to_end"] == 2.4e12 and s["flops/vae_decode"] == 3e11 and s["flops/text_encoder"] == 1e11
+    old = summary_from_record({**RECORD, "flops": {"total": 2e12, "ar": 1.8e12, "end_to_end": None}})
+    assert "flops/end_to_end" not in old and old["flops/total"] == 2e12    # not counted: absent, never 0
 
 
 class _FakeRun:

@@ -45,7 +45,9 @@ baseline for every evaluator both report; otherwise the error names the evaluato
 Columns added: ``is_baseline``, ``speedup`` = baseline ar_ms / ar_ms and ``e2e_speedup`` = baseline
 total_ms / total_ms (text + AR + decode): the *unpaired* ratios of separately timed jobs, kept in
 the CSVs only (they drift with the machine: 2x between jobs on a shared CPU), ``flops_x`` =
-baseline flops_total / flops_total (shown as "FLOPs ×"). The paired speed-ups come from each
+baseline flops_total / flops_total (transformer only, shown as "FLOPs × (transformer)") and
+``flops_x_e2e`` = baseline flops_e2e / flops_e2e (with the text encoder and the VAE decode, shown as
+"FLOPs × (end to end)"). The paired speed-ups come from each
 record (:func:`varbench.records.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
 (median per-repeat ratio against the baseline timed interleaved in the method's own job),
 ``paired_speedup_ci_low/high``, ``paired_e2e_speedup_ci_low/high``, ``paired_speedup_ci_level``,
@@ -61,7 +63,7 @@ Reading the results in pandas::
 
     df = pd.read_csv("results/nova_sweep/tidy.csv")   # one row per record, every column above
     df[["method_preset", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
-        "n_repeats", "speedup_reliable", "flops_x"]]
+        "n_repeats", "speedup_reliable", "flops_x", "flops_x_e2e"]]
 """
 from __future__ import annotations
 
@@ -192,7 +194,7 @@ def _describe(row, base, what: Sequence[str]) -> str:
 
 def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool = False,
                        keys: Sequence[str] = PAIR_KEYS):
-    """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x and
+    """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x, flops_x_e2e and
     ``<metric>_delta`` columns (see module docstring). Raises AggregationError on mismatch."""
     import pandas as pd
 
@@ -219,7 +221,7 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     for row in records:
         out = {"baseline_entry": None, "is_baseline": row.get("method") == baseline,
                "speedup": float("nan"), "e2e_speedup": float("nan"),
-               "flops_x": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
+               "flops_x": float("nan"), "flops_x_e2e": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
         diffs = [(b, _differs(row, b, keys)) for b in base_rows]
         match = [b for b, d in diffs if not d]
         who = f"{row.get('method_label')!r} (entry {row.get('entry_id')})"
@@ -258,6 +260,7 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
         out["speedup"] = _ratio(base.get("ar_ms"), row.get("ar_ms"))
         out["e2e_speedup"] = _ratio(base.get("total_ms"), row.get("total_ms"))
         out["flops_x"] = _ratio(base.get("flops_total"), row.get("flops_total"))
+        out["flops_x_e2e"] = _ratio(base.get("flops_e2e"), row.get("flops_e2e"))
         for m in delta_metrics:
             a, b = row.get(m), base.get(m)
             if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
@@ -296,7 +299,7 @@ WIDE_COLUMNS: tuple[str, ...] = (
     "method", "method_preset", "method_label", "entry_id", "baseline_entry", "is_baseline", "prompts_sha256",
     "n_images", "n_repeats", "ar_ms", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
     "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
-    "speedup_reliable", "unreliable_reason", "speedup", "e2e_speedup", "flops_x", "identical_images",
+    "speedup_reliable", "unreliable_reason", "speedup", "e2e_speedup", "flops_x", "flops_x_e2e", "identical_images",
     "skipped_metrics")
 
 

@@ -10,8 +10,14 @@ Counted per scale from its trace entry (rows = 2B with CFG, executed tokens per 
   entropy signal  2*rows*n_ent*n_kv*C (the extra score pass for requested attention entropies)
 Per generation (`text_flops`): the pooled SOS, the text projection for cross-attention and each
 block's text K/V projection (computed once per generation by this runtime). Norms, RoPE,
-softmax exponentials, AdaLN vectors and the VAE are not counted: they are O(L*C), not O(L*C^2).
+softmax exponentials and AdaLN vectors are not counted: they are O(L*C), not O(L*C^2).
 These are hardware-independent numbers CI can gate on.
+
+All of the above is the **transformer only** (``flops.total``; the "text" part is the transformer's
+own text-side projections, not the T5 encoder). The stages around it, the text encoder and the VAE
+decoder, are counted in :mod:`varbench.stage_flops`; :func:`with_end_to_end` adds them to an
+image's work and ``flops.end_to_end`` = transformer + text encoder + VAE decode. The decoder is
+~8.6% of the 2B baseline at 1024², so a method's end-to-end ratio is lower than its transformer one.
 """
 from __future__ import annotations
 
@@ -100,6 +106,29 @@ def image_work(flops: dict, trace: list[dict]) -> dict:
             "executed_tokens": float(executed), "dense_tokens": int(dense)}
 
 
+def with_end_to_end(work: dict, text_encoder: float | None, vae_decode: float | None) -> dict:
+    """``work`` (from :func:`image_work`) with its ``flops`` block extended by the stages around the
+    transformer (:mod:`varbench.stage_flops`, per image): ``text_encoder``, ``vae_decode`` and
+    ``end_to_end`` = transformer total + both (None when either is not countable)."""
+    f = work["flops"]
+    f["text_encoder"], f["vae_decode"] = text_encoder, vae_decode
+    f["end_to_end"] = None if text_encoder is None or vae_decode is None else f["total"] + text_encoder + vae_decode
+    return work
+
+
+def end_to_end_summary(rows: list[dict]) -> dict:
+    """Means over trace rows' ``work.flops`` of ``text_encoder``, ``vae_decode`` and ``end_to_end``
+    (None when any row lacks one: rows stored before these counts existed, or an uncountable
+    stage), and the spread of per-image ``end_to_end``."""
+    out = {}
+    for key in ("text_encoder", "vae_decode", "end_to_end"):
+        vals = [r["work"]["flops"].get(key) for r in rows]
+        out[key] = None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
+    e2e = [r["work"]["flops"]["end_to_end"] for r in rows] if out["end_to_end"] is not None else []
+    out["end_to_end_per_image"] = _spread(e2e)
+    return out
+
+
 def _spread(values: list[float]) -> dict:
     import statistics
 
@@ -124,6 +153,7 @@ def work_summary(rows: list[dict]) -> dict:
     keep = [r["work"]["executed_tokens"] / r["work"]["dense_tokens"] for r in rows if r["work"]["dense_tokens"]]
     flops = {"total": sum(totals) / len(rows), "text": sum(texts) / len(rows), "ar": sum(per_scale),
              "per_scale": per_scale, "per_image": _spread(totals)}
+    flops.update(end_to_end_summary(rows))   # + text encoder, VAE decode, end to end
     work = {"executed_tokens": _spread(executed), "dense_tokens": rows[0]["work"]["dense_tokens"],
             "keep_fraction": _spread(keep)}
     return {"flops": flops, "work": work}

@@ -40,7 +40,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
-from .flops import image_work, work_summary
+from .flops import image_work, with_end_to_end, work_summary
+from .stage_flops import stage_flops
 from .interrupt import GracefulStop, uninterruptible
 from .locks import DEFAULT_WAIT_S
 from .prompts import PromptSet, load_prompt_set
@@ -185,12 +186,14 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
                 out = rt.generate([it.prompt for it, _ in batch],
                                   [image_seed(cfg.generation.seed, it.index, s) for it, s in batch], policy, **kw)
                 rows, written = [], []
+                stages = stage_flops(rt, [it.prompt for it, _ in batch], out.summed_codes.shape[-2:],
+                                     kw.get("negative_prompt"))   # text encoder + VAE decode per image
                 for b, (item, s) in enumerate(batch):
                     if (item.index, s) not in wanted:
                         continue
                     _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
                                                   metadata={**item.metadata, "prompt": item.prompt})
-                    rows.append(_trace_row(out, b, item.index, s, method_name))
+                    rows.append(_trace_row(out, b, item.index, s, method_name, stages[b]))
                     written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
                 store.commit(written)
@@ -482,9 +485,10 @@ def _gen_kwargs(cfg: DictConfig, rt) -> dict:
     return kw
 
 
-def _trace_row(out, b: int, p: int, s: int, method: str) -> dict:
+def _trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = None) -> dict:
     """Image b's trace row: per scale what its (sub-)batch ran, its entropy, and its own FLOPs and
-    policy stats (per-image decisions give every image its own)."""
+    policy stats (per-image decisions give every image its own); ``stages``: its text-encoder and
+    VAE-decode FLOPs (:func:`varbench.stage_flops.stage_flops`) for the end-to-end count."""
     scales = []
     for si, tr in enumerate(out.image_traces[b]):
         keep = None
@@ -496,7 +500,10 @@ def _trace_row(out, b: int, p: int, s: int, method: str) -> dict:
                        "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms")})
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
             "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
-            "work": image_work(out.image_flops[b], out.image_traces[b]), "stats": _jsonable(out.image_stats[b])}
+            # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
+            "work": with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
+                                    (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
+            "stats": _jsonable(out.image_stats[b])}
 
 
 def _jsonable(obj):

@@ -36,7 +36,8 @@ What a job's run holds:
   interleaved in the job) with ``paired/speedup_ci_low``, ``_ci_high``, ``paired/speedup_ci_level``,
   ``paired/e2e_speedup`` (+ interval), ``paired/n_repeats``, ``paired/speedup_reliable``,
   ``paired/unreliable_reason``, and once a baseline record pairs with it ``paired/baseline_entry``,
-  ``paired/flops_x``, ``paired/speedup_separate_jobs`` and ``paired/e2e_speedup_separate_jobs`` and
+  ``paired/flops_x`` (transformer only), ``paired/flops_x_e2e`` (end to end),
+  ``paired/speedup_separate_jobs`` and ``paired/e2e_speedup_separate_jobs`` and
   one ``<evaluator>/<metric>_delta`` per metric (none for evaluators relative to the baseline,
   e.g. fidelity). ``paired/status`` says which: ``paired``, ``is baseline``, ``no baseline record
   finished yet in <folder>`` (the sweep run's table has the deltas once it is), or ``unpaired: <why>``;
@@ -89,7 +90,7 @@ PAIRED_KEYS: dict[str, str] = {
 }
 #: columns that exist only once a baseline record pairs with this one
 BASELINE_KEYS: dict[str, str] = {
-    "baseline_entry": "paired/baseline_entry", "flops_x": "paired/flops_x",
+    "baseline_entry": "paired/baseline_entry", "flops_x": "paired/flops_x", "flops_x_e2e": "paired/flops_x_e2e",
     "speedup": "paired/speedup_separate_jobs", "e2e_speedup": "paired/e2e_speedup_separate_jobs",
 }
 

@@ -78,9 +78,10 @@ Entry folder ``<root>/entries/<entry_hash>/``:
                                        "ar_ms": {...}, "decode_ms": {...}, "total_ms": {...},
                                        "images_per_s": float, "peak_mem_bytes": int|null,
                                        "per_scale_ms": [float, ...]}}},
-      "flops": {"total": float,     # per image, whole pipeline as counted by the runtime
+      "flops": {"total": float,     # per image, transformer only (its text projections + AR loop)
                 "ar": float,        # the next-scale transformer loop only
-                "per_scale": [float, ...]},
+                "per_scale": [float, ...],
+                "end_to_end": float|null},  # + text encoder + VAE decode (varbench.schema.Flops)
       "provenance": {...},          # varbench.provenance.collect_provenance()
       "wall_s": float
     }
@@ -661,6 +662,7 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "peak_mem_gb": peak / 2**30 if peak is not None else nan,  # GiB
         "flops_total": float(flops["total"]) if flops.get("total") is not None else nan,
         "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,
+        "flops_e2e": float(flops["end_to_end"]) if flops.get("end_to_end") is not None else nan,
         "identical_images": _identical_images(rec, path),
         "skipped_metrics": _skipped_metrics(evals),
         "wall_s": rec.get("wall_s"),
@@ -696,8 +698,8 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     the column bounded), paired_speedup_ci_level (the coverage attained), n_repeats,
     reference_spread (the baseline's own p90-p10 over median), ar_spread and ar_ms_reliable (the
     row's own AR repeats' p90-p10 over median, within ``timing.max_reference_spread``), timing_order, speedup_reliable
-    (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total,
-    flops_ar, identical_images (every image bit-identical to the baseline's, from fidelity; None
+    (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total
+    (transformer only), flops_ar, flops_e2e (transformer + text encoder + VAE decode), identical_images (every image bit-identical to the baseline's, from fidelity; None
     without it), skipped_metrics (evaluator parts skipped, e.g. LPIPS without weights), wall_s,
     path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
     evaluator's standard error of the mean; fidelity's PSNR mean caps identical pairs, see

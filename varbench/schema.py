@@ -105,13 +105,25 @@ class Timing(TypedDict):
 
 
 class Flops(TypedDict):
-    """Analytic FLOPs per image (varbench/flops.py), means over the record's images."""
+    """Analytic FLOPs per image, means over the record's images (a multiply-add = 2).
 
-    total: float             # text encoder + AR loop
-    text: float
-    ar: float                # sum of per_scale
+    ``total``, ``text``, ``ar``, ``per_scale`` and ``per_image`` are the **transformer only**
+    (varbench/flops.py; what CI gates on and the "FLOPs × (transformer)" column). The stages around
+    it (varbench/stage_flops.py) are separate: ``text_encoder`` (flan-t5-xl over its 512 padded
+    tokens, or the word encoder), ``vae_decode`` (the decoder at the generated resolution, once per
+    image whatever the method skipped) and ``end_to_end`` = total + text_encoder + vae_decode
+    (the "FLOPs × (end to end)" column). The three are None for records whose traces predate them
+    or whose encoder/VAE the count does not know."""
+
+    total: float             # transformer only: its text-side projections + the AR loop
+    text: float              # the transformer's text-side projections (pooled SOS, cross-attention K/V), not T5
+    ar: float                # sum of per_scale (the next-scale loop)
     per_scale: list
-    per_image: Spread        # of per-image totals
+    per_image: Spread        # of per-image transformer totals
+    text_encoder: Optional[float]   # T5 / word encoder, this image's share of its generation's encodes
+    vae_decode: Optional[float]     # VAE decoder, one decode at the final latent grid
+    end_to_end: Optional[float]     # total + text_encoder + vae_decode
+    end_to_end_per_image: Spread    # of per-image end_to_end (n = 0 when end_to_end is None)
 
 
 class Work(TypedDict):

@@ -9,7 +9,9 @@ device and the baseline entry.
 
 Columns: ``method`` (the preset chosen, e.g. ``nova_fast``; the policy name alone would merge
 variants), ``label``, ``n`` (images scored / timed repeats), ``AR (ms)`` (median), the paired
-speed-ups (AR loop and end to end) with their intervals, ``FLOPs ×``, then per metric its value
+speed-ups (AR loop and end to end) with their intervals, ``FLOPs × (transformer)`` (the
+transformer's count alone, what methods change) and ``FLOPs × (end to end)`` (with the text encoder
+and the VAE decode every method still pays; ``–`` for records without that count), then per metric its value
 ``± err`` and ``Δ`` against the baseline (absent for metrics that already compare with the
 baseline's image, and ``—`` on the baseline's own row). An evaluator with an ``overall`` metric
 shows only that; GenEval-style evaluators get a per-tag breakdown table (six tags + overall).
@@ -166,7 +168,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     metrics = table_metrics(table)
     geneval = geneval_evaluators(table)
     header = ["method", "label", "n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]",
-              "paired speed-up e2e [CI]", "FLOPs ×"]
+              "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)"]
     for m in metrics:
         header += [metric_header(m)] + ([f"Δ {metric_header(m)}"] if f"{m}_delta" in table.columns else [])
     groups: dict[tuple, list] = {}
@@ -194,10 +196,10 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                                      r.get("paired_speedup_ci_high"), r.get("speedup_reliable"), n_rep),
                           speed_cell(r.get("paired_e2e_speedup"), r.get("paired_e2e_speedup_ci_low"),
                                      r.get("paired_e2e_speedup_ci_high"), r.get("speedup_reliable"), n_rep)]
-            fx = r.get("flops_x")
+            fx, fx_e2e = r.get("flops_x"), r.get("flops_x_e2e")
             ar = _num(r.get("ar_ms"), 1) + (f" {DAGGER}" if _flag(r.get("ar_ms_reliable")) is False else "")
             cells = [name, str(r.get("method_label")), n, ar, *speeds,
-                     "–" if _nan(fx) else f"{float(fx):.2f}×"]
+                     *("–" if _nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e))]
             for m in metrics:
                 short = m.rsplit("/", 1)[-1]
                 digits = METRIC_DIGITS.get(short, 4)
@@ -230,6 +232,9 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
              "prompt has several images), not a confidence interval; n/a for one image. Δ = value − "
              "baseline value on the same prompts and seeds (no ±: the two errors are correlated); "
              "— on the baseline's own row."]
+    notes.append("FLOPs × = baseline FLOPs / method FLOPs per image, analytic (a multiply-add = 2): "
+                 "(transformer) counts the transformer alone; (end to end) adds the text encoder and the VAE "
+                 "decode, which every method runs unchanged, so it is the smaller ratio.")
     rows = [r for _, r in table.iterrows()]
     bad = [r for r in rows if not _is_base(r, baseline) and _flag(r.get("speedup_reliable")) is False]
     if bad:

@@ -10,8 +10,9 @@ Usage::
 
 ``summary_from_record`` flattens a record into the flat metrics (``<evaluator>/<metric>`` and
 ``..._err``), timing medians of every batch size (``timing/bs<k>/<part>_ms``,
-``timing/bs<k>/images_per_s``, ``timing/bs<k>/peak_mem_gb``), ``flops/total``, ``flops/ar`` and
-``wall_s``. Every run is opened with ``reinit="finish_previous"``, so the jobs of a Hydra multirun
+``timing/bs<k>/images_per_s``, ``timing/bs<k>/peak_mem_gb``), ``flops/total`` and ``flops/ar``
+(transformer only), ``flops/text_encoder``, ``flops/vae_decode``, ``flops/end_to_end`` (transformer +
+both; absent when not counted) and ``wall_s``. Every run is opened with ``reinit="finish_previous"``, so the jobs of a Hydra multirun
 that share one process never merge into one run.
 
 Modes: ``online`` needs network and an API key (without network, W&B waits ``init_timeout``
@@ -76,7 +77,7 @@ def summary_from_record(record: Mapping) -> dict[str, float]:
         if tb.get("peak_mem_bytes") is not None:
             out[f"timing/bs{bs}/peak_mem_gb"] = tb["peak_mem_bytes"] / 2**30
     flops = record.get("flops") or {}
-    for k in ("total", "ar"):
+    for k in ("total", "ar", "text_encoder", "vae_decode", "end_to_end"):
         if flops.get(k) is not None:
             out[f"flops/{k}"] = flops[k]
     if record.get("wall_s") is not None:
