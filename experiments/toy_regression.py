@@ -44,7 +44,7 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
             method_cfg.knobs[k] = v
         policy = build_policy_from_cfg(method_cfg)
         ev = ToyGenEval()
-        flops = None
+        flops = 0.0
         for i in range(0, n_prompts, 8):
             chunk = prompts[i:i + 8]
             res = rt.generate([p["prompt"] for p in chunk], [1000 * (i + j) for j in range(len(chunk))], policy,
@@ -53,7 +53,7 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
 
             ev.update([Sample(prompt_index=i + j, sample_index=0, prompt=p["prompt"], metadata=p["metadata"],
                               image=Image.fromarray(res.images[j].numpy())) for j, p in enumerate(chunk)])
-            flops = res.flops["total"] / len(chunk)
+            flops += res.flops["total"] / n_prompts   # the mean over every prompt (adaptive methods vary)
         r = ev.compute()
         out[name] = {"toy_geneval": r.metrics["overall"],
                      "per_tag": {k: v for k, v in r.metrics.items() if k != "overall"}, "flops": flops}
