@@ -72,14 +72,15 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from varbench.records import SealError, find_entries, metric_columns, records_to_frame
+from varbench.errors import FixableError
+from varbench.records import find_entries, metric_columns, records_to_frame
 
 PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
                               "n_images", "device", "dtype")
 GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
 
 
-class AggregationError(ValueError):
+class AggregationError(FixableError, ValueError):
     """Rows that cannot be compared honestly (no matching baseline, differing evaluators)."""
 
 
@@ -408,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
                            figures=not args.no_figures)
-    except (AggregationError, SealError) as e:  # a broken or legacy-sealed entry: one message, no traceback
+    except FixableError as e:  # unpaired rows, a broken or legacy-sealed entry, a garbled file: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     print((out / "table.md").read_text(encoding="utf-8"))   # its notes name unfinished entries

@@ -99,6 +99,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from varbench.errors import FixableError, GarbledFileError, writing
 from varbench.store import PAIR_KEYS, atomic_write_bytes, canonical_json, config_hash, generation_key
 from varbench.locks import DEFAULT_WAIT_S
 from varbench.store import pair_key as _store_pair_key
@@ -107,15 +108,15 @@ SCHEMA_VERSION = 1
 
 
 
-class EntryFinishedError(RuntimeError):
+class EntryFinishedError(FixableError, RuntimeError):
     """Attempt to rewrite an entry that has DONE (pass force=True to mean it)."""
 
 
-class EntryLockedError(RuntimeError):
+class EntryLockedError(FixableError, RuntimeError):
     """Another job holds the entry's LOCK."""
 
 
-class SealError(ValueError):
+class SealError(FixableError, ValueError):
     """A finished entry does not match its DONE seal (or DONE itself is empty or garbled)."""
 
 
@@ -159,6 +160,11 @@ def _dumps_line(row: Mapping) -> str:
     return json.dumps(row, ensure_ascii=False, default=_json_default, allow_nan=True) + "\n"
 
 
+#: what to do about a garbled line: each line is one image's row, and a relaunch redoes what has no row
+_JSONL_FIX = ("Fix: delete that line (a relaunch regenerates or rescores what it described), or the file; "
+              "in a finished entry, rerun its job with runtime.force=true")
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Rows of a JSONL file; a truncated (unterminated, unparsable) last line is dropped."""
     path = Path(path)
@@ -176,13 +182,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         except ValueError as e:      # JSONDecodeError, or UnicodeDecodeError (bytes cut mid-character)
             if torn:
                 break
-            raise ValueError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write): "
-                             f"{e}; the line starts {line[:60]!r}") from None
+            raise GarbledFileError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write): "
+                                   f"{e}; the line starts {line[:60]!r}. {_JSONL_FIX}") from None
         if not isinstance(row, dict):
             if torn:
                 break
-            raise ValueError(f"{path}: line {i + 1} is {type(row).__name__} JSON, not an object (each line of a "
-                             f"record's .jsonl is one row): {line[:60]!r}")
+            raise GarbledFileError(f"{path}: line {i + 1} is {type(row).__name__} JSON, not an object (each line of "
+                                   f"a record's .jsonl is one row): {line[:60]!r}. {_JSONL_FIX}")
         rows.append(row)
     return rows
 
@@ -212,7 +218,7 @@ def read_json(path: str | os.PathLike) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
+        raise GarbledFileError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -223,15 +229,16 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> int:
     """Append rows (one JSON object per line), flush and fsync; returns the count written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _repair_tail(path)
     text = "".join(_dumps_line(r) for r in rows)
-    if not text:
-        return 0
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    with writing(path):      # a read-only or full disk: one error naming the file and the fix
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _repair_tail(path)
+        if not text:
+            return 0
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
     return text.count("\n")
 
 
@@ -293,7 +300,8 @@ class RunEntry:
         """
         from varbench.locks import FileLock, clean_stray_tmp
 
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with writing(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "LOCK"
         with FileLock(path, what=f"entry {self.dir}", wait_s=wait_s, error=EntryLockedError):
             clean_stray_tmp(self.dir, recursive=True, patterns=("*.tmp",))   # only this entry's writers, all locked out

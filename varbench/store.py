@@ -63,6 +63,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from varbench.errors import FixableError, writing
 from varbench.locks import DEFAULT_WAIT_S, FileLock, clean_stray_tmp, file_mode
 
 #: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
@@ -214,6 +215,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     ``.<name>.<random>.tmp`` file, removed by :func:`varbench.locks.clean_stray_tmp` when the next
     job takes the folder's lock."""
     path = Path(path)
+    with writing(path):      # a read-only or full disk: one error naming the file and the fix
+        _atomic_write(path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -228,7 +234,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-class ImageHashError(ValueError):
+class ImageHashError(FixableError, ValueError):
     """A stored image's file does not match the sha256 recorded when it was written."""
 
 

@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import FixableError
+
 #: classifier file stems of the release (infinity.py line 287 uses Logistic_Regression)
 CLASSIFIERS = ("Logistic_Regression", "Decision_Tree", "Random_Forest")
 #: feature names, in the released order (`sample_input = [[diff_hf, new_ratio]]`)
@@ -93,7 +95,7 @@ def features_from_images(new_img: torch.Tensor, old_img: torch.Tensor, n_feature
 
 
 # -------------------------------------------------------------------------------- decision models
-class DecisionModelError(RuntimeError):
+class DecisionModelError(FixableError, RuntimeError):
     """A SkipVAR decision-model folder is missing, incomplete or not in the released format."""
 
 
