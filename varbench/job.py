@@ -40,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
+from .errors import FixableError
 from .flops import image_work, work_summary
 from .interrupt import GracefulStop, uninterruptible
 from .locks import DEFAULT_WAIT_S
@@ -456,7 +457,12 @@ class _no_empty_folder:
 
 
 def _entry_traces(job: Job) -> list[dict]:
-    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl."""
+    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl.
+
+    The copy is one atomic write, redone whenever the entry's file differs (a copy cut short by an
+    older varbench, a kill or a full disk is replaced, never kept), and the store must hold a row
+    for every image: short of that, :class:`TraceCountError` stops the job before DONE (keep-ratio
+    heatmaps, entropy figures and the W&B per-scale table would silently read fewer images)."""
     path = job.store.dir / "traces.jsonl"
     wanted = {(it.index, s) for it, s in job.all_keys}
     latest = {}
@@ -465,9 +471,25 @@ def _entry_traces(job: Job) -> list[dict]:
         if k in wanted:
             latest[k] = row
     rows = [latest[k] for k in sorted(latest)]
-    if rows and not job.entry.traces_path.exists():
-        job.entry.append_traces(rows)
+    if len(rows) != len(wanted):
+        lacking = sorted(wanted - set(latest))
+        shown = ", ".join(f"prompt {p} sample {s}" for p, s in lacking[:5]) + (" ..." if len(lacking) > 5 else "")
+        raise TraceCountError(
+            f"{path} holds trace rows for {len(rows)} of the {len(wanted)} images of this entry (none for {shown}); "
+            f"the entry is not marked done. Fix: delete those images' lines from {job.store.index_path} (a relaunch "
+            f"regenerates them with their traces), or the store folder {job.store.dir}")
+    if rows:
+        current = read_jsonl(job.entry.traces_path) if job.entry.traces_path.exists() else None
+        if current != rows:
+            job.entry.write_traces(rows, force=bool(job.cfg.runtime.force))
+        if len(read_jsonl(job.entry.traces_path)) != len(rows):  # read back: what DONE will seal
+            raise TraceCountError(f"{job.entry.traces_path} does not hold the {len(rows)} rows just written; "
+                                  "relaunch the job (the copy is redone)")
     return rows
+
+
+class TraceCountError(FixableError):
+    """The trace rows of an entry do not cover every one of its images."""
 
 
 def _gen_kwargs(cfg: DictConfig, rt) -> dict:

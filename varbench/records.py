@@ -331,6 +331,15 @@ class RunEntry:
         self._check_writable(force)
         return append_jsonl(self.traces_path, rows)
 
+    def write_traces(self, rows: Iterable[Mapping], force: bool = False) -> int:
+        """Replace ``traces.jsonl`` by ``rows`` in one atomic write (temp file + ``os.replace``): a
+        kill or a full disk mid-copy leaves the old file or the whole new one, never a part that a
+        relaunch would take for complete. Returns the row count."""
+        self._check_writable(force)
+        rows = list(rows)
+        atomic_write_bytes(self.traces_path, "".join(_dumps_line(r) for r in rows).encode("utf-8"))
+        return len(rows)
+
     def _sealed_files(self) -> list[str]:
         """Relative (posix) paths of the files DONE seals: every regular file but DONE, any LOCK
         and dot-named (temp or marker) files."""
