@@ -75,6 +75,7 @@ class Job:
     preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
     t0: float
     wandb: Any = None          # the job's W&B run (:class:`varbench.publish.JobRun`), open once it holds its lock
+    method_files: dict = dataclasses.field(default_factory=dict)   # {name: sha256} of the files the method loads
 
     @property
     def prompts_per_block(self) -> int:
@@ -132,11 +133,13 @@ def prepare_job(cfg: DictConfig) -> Job:
     _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
     prompt_set = load_prompt_set(cfg.benchmark)
     weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
+    mfiles = method_file_hashes(resolved.get("method") or {})   # e.g. SkipVAR's decision models, retrained in place
     store_root = Path(cfg.paths.store_dir)
-    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256))
-    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256))
+    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
+                                                                       method_files=mfiles))
+    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
     return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
-               method_preset(cfg), t0)
+               method_preset(cfg), t0, method_files=mfiles)
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -280,7 +283,7 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
                   "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
                   "weights": job.weights},
         "method": {"name": cfg.method.name, "preset": job.preset, "label": cfg.method.get("label"),
-                   "config": OmegaConf.to_container(cfg.method, resolve=True),
+                   "config": OmegaConf.to_container(cfg.method, resolve=True), "files": job.method_files,
                    "stats": first.get("stats") or {}},   # the first image's; every image's are in traces.jsonl
         "benchmark": {**job.prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
         "evaluators": {k: v["version"] for k, v in scores.items()},
@@ -557,6 +560,28 @@ def _weight_files(model_cfg) -> dict:
         if p:
             out[Path(str(p)).name] = str(p)
     return out
+
+
+def method_file_hashes(method: dict) -> dict:
+    """``{name: sha256}`` of the files a method loads besides the model's weights: SkipVAR's four
+    decision-model files (``decision_models/<file>``; a ``compose`` member's as
+    ``policies[i].decision_models/<file>``). They are hashed into the generation and entry keys, as
+    the weights are: retraining a decision-model folder in place (``experiments.skipvar_train`` into
+    the same ``--out``) makes new images and a new record. Files that are absent contribute nothing
+    (the policy reports them, naming the folder, when it loads)."""
+    from .policies.skipvar_features import decision_model_paths
+
+    knobs = method.get("knobs") or {}
+    members = [("", method.get("name"), knobs)]
+    if method.get("name") == "compose":
+        members = [(f"policies[{i}].", m.get("name"), m.get("knobs") or {})
+                   for i, m in enumerate(knobs.get("policies") or []) if isinstance(m, dict)]
+    named = {}
+    for prefix, name, kn in members:
+        if name == "skipvar":
+            paths = decision_model_paths(kn.get("decision_models"), kn.get("classifier") or "Logistic_Regression")
+            named.update({f"{prefix}decision_models/{n}": p for n, p in paths.items()})
+    return weight_hashes(named)
 
 
 def _weight_hashes(model_cfg) -> dict:
