@@ -361,11 +361,24 @@ def _finished(job: Job) -> bool:
     if not job.entry.is_done() or job.cfg.runtime.force:
         return False
     job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
-    print(f"[varbench] skip (finished): {job.entry.dir}")
     record = job.entry.read()
+    print(f"[varbench] skip (finished): {job.entry.dir} {_written_by(record)}")
     republish(job, record)
     print(result_line(record, job_position(_job_num())))
     return True
+
+
+def _written_by(record: dict) -> str:
+    """``(written by commit <sha>)``, and when this code is another commit, says so and how to redo it:
+    a relaunch from newer code would otherwise keep an old record without a word."""
+    from .provenance import git_info
+    from .records import code_version
+
+    then, now = code_version(record), code_version({"provenance": {"git": git_info()}})
+    if then == now:
+        return f"(written by commit {then}, this code)"
+    return (f"(written by commit {then}; this code is {now}: the record is the older code's, rerun with "
+            f"runtime.force=true to redo it)")
 
 
 def _run_shard(job: Job) -> dict | None:

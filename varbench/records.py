@@ -621,6 +621,23 @@ def _identical_images(rec: Mapping, path: str | None) -> bool | None:
     return bool(cap is not None and psnr is not None and psnr >= cap and ssim == 1.0)
 
 
+def _git(rec: Mapping) -> Mapping:
+    git = (rec.get("provenance") or {}).get("git") if isinstance(rec.get("provenance"), Mapping) else None
+    return git if isinstance(git, Mapping) else {}
+
+
+def code_version(rec_or_row: Mapping) -> str:
+    """``<12-digit sha>`` of the commit that wrote a record (or a frame row), ``+dirty`` when its
+    checkout had uncommitted changes; ``unknown commit`` outside a git checkout."""
+    if "git_sha" in rec_or_row:
+        sha, dirty = rec_or_row.get("git_sha"), rec_or_row.get("git_dirty")
+    else:
+        sha, dirty = _git(rec_or_row).get("sha"), _git(rec_or_row).get("dirty")
+    if not isinstance(sha, str) or not sha:
+        return "unknown commit"
+    return sha[:12] + ("+dirty" if str(dirty).lower() == "true" else "")   # numpy/pandas booleans too
+
+
 def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     """Flatten one record into the tidy frame's columns (see :func:`records_to_frame`)."""
     nan = float("nan")
@@ -681,6 +698,9 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "identical_images": _identical_images(rec, path),
         "skipped_metrics": _skipped_metrics(evals),
         "wall_s": rec.get("wall_s"),
+        # the code that wrote the record (provenance.git): tables name the commits when they differ
+        "git_sha": _git(rec).get("sha"),
+        "git_dirty": _git(rec).get("dirty"),
         "path": path,
     }
     for name, info in evals.items():
@@ -716,7 +736,7 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total,
     flops_ar, identical_images (every image bit-identical to the baseline's, from fidelity; None
     without it), skipped_metrics (evaluator parts skipped, e.g. LPIPS without weights), wall_s,
-    path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
+    git_sha and git_dirty (``provenance.git`` of the code that wrote the record), path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
     evaluator's standard error of the mean; fidelity's PSNR mean caps identical pairs, see
     ``identical_images``).
     """
