@@ -6,9 +6,7 @@ to the command line's handler, which must print only the message and exit 2."""
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
