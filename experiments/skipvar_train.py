@@ -20,8 +20,10 @@ Method card (training; the release ships trained models, no training code):
      the README's 3k samples).
   5. as released (the pickled estimators' parameters): StandardScaler, then
      LogisticRegression(C=1, lbfgs, max_iter=1500, multinomial), DecisionTreeClassifier(max_depth=8),
-     RandomForestClassifier(n_estimators=200, max_depth=6); saved with joblib.dump as
-     {skip,uncond}_model_{Logistic_Regression,Decision_Tree,Random_Forest}.pkl + {skip,uncond}_model_scaler.pkl.
+     RandomForestClassifier(n_estimators=200, max_depth=6). Saved (a varbench choice, not the
+     release's joblib pickles, which run code when loaded) with skops as
+     {skip,uncond}_model_{Logistic_Regression,Decision_Tree,Random_Forest}.skops + {skip,uncond}_model_scaler.skops:
+     the same estimators, loaded back without running code.
   6. reconstructed: a class set with a single label (few prompts, or a model where no action
      ever keeps the threshold) is fitted as scikit-learn's DummyClassifier (most frequent / constant
      0), in the same files; report.json says so.
@@ -202,10 +204,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from varbench.build import build_runtime, resolve_device, resolve_dtype
     from varbench.job import _gen_kwargs, image_seed
-    from varbench.policies.skipvar_features import CLASSIFIERS, _require_joblib
+    from varbench.policies.skipvar_features import CLASSIFIERS, _require_joblib, _require_skops
     from varbench.prompts import load_prompt_set
 
     _require_joblib()
+    _require_skops()      # the models are written in skops' format: fail before generating anything
     classifiers = list(CLASSIFIERS) if a.classifier == "all" else [a.classifier]
     for c in classifiers:
         if c not in CLASSIFIERS:

@@ -293,6 +293,8 @@ def test_knob_validation():
 
 
 # ----------------------------------------------------------------------------- loader (released format)
+# joblib pickles made here are not the released bytes: these tests load them with trust=True (the
+# trust rule itself is tested in tests/test_skipvar_trust.py)
 def _fit_folder(tmp_path: Path, n_features=2, classifier="Logistic_Regression", uncond_classes=(1, 2, 3)):
     pytest.importorskip("sklearn")
     import joblib
@@ -320,7 +322,7 @@ def _fit_folder(tmp_path: Path, n_features=2, classifier="Logistic_Regression", 
 @pytest.mark.parametrize("classifier", ["Logistic_Regression", "Decision_Tree"])
 def test_loader_reads_the_released_layout_and_predicts_as_sklearn(tmp_path, classifier):
     X, (s_m, s_sc, u_m, u_sc) = _fit_folder(tmp_path, classifier=classifier)
-    dm = load_decision_models(tmp_path, classifier)
+    dm = load_decision_models(tmp_path, classifier, trust=True)
     assert dm.n_features == 2
     k, j = dm.predict(X[:50])
     k_ref = s_m.predict(s_sc.transform(X[:50]))   # infinity.py 752-753, then 760-761 where k == 0
@@ -332,9 +334,9 @@ def test_loader_reads_the_released_layout_and_predicts_as_sklearn(tmp_path, clas
 
 def test_loader_diff_only_models(tmp_path):
     X, _ = _fit_folder(tmp_path, n_features=1)
-    dm = load_decision_models(tmp_path)
+    dm = load_decision_models(tmp_path, trust=True)
     assert dm.n_features == 1
-    pol = SkipVAR(decision_models=str(tmp_path))
+    pol = SkipVAR(decision_models=str(tmp_path), trust_decision_models=True)
     assert pol.n_features == 1                         # the policy then computes [HF_Diff] only
 
 
@@ -346,15 +348,15 @@ def test_loader_is_strict(tmp_path):
     _fit_folder(tmp_path)
     (tmp_path / "uncond_model_scaler.pkl").unlink()
     with pytest.raises(DecisionModelError, match=r"lacks \['uncond_model_scaler.pkl'\]"):
-        load_decision_models(tmp_path)
+        load_decision_models(tmp_path, trust=True)
     import joblib
 
     joblib.dump({"not": "a scaler"}, tmp_path / "uncond_model_scaler.pkl")
     with pytest.raises(DecisionModelError, match="not a fitted scikit-learn estimator"):
-        load_decision_models(tmp_path)
+        load_decision_models(tmp_path, trust=True)
     (tmp_path / "uncond_model_scaler.pkl").write_bytes(b"garbage")
     with pytest.raises(DecisionModelError, match="could not be loaded"):
-        load_decision_models(tmp_path)
+        load_decision_models(tmp_path, trust=True)
 
 
 def test_loader_rejects_wrong_shapes(tmp_path):
@@ -369,14 +371,14 @@ def test_loader_rejects_wrong_shapes(tmp_path):
                       ("uncond_model", LogisticRegression().fit(X, y)), ("uncond_scaler", StandardScaler().fit(X))):
         joblib.dump(obj, tmp_path / model_files("Logistic_Regression")[role])
     with pytest.raises(DecisionModelError, match="takes 3 features"):
-        load_decision_models(tmp_path)
+        load_decision_models(tmp_path, trust=True)
     X2 = X[:, :2]
     joblib.dump(LogisticRegression().fit(X2, np.arange(60) % 5), tmp_path / "skip_model_Logistic_Regression.pkl")
     joblib.dump(StandardScaler().fit(X2), tmp_path / "skip_model_scaler.pkl")
     joblib.dump(LogisticRegression().fit(X2, y), tmp_path / "uncond_model_Logistic_Regression.pkl")
     joblib.dump(StandardScaler().fit(X2), tmp_path / "uncond_model_scaler.pkl")
     with pytest.raises(DecisionModelError, match=r"classes \[4\]"):
-        load_decision_models(tmp_path)
+        load_decision_models(tmp_path, trust=True)
 
 
 def test_missing_models_fail_at_the_first_decision_with_the_fix():
@@ -398,7 +400,8 @@ def test_released_decision_models_load(folder, classifier):
     d = Path(root or "weights") / "skipvar" / folder
     if not (d / model_files(classifier)["skip_model"]).is_file():
         pytest.skip(f"{d} not present (copy the release's SkipVAR/{folder}/ there)")
-    dm = load_decision_models(d, classifier)
+    dm = load_decision_models(d, classifier)          # no trust needed: the bytes are the pinned release
+    assert dm.released_as == folder
     assert dm.n_features == (1 if folder.endswith("diff_only") else 2)
     assert dm.describe()["skip_model"]["classes"] == [0, 1, 2, 3]
     X = np.array([[0.05, 0.40], [0.10, 0.50], [0.20, 0.60]])[:, :dm.n_features]

@@ -42,7 +42,8 @@ def test_training_command_writes_the_released_layout(trained):
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert rep["n_samples"] == len(rows) == 8 and rep["model"] == "toy" and rep["features"] == ["hf_diff", "hf_ratio"]
     for c in CLASSIFIERS:
-        assert all((out / f).is_file() for f in model_files(c).values())
+        assert all((out / f).is_file() for f in model_files(c, "skops").values())   # the safe format
+        assert not any((out / f).exists() for f in model_files(c, "pkl").values())
         dm = load_decision_models(out, c)
         assert dm.n_features == 2
         assert rep["classifiers"][c]["train_skip_accuracy"] is not None

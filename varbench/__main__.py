@@ -32,21 +32,13 @@ def _main(cfg: DictConfig) -> None:
     from .callbacks import aggregate_experiment, failures_path
     from .job import run_job
 
-    from .validate import ConfigError, names_its_fix
+    from .errors import names_its_fix
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     if not multirun:
-        try:
-            run_job(cfg)
-        except Exception as e:
-            if not names_its_fix(e):
-                raise
-            # a bad setting or a missing file: its message names it and the fix; no traceback
-            what = "config error" if isinstance(e, ConfigError) else type(e).__name__
-            print(f"[varbench] {what}: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        fixable_exits(run_job, cfg)
         if cfg.get("aggregate", True):
-            aggregate_experiment(cfg)
+            fixable_exits(aggregate_experiment, cfg)
         return
     # in a sweep, one failing job must not cost the others (or the table): record it and go on
     try:
@@ -68,6 +60,19 @@ def _main(cfg: DictConfig) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(json.dumps({"overrides": overrides, "error": error, "traceback_logged": logged}) + "\n")
+
+
+def fixable_exits(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``; an error that names its fix (:class:`varbench.errors.FixableError`: a bad
+    setting, a missing or garbled file, a read-only store, a held lock, a broken seal) is printed as
+    its one message on stderr, without a traceback, and exits 2. Any other error keeps its traceback."""
+    from .errors import FixableError, report_line
+
+    try:
+        return fn(*args, **kwargs)
+    except FixableError as e:
+        print(report_line(e), file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def cli() -> None:

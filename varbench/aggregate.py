@@ -74,14 +74,15 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from varbench.records import SealError, find_entries, metric_columns, records_to_frame
+from varbench.errors import FixableError
+from varbench.records import find_entries, metric_columns, records_to_frame
 
 PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
                               "n_images", "device", "dtype")
 GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
 
 
-class AggregationError(ValueError):
+class AggregationError(FixableError, ValueError):
     """Rows that cannot be compared honestly (no matching baseline, differing evaluators)."""
 
 
@@ -157,13 +158,28 @@ def _differs(row, base, keys: Sequence[str]) -> list[str]:
     return out
 
 
+def _files_diff(rec_a: Mapping, rec_b: Mapping) -> list[str]:
+    """What :func:`varbench.store.pair_key` hashes besides the config, named: the weight files
+    (``model.weights``, by file name, with both sha256 abbreviated) and the prompt file's sha256."""
+    wa, wb = (rec_a.get("model") or {}).get("weights") or {}, (rec_b.get("model") or {}).get("weights") or {}
+    short = lambda h: f"sha256 {h[:12]}…" if isinstance(h, str) else "absent"   # noqa: E731
+    parts = [f"weights {name} ({short(wa.get(name))} vs baseline {short(wb.get(name))})"
+             for name in sorted(set(wa) | set(wb)) if wa.get(name) != wb.get(name)]
+    ba, bb = (rec_a.get("benchmark") or {}).get("sha256"), (rec_b.get("benchmark") or {}).get("sha256")
+    if ba != bb:
+        parts.append(f"prompt file ({short(ba)} vs baseline {short(bb)})")
+    return parts
+
+
 def _config_diff(row, base, limit: int = 8) -> str:
-    """Dotted config keys in which two records' pairing configs differ (read from their entries)."""
+    """Dotted config keys, weight files and prompt file in which two records' pairing keys differ
+    (read from their entries); the bare hashes only when the records cannot be read."""
     from varbench.records import RunEntry, pair_config
 
     try:
-        a = pair_config(RunEntry.from_dir(row["path"]).read(verify=False))
-        b = pair_config(RunEntry.from_dir(base["path"]).read(verify=False))
+        rec_a = RunEntry.from_dir(row["path"]).read(verify=False)
+        rec_b = RunEntry.from_dir(base["path"]).read(verify=False)
+        a, b = pair_config(rec_a), pair_config(rec_b)
     except Exception:  # noqa: BLE001 - no files (an in-memory frame): the hashes are all we can name
         a = b = None
     if a is None or b is None:
@@ -179,6 +195,7 @@ def _config_diff(row, base, limit: int = 8) -> str:
     parts = [f"config {k} ({fa.get(k, '<absent>')!r} vs baseline {fb.get(k, '<absent>')!r})" for k in keys[:limit]]
     if len(keys) > limit:
         parts.append(f"... {len(keys) - limit} more config keys")
+    parts += _files_diff(rec_a, rec_b)   # retrained weights: name the file, as a config key is named
     return ", ".join(parts) or f"pair_key ({row.get('pair_key')!r} vs baseline {base.get('pair_key')!r})"
 
 
@@ -411,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
                            figures=not args.no_figures)
-    except (AggregationError, SealError) as e:  # a broken or legacy-sealed entry: one message, no traceback
+    except FixableError as e:  # unpaired rows, a broken or legacy-sealed entry, a garbled file: one message, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
     print((out / "table.md").read_text(encoding="utf-8"))   # its notes name unfinished entries

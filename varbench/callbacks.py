@@ -64,15 +64,15 @@ def aggregate_experiment(cfg: DictConfig, failed: list[dict] | None = None) -> P
     with `logger=wandb`, also the sweep-level W&B run (varbench.publish.log_sweep: the table,
     table.md, figures and image grids), whose failure is printed and never fails the sweep.
     `failed`: the sweep's failed jobs (:func:`read_failures`), named in the table's notes."""
-    from .aggregate import AggregationError, aggregate
-    from .records import SealError
+    from .aggregate import aggregate
+    from .errors import FixableError
 
     src = Path(cfg.paths.store_dir) / str(cfg.experiment_name)
     out = Path(cfg.paths.results_dir) / str(cfg.experiment_name)
     sink = _wandb_sink(cfg)
     try:
         paired = aggregate(src, out, figures=sink is None, failed=failed or ())   # with W&B the figures are rendered once, below
-    except (AggregationError, SealError) as e:
+    except FixableError as e:   # unpaired rows, a broken seal, a garbled file, a read-only results folder
         print(f"[varbench] no table written: {e}")
         return None
     if sink is not None:

@@ -40,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
+from .errors import FixableError
 from .flops import image_work, with_end_to_end, work_summary
 from .stage_flops import stage_flops
 from .interrupt import GracefulStop, uninterruptible
@@ -75,6 +76,7 @@ class Job:
     preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
     t0: float
     wandb: Any = None          # the job's W&B run (:class:`varbench.publish.JobRun`), open once it holds its lock
+    method_files: dict = dataclasses.field(default_factory=dict)   # {name: sha256} of the files the method loads
 
     @property
     def prompts_per_block(self) -> int:
@@ -132,11 +134,13 @@ def prepare_job(cfg: DictConfig) -> Job:
     _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
     prompt_set = load_prompt_set(cfg.benchmark)
     weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
+    mfiles = method_file_hashes(resolved.get("method") or {})   # e.g. SkipVAR's decision models, retrained in place
     store_root = Path(cfg.paths.store_dir)
-    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256))
-    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256))
+    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
+                                                                       method_files=mfiles))
+    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
     return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
-               method_preset(cfg), t0)
+               method_preset(cfg), t0, method_files=mfiles)
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -282,7 +286,7 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
                   "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
                   "weights": job.weights},
         "method": {"name": cfg.method.name, "preset": job.preset, "label": cfg.method.get("label"),
-                   "config": OmegaConf.to_container(cfg.method, resolve=True),
+                   "config": OmegaConf.to_container(cfg.method, resolve=True), "files": job.method_files,
                    "stats": first.get("stats") or {}},   # the first image's; every image's are in traces.jsonl
         "benchmark": {**job.prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
         "evaluators": {k: v["version"] for k, v in scores.items()},
@@ -360,11 +364,24 @@ def _finished(job: Job) -> bool:
     if not job.entry.is_done() or job.cfg.runtime.force:
         return False
     job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
-    print(f"[varbench] skip (finished): {job.entry.dir}")
     record = job.entry.read()
+    print(f"[varbench] skip (finished): {job.entry.dir} {_written_by(record)}")
     republish(job, record)
     print(result_line(record, job_position(_job_num())))
     return True
+
+
+def _written_by(record: dict) -> str:
+    """``(written by commit <sha>)``, and when this code is another commit, says so and how to redo it:
+    a relaunch from newer code would otherwise keep an old record without a word."""
+    from .provenance import git_info
+    from .records import code_version
+
+    then, now = code_version(record), code_version({"provenance": {"git": git_info()}})
+    if then == now:
+        return f"(written by commit {then}, this code)"
+    return (f"(written by commit {then}; this code is {now}: the record is the older code's, rerun with "
+            f"runtime.force=true to redo it)")
 
 
 def _run_shard(job: Job) -> dict | None:
@@ -459,7 +476,12 @@ class _no_empty_folder:
 
 
 def _entry_traces(job: Job) -> list[dict]:
-    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl."""
+    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl.
+
+    The copy is one atomic write, redone whenever the entry's file differs (a copy cut short by an
+    older varbench, a kill or a full disk is replaced, never kept), and the store must hold a row
+    for every image: short of that, :class:`TraceCountError` stops the job before DONE (keep-ratio
+    heatmaps, entropy figures and the W&B per-scale table would silently read fewer images)."""
     path = job.store.dir / "traces.jsonl"
     wanted = {(it.index, s) for it, s in job.all_keys}
     latest = {}
@@ -468,9 +490,25 @@ def _entry_traces(job: Job) -> list[dict]:
         if k in wanted:
             latest[k] = row
     rows = [latest[k] for k in sorted(latest)]
-    if rows and not job.entry.traces_path.exists():
-        job.entry.append_traces(rows)
+    if len(rows) != len(wanted):
+        lacking = sorted(wanted - set(latest))
+        shown = ", ".join(f"prompt {p} sample {s}" for p, s in lacking[:5]) + (" ..." if len(lacking) > 5 else "")
+        raise TraceCountError(
+            f"{path} holds trace rows for {len(rows)} of the {len(wanted)} images of this entry (none for {shown}); "
+            f"the entry is not marked done. Fix: delete those images' lines from {job.store.index_path} (a relaunch "
+            f"regenerates them with their traces), or the store folder {job.store.dir}")
+    if rows:
+        current = read_jsonl(job.entry.traces_path) if job.entry.traces_path.exists() else None
+        if current != rows:
+            job.entry.write_traces(rows, force=bool(job.cfg.runtime.force))
+        if len(read_jsonl(job.entry.traces_path)) != len(rows):  # read back: what DONE will seal
+            raise TraceCountError(f"{job.entry.traces_path} does not hold the {len(rows)} rows just written; "
+                                  "relaunch the job (the copy is redone)")
     return rows
+
+
+class TraceCountError(FixableError):
+    """The trace rows of an entry do not cover every one of its images."""
 
 
 def _gen_kwargs(cfg: DictConfig, rt) -> dict:
@@ -544,6 +582,28 @@ def _weight_files(model_cfg) -> dict:
         if p:
             out[Path(str(p)).name] = str(p)
     return out
+
+
+def method_file_hashes(method: dict) -> dict:
+    """``{name: sha256}`` of the files a method loads besides the model's weights: SkipVAR's four
+    decision-model files (``decision_models/<file>``; a ``compose`` member's as
+    ``policies[i].decision_models/<file>``). They are hashed into the generation and entry keys, as
+    the weights are: retraining a decision-model folder in place (``experiments.skipvar_train`` into
+    the same ``--out``) makes new images and a new record. Files that are absent contribute nothing
+    (the policy reports them, naming the folder, when it loads)."""
+    from .policies.skipvar_features import decision_model_paths
+
+    knobs = method.get("knobs") or {}
+    members = [("", method.get("name"), knobs)]
+    if method.get("name") == "compose":
+        members = [(f"policies[{i}].", m.get("name"), m.get("knobs") or {})
+                   for i, m in enumerate(knobs.get("policies") or []) if isinstance(m, dict)]
+    named = {}
+    for prefix, name, kn in members:
+        if name == "skipvar":
+            paths = decision_model_paths(kn.get("decision_models"), kn.get("classifier") or "Logistic_Regression")
+            named.update({f"{prefix}decision_models/{n}": p for n, p in paths.items()})
+    return weight_hashes(named)
 
 
 def _weight_hashes(model_cfg) -> dict:

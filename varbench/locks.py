@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from varbench.errors import FixableError, writing
+
 #: The config knob that sets how long a job waits for a lock held by a live job (named in messages).
 WAIT_KNOB = "runtime.lock_wait_s"
 #: Default wait when neither the caller nor the config gives one (the shipped runtime default).
@@ -50,7 +52,7 @@ REPORT_EVERY_S = 300.0
 _NO_LOCKING = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 
 
-class LockTimeoutError(RuntimeError):
+class LockTimeoutError(FixableError, RuntimeError):
     """A live process held the lock for longer than the wait allowed."""
 
 
@@ -130,7 +132,8 @@ class FileLock:
         if self.held:
             raise RuntimeError(f"{self.path}: this FileLock is already held (not reentrant)")
         budget = _wait_budget(self.wait_s if wait_s is ... else wait_s)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with writing(self.path):     # a read-only store: one error naming the file and the fix
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         next_report = 0.0
         while True:
@@ -192,7 +195,8 @@ class FileLock:
             return self._try_excl()
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)  # umask applies
+        with writing(self.path):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)  # umask applies
         keep = False
         try:
             try:

@@ -324,6 +324,9 @@ class SkipVARKnobs(_Knobs):
     batch_rule       per_image (each sample its own action, as at batch 1; the runtime splits a batch
                      where samples disagree) | conservative (one plan per batch: the most conservative
                      per-sample action) | raise (refuse a batch whose samples disagree).
+    trust_decision_models  load ``.pkl`` decision models that are not the released files (joblib/pickle
+                     runs code while loading: only for files you trust; env VARBENCH_TRUST_DECISION_MODELS=1
+                     does the same for every job). Not composed: presets that never set it keep their hashes.
     """
     decision_models: Optional[str] = knob(f"{_WEIGHTS}/skipvar/decision_model_ssim_84")
     classifier: str = knob("Logistic_Regression", choices=("Logistic_Regression", "Decision_Tree", "Random_Forest"))
@@ -331,6 +334,7 @@ class SkipVARKnobs(_Knobs):
     feature_scale: int = knob(4, scale="index")
     fft_freq_ratio: float = knob(0.4, gt=0.0, lt=2.0)
     batch_rule: str = knob("per_image", choices=("per_image", "conservative", "raise"))
+    trust_decision_models: bool = knob(False, composed=False)
 
 
 @_schema("compose")

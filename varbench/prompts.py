@@ -73,12 +73,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from varbench.errors import FixableError
 from varbench.provenance import sha256_file
 from varbench.registry import LazyRegistry
 from varbench.store import atomic_write_bytes
 
 
-class PromptSetError(RuntimeError):
+class PromptSetError(FixableError, RuntimeError):
     """Prompt file absent, unreadable, or a download that did not match its pinned hash."""
 
 

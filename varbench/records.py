@@ -100,6 +100,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from varbench.errors import FixableError, GarbledFileError, writing
 from varbench.store import PAIR_KEYS, atomic_write_bytes, canonical_json, config_hash, generation_key
 from varbench.locks import DEFAULT_WAIT_S
 from varbench.store import pair_key as _store_pair_key
@@ -108,15 +109,15 @@ SCHEMA_VERSION = 1
 
 
 
-class EntryFinishedError(RuntimeError):
+class EntryFinishedError(FixableError, RuntimeError):
     """Attempt to rewrite an entry that has DONE (pass force=True to mean it)."""
 
 
-class EntryLockedError(RuntimeError):
+class EntryLockedError(FixableError, RuntimeError):
     """Another job holds the entry's LOCK."""
 
 
-class SealError(ValueError):
+class SealError(FixableError, ValueError):
     """A finished entry does not match its DONE seal (or DONE itself is empty or garbled)."""
 
 
@@ -160,6 +161,11 @@ def _dumps_line(row: Mapping) -> str:
     return json.dumps(row, ensure_ascii=False, default=_json_default, allow_nan=True) + "\n"
 
 
+#: what to do about a garbled line: each line is one image's row, and a relaunch redoes what has no row
+_JSONL_FIX = ("Fix: delete that line (a relaunch regenerates or rescores what it described), or the file; "
+              "in a finished entry, rerun its job with runtime.force=true")
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Rows of a JSONL file; a truncated (unterminated, unparsable) last line is dropped."""
     path = Path(path)
@@ -177,13 +183,13 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
         except ValueError as e:      # JSONDecodeError, or UnicodeDecodeError (bytes cut mid-character)
             if torn:
                 break
-            raise ValueError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write): "
-                             f"{e}; the line starts {line[:60]!r}") from None
+            raise GarbledFileError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write): "
+                                   f"{e}; the line starts {line[:60]!r}. {_JSONL_FIX}") from None
         if not isinstance(row, dict):
             if torn:
                 break
-            raise ValueError(f"{path}: line {i + 1} is {type(row).__name__} JSON, not an object (each line of a "
-                             f"record's .jsonl is one row): {line[:60]!r}")
+            raise GarbledFileError(f"{path}: line {i + 1} is {type(row).__name__} JSON, not an object (each line of "
+                                   f"a record's .jsonl is one row): {line[:60]!r}. {_JSONL_FIX}")
         rows.append(row)
     return rows
 
@@ -213,7 +219,7 @@ def read_json(path: str | os.PathLike) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
+        raise GarbledFileError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
@@ -224,15 +230,16 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> int:
     """Append rows (one JSON object per line), flush and fsync; returns the count written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _repair_tail(path)
     text = "".join(_dumps_line(r) for r in rows)
-    if not text:
-        return 0
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    with writing(path):      # a read-only or full disk: one error naming the file and the fix
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _repair_tail(path)
+        if not text:
+            return 0
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
     return text.count("\n")
 
 
@@ -294,7 +301,8 @@ class RunEntry:
         """
         from varbench.locks import FileLock, clean_stray_tmp
 
-        self.dir.mkdir(parents=True, exist_ok=True)
+        with writing(self.dir):
+            self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "LOCK"
         with FileLock(path, what=f"entry {self.dir}", wait_s=wait_s, error=EntryLockedError):
             clean_stray_tmp(self.dir, recursive=True, patterns=("*.tmp",))   # only this entry's writers, all locked out
@@ -323,6 +331,15 @@ class RunEntry:
     def append_traces(self, rows: Iterable[Mapping], force: bool = False) -> int:
         self._check_writable(force)
         return append_jsonl(self.traces_path, rows)
+
+    def write_traces(self, rows: Iterable[Mapping], force: bool = False) -> int:
+        """Replace ``traces.jsonl`` by ``rows`` in one atomic write (temp file + ``os.replace``): a
+        kill or a full disk mid-copy leaves the old file or the whole new one, never a part that a
+        relaunch would take for complete. Returns the row count."""
+        self._check_writable(force)
+        rows = list(rows)
+        atomic_write_bytes(self.traces_path, "".join(_dumps_line(r) for r in rows).encode("utf-8"))
+        return len(rows)
 
     def _sealed_files(self) -> list[str]:
         """Relative (posix) paths of the files DONE seals: every regular file but DONE, any LOCK
@@ -605,6 +622,23 @@ def _identical_images(rec: Mapping, path: str | None) -> bool | None:
     return bool(cap is not None and psnr is not None and psnr >= cap and ssim == 1.0)
 
 
+def _git(rec: Mapping) -> Mapping:
+    git = (rec.get("provenance") or {}).get("git") if isinstance(rec.get("provenance"), Mapping) else None
+    return git if isinstance(git, Mapping) else {}
+
+
+def code_version(rec_or_row: Mapping) -> str:
+    """``<12-digit sha>`` of the commit that wrote a record (or a frame row), ``+dirty`` when its
+    checkout had uncommitted changes; ``unknown commit`` outside a git checkout."""
+    if "git_sha" in rec_or_row:
+        sha, dirty = rec_or_row.get("git_sha"), rec_or_row.get("git_dirty")
+    else:
+        sha, dirty = _git(rec_or_row).get("sha"), _git(rec_or_row).get("dirty")
+    if not isinstance(sha, str) or not sha:
+        return "unknown commit"
+    return sha[:12] + ("+dirty" if str(dirty).lower() == "true" else "")   # numpy/pandas booleans too
+
+
 def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     """Flatten one record into the tidy frame's columns (see :func:`records_to_frame`)."""
     nan = float("nan")
@@ -666,6 +700,9 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "identical_images": _identical_images(rec, path),
         "skipped_metrics": _skipped_metrics(evals),
         "wall_s": rec.get("wall_s"),
+        # the code that wrote the record (provenance.git): tables name the commits when they differ
+        "git_sha": _git(rec).get("sha"),
+        "git_dirty": _git(rec).get("dirty"),
         "path": path,
     }
     for name, info in evals.items():
@@ -701,7 +738,7 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total
     (transformer only), flops_ar, flops_e2e (transformer + text encoder + VAE decode), identical_images (every image bit-identical to the baseline's, from fidelity; None
     without it), skipped_metrics (evaluator parts skipped, e.g. LPIPS without weights), wall_s,
-    path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
+    git_sha and git_dirty (``provenance.git`` of the code that wrote the record), path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
     evaluator's standard error of the mean; fidelity's PSNR mean caps identical pairs, see
     ``identical_images``).
     """

@@ -53,6 +53,7 @@ class Method(TypedDict):
     label: Optional[str]
     config: dict             # the composed method node (name, label, knobs)
     stats: dict              # the first image's policy stats; every image's are in traces.jsonl
+    files: dict              # {name: sha256} of the files the method loads (SkipVAR's decision models); {} if none
 
 
 class Seeds(TypedDict):

@@ -41,8 +41,9 @@ Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the cano
   (``auto`` must be resolved by the caller: :func:`varbench.job.run_job` pins them),
   ``runtime.fused_entropy``, ``runtime.batch_size``: batched matmuls round differently with other
   batch companions, see :mod:`varbench.sharding`), plus the sha256 of every weight file
-  (``weights``, from :func:`varbench.provenance.weight_hashes`; never their paths) and of the prompt
-  file(s) (``benchmark_sha256``). A key not in the list (labels, evaluators, timing, progress
+  (``weights``, from :func:`varbench.provenance.weight_hashes`; never their paths), of the prompt
+  file(s) (``benchmark_sha256``) and of the files the method loads (``method_files``: SkipVAR's
+  decision models; absent for methods without files, so their hashes are unchanged). A key not in the list (labels, evaluators, timing, progress
   bars, ``runtime.cuda_graphs``: graphed bits equal eager; limits: prompt indices are stable
   across subsets and each image is generated with the batch companions it has in the full set)
   never regenerates images.
@@ -63,6 +64,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from varbench.errors import FixableError, writing
 from varbench.locks import DEFAULT_WAIT_S, FileLock, clean_stray_tmp, file_mode
 
 #: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
@@ -162,9 +164,11 @@ def _normalise(key: str, value: Any) -> Any:
 
 
 def generation_key(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
-                   keys: Sequence[str] = GENERATION_KEYS) -> dict:
+                   keys: Sequence[str] = GENERATION_KEYS, method_files: Mapping[str, str] | None = None) -> dict:
     """The exact tree :func:`generation_hash` hashes: ``{"config": {dotted key: value}, "weights":
-    {file name: sha256}, "benchmark_sha256": ...}``. Keys absent from ``cfg`` are left out."""
+    {file name: sha256}, "benchmark_sha256": ...}``, plus ``"method_files"`` ({name: sha256} of the
+    files the method loads, e.g. SkipVAR's decision models) when there are any: a method without
+    files hashes as before. Keys absent from ``cfg`` are left out."""
     tree = _canon(_to_plain(cfg))
     if not isinstance(tree, dict):
         raise TypeError("generation_key expects a mapping at the top level")
@@ -175,25 +179,33 @@ def generation_key(cfg: Any, weights: Mapping[str, str] | None = None, benchmark
             picked[k] = _normalise(k, value)
     from .seeds import SEED_RULE_VERSION
 
-    return {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256,
-            "seed_rule": SEED_RULE_VERSION}
+    key = {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256,
+           "seed_rule": SEED_RULE_VERSION}
+    if method_files:
+        key["method_files"] = dict(sorted(method_files.items()))
+    return key
 
 
-def generation_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None) -> str:
+def generation_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
+                    method_files: Mapping[str, str] | None = None) -> str:
     """Key of the image store folder: :data:`GENERATION_KEYS` of ``cfg`` (device/dtype resolved
-    by the caller) plus the weight files' and prompt files' sha256 (see the module docstring)."""
-    return config_hash(generation_key(cfg, weights, benchmark_sha256))
+    by the caller) plus the weight files', prompt files' and method files' sha256 (see the module
+    docstring): replacing a SkipVAR decision model in place makes new images, as new weights do."""
+    return config_hash(generation_key(cfg, weights, benchmark_sha256, method_files=method_files))
 
 
 def entry_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
-               exclude: Iterable[str] = ENTRY_EXCLUDE) -> str:
-    """Key of the run-record entry: ``cfg`` minus ``exclude`` plus the weight/prompt sha256 values.
-    ``runtime.device`` counts by its type: the shards of one job on ``cuda:0`` .. ``cuda:3`` of one
-    machine write one record."""
+               exclude: Iterable[str] = ENTRY_EXCLUDE, method_files: Mapping[str, str] | None = None) -> str:
+    """Key of the run-record entry: ``cfg`` minus ``exclude`` plus the weight/prompt (and, when the
+    method loads files, the method files') sha256 values. ``runtime.device`` counts by its type:
+    the shards of one job on ``cuda:0`` .. ``cuda:3`` of one machine write one record."""
     tree = json.loads(canonical_json(cfg, exclude))
     if isinstance(tree.get("runtime"), dict) and "device" in tree["runtime"]:
         tree["runtime"]["device"] = _normalise("runtime.device", tree["runtime"]["device"])
-    return config_hash({"config": tree, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256})
+    key = {"config": tree, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256}
+    if method_files:
+        key["method_files"] = dict(sorted(method_files.items()))
+    return config_hash(key)
 
 
 def pair_key(rec: Mapping) -> str | None:
@@ -214,6 +226,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     ``.<name>.<random>.tmp`` file, removed by :func:`varbench.locks.clean_stray_tmp` when the next
     job takes the folder's lock."""
     path = Path(path)
+    with writing(path):      # a read-only or full disk: one error naming the file and the fix
+        _atomic_write(path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -228,7 +245,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-class ImageHashError(ValueError):
+class ImageHashError(FixableError, ValueError):
     """A stored image's file does not match the sha256 recorded when it was written."""
 
 

@@ -264,7 +264,27 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
         name = metric_header(part).replace(" ↑", "").replace(" ↓", "")
         reason = _ABS_PATH.sub(r"\1", s.split(": ", 1)[-1])   # a file's name, not this machine's path to it
         notes.append(f"{name} not reported: {part} {reason}.")
+    notes += code_version_notes(table)
     return notes
+
+
+def code_version_notes(table) -> list[str]:
+    """One note naming the commits when the records were written by different code versions
+    (``provenance.git.sha``, ``+dirty`` for a checkout with uncommitted changes): a table mixing them
+    may compare a method against a baseline that older code produced. Nothing when they agree."""
+    from varbench.records import code_version
+
+    if "git_sha" not in getattr(table, "columns", ()):
+        return []
+    by_version: dict[str, list[str]] = {}
+    for _, r in table.iterrows():
+        by_version.setdefault(code_version(r), []).append(_preset(r))
+    if len(by_version) < 2:
+        return []
+    parts = [f"{v} ({', '.join(names)})" for v, names in sorted(by_version.items(), key=lambda kv: -len(kv[1]))]
+    return [f"Records from {len(by_version)} code versions: {'; '.join(parts)}. Rows from different commits "
+            "(or uncommitted changes) may not measure the same code; rerun the stale ones with runtime.force=true "
+            "to compare one version."]
 
 
 def _n_left(header: Sequence[str]) -> int:

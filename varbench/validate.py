@@ -19,25 +19,11 @@ from typing import Any, Mapping
 log = logging.getLogger("varbench")
 
 
-class ConfigError(ValueError):
+from .errors import FixableError, names_its_fix  # noqa: F401 - names_its_fix: re-exported for callers
+
+
+class ConfigError(FixableError, ValueError):
     """A config value that cannot work; the message names the setting."""
-
-
-def names_its_fix(exc: BaseException) -> bool:
-    """True for the errors whose message already says what to do: a bad setting, a missing or
-    wrong prompt or weight file. The command prints them as one message, without a traceback."""
-    if isinstance(exc, ConfigError):
-        return True
-    try:
-        from .evaluators._weights import WeightsNotFoundError, WrongWeightsError
-        from .models.bsq_vae import VAEWeightsNotFoundError
-        from .models.checkpoints import WeightsNotFound
-        from .prompts import PromptSetError
-        from .toy.load import ToyWeightsError
-    except ImportError:     # a broken install must not hide the error being reported
-        return False
-    return isinstance(exc, (PromptSetError, WeightsNotFound, VAEWeightsNotFoundError,
-                            WeightsNotFoundError, WrongWeightsError, ToyWeightsError))
 
 
 def _is_int(v: Any) -> bool:

@@ -11,16 +11,17 @@ from typing import Optional
 
 import torch
 
+from varbench.errors import FixableError
 from varbench.models.checkpoints import load_state_dict_strict
 from varbench.provenance import sha256_file  # noqa: F401  (re-exported for the evaluators)
 
 
 
-class WeightsNotFoundError(FileNotFoundError):
+class WeightsNotFoundError(FixableError, FileNotFoundError):
     """A required weights/config file is not where the config says it is."""
 
 
-class WrongWeightsError(ValueError):
+class WrongWeightsError(FixableError, ValueError):
     """A weights file exists but is not the file the evaluator was configured for."""
 
 

@@ -50,6 +50,7 @@ class FidelityEvaluator(Evaluator):
         self.lpips_mode, self.lpips_net, self.device = lpips, lpips_net, device
         self._lpips = None
         self._lpips_status = "not set up"
+        self._lpips_sha: Optional[str] = None
         self._rows: list[dict] = []
 
     def _lpips_weights(self) -> Path:
@@ -77,12 +78,16 @@ class FidelityEvaluator(Evaluator):
         if not w.exists():
             if self.lpips_mode is True:
                 self._missing_lpips()
-            self._lpips_status = f"skipped: {w} not present"
+            # the file's name, never its path: the same scorer on two hosts (or TORCH_HOME) must pair
+            self._lpips_status = f"skipped: {w.name} not present in the torch hub cache"
             return
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
         self._lpips = LearnedPerceptualImagePatchSimilarity(net_type=self.lpips_net, normalize=True).to(self.device).eval()
+        from varbench.provenance import sha256_file
+
         self._lpips_status = f"on ({self.lpips_net}, {w.name})"
+        self._lpips_sha = sha256_file(w)
 
     @torch.no_grad()
     def update(self, samples: Sequence[Sample]) -> None:
@@ -118,6 +123,10 @@ class FidelityEvaluator(Evaluator):
     def version_info(self) -> dict[str, Any]:
         import torchmetrics
 
-        return {"scorer": "fidelity", "psnr": "torchmetrics data_range=1 (RGB [0,1])", "psnr_cap_db_in_mean": PSNR_CAP_DB,
+        # names and sha256 only, never a path (this dict is hashed to pair a run with its baseline)
+        info = {"scorer": "fidelity", "psnr": "torchmetrics data_range=1 (RGB [0,1])", "psnr_cap_db_in_mean": PSNR_CAP_DB,
                 "ssim": "torchmetrics gaussian 11, sigma 1.5, data_range=1", "lpips": self._lpips_status,
                 "torchmetrics": torchmetrics.__version__}
+        if self._lpips_sha is not None:
+            info["lpips_weights_sha256"] = self._lpips_sha
+        return info

@@ -39,6 +39,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import FixableError
 from .checkpoints import CheckpointMismatch, load_state_dict_strict
 
 __all__ = [
@@ -581,7 +582,7 @@ def patchify_codes(codes: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 
-class VAEWeightsNotFoundError(FileNotFoundError):
+class VAEWeightsNotFoundError(FixableError, FileNotFoundError):
     """The VAE checkpoint is not where the caller said."""
 
 

@@ -21,6 +21,8 @@ from typing import Callable, Mapping
 import torch
 import torch.nn as nn
 
+from ..errors import FixableError
+
 PUBLISHED_AT = {
     "infinity_2b_reg.pth": "https://huggingface.co/FoundationVision/Infinity (file infinity_2b_reg.pth)",
     "infinity_8b_weights": "https://huggingface.co/FoundationVision/Infinity (folder infinity_8b_weights/)",
@@ -34,12 +36,12 @@ PUBLISHED_AT = {
 _IGNORED_KEYS = ("lvl_1L", "attn_bias_for_masking", "Infinity_visible_kvlen", "Infinity_invisible_qlen")
 
 
-class CheckpointMismatch(RuntimeError):
-    pass
+class CheckpointMismatch(FixableError, RuntimeError):
+    """A checkpoint whose keys or shapes do not fit the model; the message names the file and every key."""
 
 
-class WeightsNotFound(FileNotFoundError):
-    pass
+class WeightsNotFound(FixableError, FileNotFoundError):
+    """A weight file that is not there; the message names where it was looked for and where it is published."""
 
 
 def require_file(path: str | os.PathLike, what: str, setting: str = "paths.weights_dir") -> Path:

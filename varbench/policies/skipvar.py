@@ -42,7 +42,13 @@ Changes, step by step:
 Decision models: released folders `SkipVAR/decision_model_ssim_{84,86,88}` (2B, 3k samples,
          targets "SSIM to the baseline >= 0.84/0.86/0.88") and `decision_model_ssim_84_diff_only`;
          not shipped here. `python -m experiments.skipvar_train` fits the same file set on any model
-         (reconstructed: the release ships no training code; see that module's card).
+         (reconstructed: the release ships no training code; see that module's card), written in
+         skops' format (`*.skops`), which loads without running code.
+         Safety: the released files are joblib pickles, and loading a pickle executes code written
+         into it. varbench loads a `.pkl` only if its sha256 is the released file's (pinned in
+         `skipvar_release.py`), or with `trust_decision_models=true` / env
+         VARBENCH_TRUST_DECISION_MODELS=1. The decision-model files' sha256 are part of the
+         generation key: retraining a folder in place makes new images and a new record.
 Knobs:   decision_models  folder with the four joblib files (strict: missing/invalid -> error at
                           the first decision); None only for `decide=` injection in tests.
          classifier       Logistic_Regression (released default) | Decision_Tree | Random_Forest.
@@ -52,6 +58,8 @@ Knobs:   decision_models  folder with the four joblib files (strict: missing/inv
          fft_freq_ratio   HF_Ratio radius fraction (0.4 released).
          batch_rule       per_image (each sample its own action) | conservative | raise (batch > 1
                           with disagreeing samples; see 7).
+         trust_decision_models  false (default): refuse .pkl files that are not the released bytes
+                          (pickles run code); true: load them anyway (only for files you trust).
 """
 from __future__ import annotations
 
@@ -77,7 +85,7 @@ class SkipVAR(Policy):
                  decision_scale: int = -4, feature_scale: int = 4, fft_freq_ratio: float = FFT_FREQ_RATIO,
                  batch_rule: str = "per_image",
                  decide: Optional[Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]] = None,
-                 n_features: int = 2):
+                 n_features: int = 2, trust_decision_models: bool = False):
         check_choice("skipvar.classifier", classifier, CLASSIFIERS)
         check_choice("skipvar.batch_rule", batch_rule, ("per_image", "conservative", "raise"))
         for k, v in (("decision_scale", decision_scale), ("feature_scale", feature_scale)):
@@ -90,6 +98,7 @@ class SkipVAR(Policy):
         self.fft_freq_ratio, self.batch_rule = float(fft_freq_ratio), batch_rule
         self._decide, self._n_features = decide, int(n_features)   # test/training injection instead of a folder
         self._models: Optional[DecisionModels] = None
+        self.trust_decision_models = bool(trust_decision_models)   # load pickles that are not the released files
 
     @property
     def per_image_decisions(self) -> bool:
@@ -104,7 +113,7 @@ class SkipVAR(Policy):
     def load(self) -> DecisionModels:
         """Load (once) the decision models named by `decision_models`; strict."""
         if self._models is None:
-            self._models = load_decision_models(self.decision_models, self.classifier)
+            self._models = load_decision_models(self.decision_models, self.classifier, trust=self.trust_decision_models)
         return self._models
 
     def _predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

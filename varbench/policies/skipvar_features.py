@@ -18,6 +18,15 @@ Decision models (as released, `infinity.py` 285-290 and 751-762): scikit-learn o
 joblib in one folder, `{skip,uncond}_model_{Logistic_Regression,Decision_Tree,Random_Forest}.pkl`
 plus `{skip,uncond}_model_scaler.pkl` (StandardScaler). The skip model predicts k in {0,1,2,3} on
 the scaled features; only when k == 0 the uncond model predicts j in {0,1,2,3} (0 = base).
+
+Safety: joblib/pickle runs code while it loads. A `.pkl` folder is loaded only when every file is
+byte-for-byte a released one (sha256 pinned in :mod:`varbench.policies.skipvar_release`) or the user
+trusts it (`method.knobs.trust_decision_models=true`, or env `VARBENCH_TRUST_DECISION_MODELS=1`).
+Folders varbench writes (`experiments.skipvar_train`, the shipped toy folder) hold the same four
+estimators in skops' format (`*.skops` instead of `*.pkl`), which builds only allow-listed types and
+runs no code; trees (Decision_Tree, Random_Forest) are skops-"untrusted" because scikit-learn indexes
+their node arrays unchecked, so varbench checks every node index against the array bounds after
+loading. A folder with both formats loads the `.skops` files.
 """
 from __future__ import annotations
 
@@ -29,6 +38,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import FixableError
+from .skipvar_release import TRUST_ENV, released_folder, trusted_by_env
+
 #: classifier file stems of the release (infinity.py line 287 uses Logistic_Regression)
 CLASSIFIERS = ("Logistic_Regression", "Decision_Tree", "Random_Forest")
 #: feature names, in the released order (`sample_input = [[diff_hf, new_ratio]]`)
@@ -37,7 +49,7 @@ FEATURES = ("hf_diff", "hf_ratio")
 FFT_FREQ_RATIO = 0.4
 PUBLISHED_AT = ("fakerone-li/SkipVAR on GitHub, folder SkipVAR/decision_model_ssim_{84,86,88}[_diff_only]/ "
                 "(trained on Infinity-2B), or a folder written by `python -m experiments.skipvar_train`")
-INSTALL_HINT = 'pip install -e ".[skipvar]" (scikit-learn and joblib)'
+INSTALL_HINT = 'pip install -e ".[skipvar]" (scikit-learn, joblib and skops)'
 
 
 # ----------------------------------------------------------------------------------------- features
@@ -93,7 +105,7 @@ def features_from_images(new_img: torch.Tensor, old_img: torch.Tensor, n_feature
 
 
 # -------------------------------------------------------------------------------- decision models
-class DecisionModelError(RuntimeError):
+class DecisionModelError(FixableError, RuntimeError):
     """A SkipVAR decision-model folder is missing, incomplete or not in the released format."""
 
 
@@ -108,12 +120,40 @@ def _require_joblib():
     return joblib
 
 
-def model_files(classifier: str) -> dict[str, str]:
-    """{role: file name} of one decision-model folder, as the release names them."""
+#: file formats of a decision-model folder: "skops" (safe; what varbench writes) or "pkl" (joblib, released)
+FORMATS = ("skops", "pkl")
+#: skops types varbench allows beyond skops' own trusted set, each checked after loading (`_check_trees`)
+_CHECKED_TYPES = ("sklearn.tree._tree.Tree",)
+
+
+def model_files(classifier: str, fmt: str = "pkl") -> dict[str, str]:
+    """{role: file name} of one decision-model folder, as the release names them (``fmt="pkl"``),
+    or the same stems with ``.skops`` (the safe format varbench writes)."""
     if classifier not in CLASSIFIERS:
         raise ValueError(f"skipvar classifier must be one of {list(CLASSIFIERS)}, got {classifier!r}")
-    return {"skip_model": f"skip_model_{classifier}.pkl", "skip_scaler": "skip_model_scaler.pkl",
-            "uncond_model": f"uncond_model_{classifier}.pkl", "uncond_scaler": "uncond_model_scaler.pkl"}
+    if fmt not in FORMATS:
+        raise ValueError(f"decision-model format must be one of {list(FORMATS)}, got {fmt!r}")
+    return {"skip_model": f"skip_model_{classifier}.{fmt}", "skip_scaler": f"skip_model_scaler.{fmt}",
+            "uncond_model": f"uncond_model_{classifier}.{fmt}", "uncond_scaler": f"uncond_model_scaler.{fmt}"}
+
+
+def resolve_folder(folder: str | Path) -> Path:
+    """The decision-model folder: as given, or (relative and absent here) inside the varbench package."""
+    d = Path(folder).expanduser()
+    if not d.is_absolute() and not d.exists() and (Path(__file__).resolve().parents[1] / d).is_dir():
+        d = Path(__file__).resolve().parents[1] / d  # a folder shipped inside the package (toy/weights/...)
+    return d
+
+
+def decision_model_paths(folder: str | Path | None, classifier: str = "Logistic_Regression") -> dict[str, Path]:
+    """{file name: path} of the four files :func:`load_decision_models` would read from ``folder``
+    (the ``.skops`` set when complete, else the ``.pkl`` set; only the files that exist). The job
+    hashes them into the generation key: retraining a folder in place makes new images."""
+    if folder is None or str(folder) in ("", "None", "null"):
+        return {}
+    d = resolve_folder(folder)
+    fmt = "skops" if all((d / n).is_file() for n in model_files(classifier, "skops").values()) else "pkl"
+    return {n: d / n for n in model_files(classifier, fmt).values() if (d / n).is_file()}
 
 
 @dataclasses.dataclass
@@ -126,6 +166,8 @@ class DecisionModels:
     uncond_scaler: Any
     folder: str = ""
     classifier: str = "Logistic_Regression"
+    fmt: str = "pkl"                      # "skops" (safe) or "pkl" (joblib)
+    released_as: Optional[str] = None     # the released folder whose pinned bytes these are (pkl only)
 
     @property
     def n_features(self) -> int:
@@ -143,7 +185,8 @@ class DecisionModels:
         return skip, uncond
 
     def describe(self) -> dict[str, Any]:
-        d = {"folder": self.folder, "classifier": self.classifier, "n_features": self.n_features}
+        d = {"folder": self.folder, "classifier": self.classifier, "n_features": self.n_features,
+             "format": self.fmt, "released_as": self.released_as}
         for role in ("skip_model", "uncond_model"):
             m = getattr(self, role)
             d[role] = {"class": type(m).__name__, "classes": [int(c) for c in getattr(m, "classes_", [])],
@@ -168,26 +211,105 @@ def _check_pair(role: str, model: Any, scaler: Any, path: Path) -> None:
         raise DecisionModelError(f"{path}: the {role} classifier predicts classes {bad}; SkipVAR's actions are 0..3.")
 
 
-def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regression") -> DecisionModels:
-    """Load a released (or `experiments.skipvar_train`-written) decision-model folder with joblib,
-    strictly: every one of the four files must exist and be a fitted estimator of the right shape.
-    A relative folder is looked up in the current directory, then inside the varbench package."""
+def _require_skops():
+    try:
+        import skops.io as sio
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise DecisionModelError(f"decision models saved by varbench are in skops' format (*.skops); {e}. "
+                                 f"Install it: {INSTALL_HINT}.") from None
+    return sio
+
+
+def _check_trees(obj: Any, path: Path) -> None:
+    """Every tree node's child and feature index within its arrays (what scikit-learn does not check
+    and a crafted .skops file could abuse to read outside them): else DecisionModelError."""
+    trees = [obj] if hasattr(obj, "tree_") else list(getattr(obj, "estimators_", []) or [])
+    for t in (getattr(e, "tree_", None) for e in trees):
+        if t is None:
+            continue
+        n, nf = int(t.node_count), int(getattr(obj, "n_features_in_", 0) or t.n_features)
+        left, right, feat = np.asarray(t.children_left), np.asarray(t.children_right), np.asarray(t.feature)
+        leaf = left == -1
+        ok = (len(left) == len(right) == len(feat) == n and np.array_equal(leaf, right == -1)
+              and ((left[~leaf] > 0) & (left[~leaf] < n) & (right[~leaf] > 0) & (right[~leaf] < n)).all()
+              and ((feat[~leaf] >= 0) & (feat[~leaf] < nf)).all() and np.asarray(t.value).shape[0] == n)
+        if not ok:
+            raise DecisionModelError(f"{path}: a decision tree's node indices point outside its arrays; the file is "
+                                     f"damaged or crafted. Retrain it with `python -m experiments.skipvar_train`.")
+
+
+def _load_skops(path: Path, trust: bool) -> Any:
+    sio = _require_skops()
+    try:
+        untrusted = sio.get_untrusted_types(file=path)
+        unknown = [t for t in untrusted if t not in _CHECKED_TYPES]
+        if unknown and not trust:
+            raise DecisionModelError(
+                f"{path} holds types skops does not trust: {unknown}. Loading them could run code. If you made this "
+                f"file (or trust who did), set method.knobs.trust_decision_models=true (or env {TRUST_ENV}=1); "
+                f"otherwise retrain with `python -m experiments.skipvar_train`.")
+        obj = sio.load(path, trusted=list(untrusted))
+    except DecisionModelError:
+        raise
+    except Exception as e:  # noqa: BLE001 - report which file and why
+        raise DecisionModelError(f"{path}: could not be loaded with skops ({type(e).__name__}: {e}).") from e
+    _check_trees(obj, path)
+    return obj
+
+
+def _refuse_unknown_pickles(d: Path, names: list[str]) -> None:
+    from ..provenance import sha256_file
+
+    hashes = {n: sha256_file(d / n) for n in names}
+    if released_folder(hashes) is not None:
+        return
+    shown = ", ".join(f"{n} ({h[:12]})" for n, h in hashes.items())
+    raise DecisionModelError(
+        f"{d}: these decision-model pickles are not the files SkipVAR released: {shown}. Loading a joblib/pickle "
+        f"file executes code written into it, so varbench loads only the released bytes (sha256 pinned in "
+        f"varbench/policies/skipvar_release.py) unless told otherwise. Fix: use the release's folder unchanged "
+        f"(decision_model_ssim_84/86/88[_diff_only]), retrain in the safe format with `python -m "
+        f"experiments.skipvar_train`, or, if you trust these files, set method.knobs.trust_decision_models=true "
+        f"(or env {TRUST_ENV}=1).")
+
+
+def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regression",
+                         trust: bool = False) -> DecisionModels:
+    """Load a decision-model folder strictly: every one of the four files must exist and be a fitted
+    estimator of the right shape. ``.skops`` files (what varbench writes) load without running code;
+    ``.pkl`` files (the release's joblib pickles) load only when their sha256 is the released one,
+    or with ``trust`` (``method.knobs.trust_decision_models``, or env ``VARBENCH_TRUST_DECISION_MODELS=1``):
+    pickles run code while loading. A relative folder is looked up in the current directory, then
+    inside the varbench package."""
     files = model_files(classifier)
     if folder is None or str(folder) in ("", "None", "null"):
         raise DecisionModelError("skipvar needs `decision_models`: a folder with the released decision models "
                                  f"({', '.join(files.values())}); published in {PUBLISHED_AT}.")
-    d = Path(folder).expanduser()
-    if not d.is_absolute() and not d.exists() and (Path(__file__).resolve().parents[1] / d).is_dir():
-        d = Path(__file__).resolve().parents[1] / d  # a folder shipped inside the package (toy/weights/...)
+    d = resolve_folder(folder)
+    trust = bool(trust) or trusted_by_env()
+    safe = model_files(classifier, "skops")
+    fmt = "skops" if all((d / n).is_file() for n in safe.values()) else "pkl"
+    if fmt == "skops":
+        files = safe
     missing = [n for n in files.values() if not (d / n).is_file()]
     if missing:
         raise DecisionModelError(f"SkipVAR decision models not found: {str(d)!r} lacks {missing}. They are published in "
                                  f"{PUBLISHED_AT}; point `decision_models` (env VARBENCH_WEIGHTS) at that folder.")
+    released = None
+    if fmt == "pkl":
+        from ..provenance import sha256_file
+
+        released = released_folder({n: sha256_file(d / n) for n in files.values()})
+        if released is None and not trust:
+            _refuse_unknown_pickles(d, list(files.values()))
     joblib = _require_joblib()
     import warnings
 
     loaded = {}
     for role, name in files.items():
+        if fmt == "skops":
+            loaded[role] = _load_skops(d / name, trust)
+            continue
         with warnings.catch_warnings():
             # the released pickles come from scikit-learn 1.6.1; newer versions warn but load them
             warnings.filterwarnings("ignore", message=".*Trying to unpickle estimator.*")
@@ -199,19 +321,23 @@ def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regress
     _check_pair("uncond", loaded["uncond_model"], loaded["uncond_scaler"], d)
     if loaded["skip_scaler"].n_features_in_ != loaded["uncond_scaler"].n_features_in_:
         raise DecisionModelError(f"{d}: the skip and uncond models take different feature counts.")
-    return DecisionModels(folder=str(d), classifier=classifier, **loaded)
+    return DecisionModels(folder=str(d), classifier=classifier, fmt=fmt, released_as=released, **loaded)
 
 
 def save_decision_models(folder: str | Path, classifier: str, skip_model, skip_scaler, uncond_model, uncond_scaler) -> dict[str, str]:
-    """Write the four files in the released layout (joblib.dump); returns {role: path}."""
-    joblib = _require_joblib()
+    """Write the four files in the released layout with skops (``*.skops``: loads without running
+    code); returns {role: path}. A stale ``.pkl`` set of the same classifier is removed, so the
+    folder holds one set (the loader would prefer the ``.skops`` one anyway)."""
+    sio = _require_skops()
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
     objs = {"skip_model": skip_model, "skip_scaler": skip_scaler, "uncond_model": uncond_model, "uncond_scaler": uncond_scaler}
     out = {}
-    for role, name in model_files(classifier).items():
-        joblib.dump(objs[role], d / name)
+    for role, name in model_files(classifier, "skops").items():
+        sio.dump(objs[role], d / name)
         out[role] = str(d / name)
+    for name in model_files(classifier, "pkl").values():
+        (d / name).unlink(missing_ok=True)
     return out
 
 

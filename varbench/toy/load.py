@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import FixableError
 from ..models.bsq_vae import BSQVAE, load_vae_state_dict
 from ..models.checkpoints import load_state_dict_strict
 from ..models.infinity import PRESETS, Infinity
@@ -41,7 +42,7 @@ MANIFEST = "manifest.json"
 PUBLISHED_AT = "the varbench git repository (varbench/toy/weights/), produced by `python -m varbench.toy.train`"
 
 
-class ToyWeightsError(RuntimeError):
+class ToyWeightsError(FixableError, RuntimeError):
     """A toy weight file is missing or differs from the manifest."""
 
 
@@ -65,7 +66,16 @@ def read_manifest(weights_dir: Optional[Path] = None) -> dict:
     if not p.is_file():
         raise ToyWeightsError(f"toy weights manifest {MANIFEST!r} not found; searched {str(p)!r}. It is published in "
                               f"{PUBLISHED_AT}; restore it with git checkout or retrain.")
-    return json.loads(p.read_text())
+    try:
+        manifest = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:     # truncated or hand-edited
+        raise ToyWeightsError(f"toy weights manifest {str(p)!r} is not valid JSON ({e}); restore it with "
+                              f"`git checkout -- varbench/toy/weights/{MANIFEST}` (it is published in {PUBLISHED_AT}), "
+                              "or retrain with `python -m varbench.toy.train`, which rewrites it.") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ToyWeightsError(f"toy weights manifest {str(p)!r} has no \"files\" table of sha256 values; restore it "
+                              f"with `git checkout -- varbench/toy/weights/{MANIFEST}` or retrain.")
+    return manifest
 
 
 def verified_path(kind: str, weights_dir: Optional[Path] = None, manifest: Optional[dict] = None) -> Path:
