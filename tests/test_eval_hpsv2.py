@@ -43,14 +43,28 @@ def ev():
 
 
 def test_preprocessing_matches_upstream_pixel_for_pixel():
+    """Exact with VARBENCH_STRICT_PARITY=1 (the goldens' CPU). Otherwise within what the resize's CPU
+    kernel paths spread (re-measured by `python tests/measure_parity_spread.py`, section "hps"):
+    ATEN_CPU_CAPABILITY=default moves every 997th value by up to
+    1.3e-6 (268 of 755 values) and the sum by 0.014; avx2/avx512, MKL_CBWR=COMPATIBLE,
+    ONEDNN_MAX_CPU_ISA=AVX2 and 1 thread move the values by 0 and the sum by <= 1.5e-11 (measured on
+    an AMD EPYC, AVX-512). Bounds: 1e-5 and 0.1 (about 7x). Turning antialiasing off moves values by
+    > 1e-3 (next test)."""
     from varbench.evaluators.hpsv2 import hps_preprocess
+    from varbench.testing import strict_parity
 
+    strict = strict_parity()
     for row in GOLD["rows"]:
         t = hps_preprocess(Image.open(FIX / "images" / row["image"]))
         assert list(t.shape) == row["pre_shape"]
         flat = t.flatten()
-        assert flat[::997].tolist() == row["pre_strided"]  # exact float equality
-        assert float(t.double().sum()) == pytest.approx(row["pre_sum"], abs=1e-9)
+        if strict:
+            assert flat[::997].tolist() == row["pre_strided"]  # exact float equality
+            assert float(t.double().sum()) == pytest.approx(row["pre_sum"], abs=1e-9)
+            continue
+        torch.testing.assert_close(flat[::997].double(), torch.tensor(row["pre_strided"], dtype=torch.float64),
+                                   rtol=0, atol=1e-5)
+        assert float(t.double().sum()) == pytest.approx(row["pre_sum"], abs=0.1)
 
 
 def test_antialias_is_a_real_knob():
