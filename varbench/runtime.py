@@ -325,6 +325,14 @@ class InfinityRuntime:
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
 
 
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The per-image sampling generator on `device`, seeded. One function so that the fake-CUDA dry
+    run (`varbench.fake_cuda`), where no CUDA generator can exist without a driver, can stand one in."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
 def _per_scale(v, n: int, name: str) -> list[float]:
     if isinstance(v, (int, float)):
         return [float(v)] * n
@@ -377,11 +385,7 @@ class _GenState:
         self.latent_size = (1, hl * self.patch, wl * self.patch)
         d_vae = rt.cfg.vae_codebook_dim
         self.summed_codes = torch.zeros(self.batch, d_vae, *self.latent_size, device=rt.device)
-        self.generators = []
-        for s in seeds:
-            g = torch.Generator(device=rt.device)
-            g.manual_seed(int(s))
-            self.generators.append(g)
+        self.generators = [new_generator(rt.device, s) for s in seeds]
         self.residuals: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
         self.bits: list[Optional[torch.Tensor]] = []
         self.entropies: list[Optional[torch.Tensor]] = []
