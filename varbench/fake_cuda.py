@@ -309,8 +309,7 @@ class StandInPolicy:
 
     def observe(self, si, sig: ScaleSignals):
         n = sig.h * sig.w
-        keys = {bi: e.shape[-1] for bi, e in sig.attention_entropy.items()}
-        kv_len = max(n, 2)
+        kv_len = max(n, 2)   # at least this scale's tokens are keys: ln(n) bounds a stand-in entropy
         stand = dataclasses.replace(
             sig, token_entropy=self._standin(sig.token_entropy, math.log(2)),
             logits=self._standin(sig.logits, -1), cond_logits=self._standin(sig.cond_logits, -1),
@@ -318,7 +317,6 @@ class StandInPolicy:
             attention_query_index={bi: self._standin(i, 0, n) for bi, i in sig.attention_query_index.items()},
             summed_codes=self._standin(sig.summed_codes, -1),
             decode=None if sig.decode is None else _StandInDecoder(self.fc, sig.decode.__self__).decode)
-        del keys
         with unset_fake_temporarily():
             self.inner.observe(si, stand)
 
