@@ -85,6 +85,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import importlib
 import inspect
@@ -250,6 +251,20 @@ def make_policy(preset: str):
 
     c = load_preset(preset)
     return build_policy(c["name"], **(c.get("knobs") or {})), c
+
+
+PREDICTED = ROOT / "results" / "curated" / "gpu_dryrun.json"
+
+
+@functools.lru_cache(maxsize=1)
+def predicted_peaks() -> dict:
+    """{(model preset, method preset, batch): bytes} predicted by `python -m experiments.gpu_dryrun
+    --json results/curated/gpu_dryrun.json` (eager generation, no CUDA-graph pools); {} without it."""
+    if not PREDICTED.is_file():
+        return {}
+    from experiments.gpu_dryrun import predicted_peaks as read
+
+    return read(PREDICTED)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -885,6 +900,8 @@ class Bench:
         row["images_per_s"] = sec.batch * 1e3 / row["e2e_ms"]["median"]
         peaks = [p for p in col("peak_bytes") if p is not None]
         row["peak_gib"] = max(peaks) / GIB if peaks else None
+        pred = predicted_peaks().get((self.specs[sec.role].preset, it.method, sec.batch))
+        row["predicted_peak_gib"] = pred / GIB if pred is not None else None   # fake-CUDA dry run, eager, no graph pools
         if ref is not None and ref.runs:
             p = self._paired(it, ref, "ar")
             row["paired"] = {"vs": f"{ref.name} ({ref.mode}, same rounds)", "ar_speedup": p["ratio"], "ar_ci95": p["ci95"],
@@ -1081,7 +1098,7 @@ def render_markdown(rec: dict) -> str:
           "AR / e2e ms: median [p10-p90] over timed rounds; e2e = text + AR + decode (no T5). Speed-up: paired "
           "(same rounds) median(reference AR) / median(AR), 95% bootstrap CI over rounds; reference = baseline in "
           "the same mode (toprovar~entropy_off: toprovar).", "",
-          "| model | method | batch | mode | AR ms | e2e ms | images/s | peak GiB | FLOPs ratio | paired AR speed-up [95% CI] | graphed vs eager | n | status |",
+          "| model | method | batch | mode | AR ms | e2e ms | images/s | peak GiB (predicted: fake-CUDA dry run, eager) | FLOPs ratio | paired AR speed-up [95% CI] | graphed vs eager | n | status |",
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rec["rows"]:
         p = r.get("paired")
@@ -1091,7 +1108,9 @@ def render_markdown(rec: dict) -> str:
         fl = r.get("flops_ratio_vs_baseline")
         L.append(f"| {r['model_label']} | {r['method']} | {r['batch']} | {r['mode']} | {_ms(r.get('ar_ms'))} | {_ms(r.get('e2e_ms'))} | "
                  f"{'%.2f' % r['images_per_s'] if r.get('images_per_s') else ''} | "
-                 f"{'%.2f' % r['peak_gib'] if r.get('peak_gib') is not None else ''} | {'%.2f' % fl if fl else ''} | {sp} | {ge} | "
+                 f"{'%.2f' % r['peak_gib'] if r.get('peak_gib') is not None else ''}"
+                 f"{' (pred %.2f)' % r['predicted_peak_gib'] if r.get('predicted_peak_gib') is not None else ''} | "
+                 f"{'%.2f' % fl if fl else ''} | {sp} | {ge} | "
                  f"{r.get('repeats', 0)} | {r['status']} |")
     L += ["", "## ToProVAR attention-entropy cost", "",
           "Same plan, entropy outputs replayed from a recorded run instead of computed (bench-only patch of "

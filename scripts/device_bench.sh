@@ -47,6 +47,20 @@ echo "install took $(( $(date +%s) - t0 ))s; script budget ${budget}s under time
 
 timeout "$LIMIT_S" "$PY" -u -m experiments.device_bench --out "$DEST" --budget-s "$budget" "$@" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
+# measured peak beside the fake-CUDA dry run's prediction (results/curated/gpu_dryrun.json, made on a
+# CPU with `python -m experiments.gpu_dryrun --json results/curated/gpu_dryrun.json`)
+"$PY" - "$DEST/device_bench.json" <<'PYEOF' 2>&1 | tee -a "$log"
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+except Exception as e:  # noqa: BLE001
+    sys.exit(f"no peak comparison: {e}")
+for r in rows:
+    if r.get("peak_gib") is not None:
+        p = r.get("predicted_peak_gib")
+        print(f"peak {r['model_label']:12s} {r['method']:22s} b{r['batch']:<2} {r['mode']:8s} measured {r['peak_gib']:7.2f} GiB"
+              f"  predicted {'%7.2f GiB' % p if p is not None else '   (none)'}")
+PYEOF
 [ "$rc" = 124 ] && echo "timed out after ${LIMIT_S}s: $DEST/device_bench.json has every finished section" | tee -a "$log"
 echo "exit $rc after $(( $(date +%s) - t0 ))s; outputs: $DEST/device_bench.json $DEST/device_bench.md $log" | tee -a "$log"
 exit "$rc"

@@ -294,7 +294,10 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
         "uncertainty": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["uncertainty"].items()},
         "higher_is_better": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["higher_is_better"].items()},
         "timing": timing, "flops": work["flops"], "work": work["work"],
-        "provenance": collect_provenance(str(job.device)),
+        # GPU features that failed on this device and were turned off (runtime.fall_back): the
+        # timings then are eager ones; [] when nothing fell back, absent when no runtime was built here
+        "provenance": {**collect_provenance(str(job.device)),
+                       **({"runtime_fallbacks": list(rt.fallbacks)} if hasattr(rt, "fallbacks") else {})},
         "wall_s": time.perf_counter() - job.t0,
     }
 

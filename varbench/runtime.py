@@ -20,8 +20,9 @@ replayed; everything it reads lives in a generation state reused in place across
 from __future__ import annotations
 
 import dataclasses
-import time
 import functools
+import logging
+import time
 from typing import Optional, Sequence
 
 import torch
@@ -37,6 +38,8 @@ from .models.text import TextBatch
 from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
 from .policies.base import Policy
 from .sampling import bit_entropy, guided_logits, sample_bits
+
+log = logging.getLogger("varbench.runtime")
 
 _FULL = BlockPlan()
 
@@ -172,6 +175,18 @@ class InfinityRuntime:
         self._graph_states: dict = {}
         self._graph_pool = None
         self.max_graph_states = 1
+        self.fallbacks: list[dict] = []   # {"knob", "error"}: GPU features that failed here and were turned off
+
+    def fall_back(self, knob: str, err: BaseException) -> None:
+        """A GPU feature failed on this machine (driver, Triton or SM mismatch): turn it off for this
+        runtime, log one warning naming the knob that avoids the attempt, and record it."""
+        attr = knob.rsplit(".", 1)[-1]
+        setattr(self, attr, False)
+        if attr == "cuda_graphs":
+            self.clear_graphs()
+        self.fallbacks.append({"knob": f"{knob}=false", "error": f"{type(err).__name__}: {err}"[:500]})
+        log.warning("%s failed on this device (%s: %s); continuing eagerly without it. Set %s=false to skip "
+                    "the attempt.", attr, type(err).__name__, str(err)[:300], knob)
 
     def clear_graphs(self) -> None:
         """Drop every captured graph and the generation states they read (frees their memory)."""
@@ -401,6 +416,14 @@ def _image_flops(cfg, trace: list[dict], tokens: tuple[int, int]) -> dict:
     return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}
 
 
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The per-image sampling generator on `device`, seeded. One function so that the fake-CUDA dry
+    run (`varbench.fake_cuda`), where no CUDA generator can exist without a driver, can stand one in."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
 def _per_scale(v, n: int, name: str) -> list[float]:
     if isinstance(v, (int, float)):
         return [float(v)] * n
@@ -450,11 +473,7 @@ class _GenState:
         self.latent_size = (1, hl * self.patch, wl * self.patch)
         d_vae = rt.cfg.vae_codebook_dim
         self.summed_codes = torch.zeros(self.batch, d_vae, *self.latent_size, device=rt.device)
-        self.generators = []
-        for s in seeds:
-            g = torch.Generator(device=rt.device)
-            g.manual_seed(int(s))
-            self.generators.append(g)
+        self.generators = [new_generator(rt.device, s) for s in seeds]
         self.residuals: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
         self.bits: list[Optional[torch.Tensor]] = []
         self.entropies: list[Optional[torch.Tensor]] = []
@@ -614,7 +633,17 @@ class _GenState:
             if key not in self.seen:  # allocations, lazy inits and kernel compilation happen here
                 self.seen.add(key)
                 return self._core(si, plan, cfg, tau, top_k, top_p)
-            graph, out = self._capture(lambda: self._core(si, plan, cfg, tau, top_k, top_p))
+            kv_len, rng = list(self.kv.len), [g.get_state() for g in self.generators]
+            try:
+                graph, out = self._capture(lambda: self._core(si, plan, cfg, tau, top_k, top_p))
+            except Exception as err:  # noqa: BLE001 - any capture failure: degrade to eager, don't die
+                # a capture runs nothing on the device: undo its host-side effects and run the step eagerly
+                self.kv.len = kv_len
+                for g, st in zip(self.generators, rng):
+                    g.set_state(st)
+                self.graphs = None
+                self.rt.fall_back("runtime.cuda_graphs", err)
+                return self._core(si, plan, cfg, tau, top_k, top_p)
             if out.residual_store is not None:
                 self.static_ptrs.update(t.data_ptr() for t in out.residual_store.values())
             step = self.graphs[key] = _CapturedStep(graph, out, list(self.kv.len))
@@ -734,8 +763,12 @@ class _GenState:
         if fused:  # entropy of every query from the attention pass itself (ToProVAR's Flash Attention Entropy)
             from .kernels import flash_attention_with_entropy
 
-            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0)
-        else:
+            try:
+                attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0)
+            except Exception as err:  # noqa: BLE001 - Triton/driver/SM mismatch: SDPA + a second pass instead
+                self.rt.fall_back("runtime.fused_entropy", err)
+                fused = False
+        if not fused:
             attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
         if want_entropy:
             sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)

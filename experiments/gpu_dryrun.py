@@ -1,0 +1,155 @@
+"""The GPU path before a GPU sees it: a fake-CUDA dry run of `generate` at the real shapes.
+
+    python -m experiments.gpu_dryrun                                  # 2B and 8B, batch 1 and 8
+    python -m experiments.gpu_dryrun --model infinity_8b --batch 1,8
+    python -m experiments.gpu_dryrun --depth 2 --json /tmp/dry.json   # reduced depth (the CI test)
+
+For each model (random-weight Infinity-2B / 8B, built on meta, materialised as fake CUDA tensors:
+`varbench.fake_cuda`), each method's default preset and each batch size, one generation at 1024²
+(`pn=1M`), cfg 4, bf16, `cuda_graphs` off (capture needs a device), with the Triton entropy kernel's
+wrapper on (`fused_entropy`), text as `experiments.device_bench` feeds it (30 random tokens). It
+fails (exit 1) on a device mismatch, a host read inside a scale step, an attention call that would
+not run flash-attn in bf16, a block weight or KV cache not in bf16, or images of the wrong shape.
+
+Printed per (model, method, batch): the predicted peak memory of the generation (weights + KV
+cache + live activations, VAE decode included; what `torch.cuda.max_memory_allocated` would show
+after a reset before the call, without CUDA-graph pools), its split, and the ops per scale that
+launch device work (about the kernel launches of an eager step). With random weights an
+entropy-driven method's plan comes from stand-in signals (see `varbench.fake_cuda`): its row checks
+the machinery at the real shapes, not a trained model's plan. SkipVAR's released decision models
+are weights (not shipped): the toy's stand in, so its decision path runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+GIB = 1024 ** 3
+#: model -> the default preset of every method (FastVAR's 8B preset is the one written for 8B)
+METHODS = {
+    "infinity_2b": ["baseline", "fastvar", "nova", "toprovar", "skip_last_2", "skipvar", "skipvar_hybrid", "nova_on_fastvar"],
+    "infinity_8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2", "skipvar", "skipvar_hybrid",
+                    "nova_on_fastvar"],
+}
+
+
+def make_policy(preset: str):
+    from experiments.device_bench import load_preset
+    from varbench.policies import build_policy
+
+    c = load_preset(preset)
+    knobs = dict(c.get("knobs") or {})
+    if "decision_models" in knobs:  # the released folder is weights: the toy's decision models stand in
+        knobs["decision_models"] = load_preset("skipvar_toy")["knobs"]["decision_models"]
+    return build_policy(c["name"], **knobs)
+
+
+def _checks(rt, out, fc, batch: int) -> list[str]:
+    """What the CUDA path intends; each failure as one line."""
+    bad = []
+    for name, p in rt.model.named_parameters():
+        want = torch.bfloat16 if ".module." in name else torch.float32   # blocks live under block_chunks.*.module.*
+        if p.dtype != want or p.device.type != "cuda":
+            bad.append(f"weight {name}: {p.dtype} on {p.device}, expected {want} on cuda")
+            break
+    wrong = [c for c in fc.attention if c["backend"] != "flash" or c["dtype"] != "bfloat16"]
+    if wrong:
+        bad.append(f"{len(wrong)} of {len(fc.attention)} attention calls not flash-attn bf16, e.g. {wrong[0]}")
+    if not fc.attention:
+        bad.append("no attention call was seen")
+    h, w = 1024, 1024
+    if out.images is None or tuple(out.images.shape) != (batch, h, w, 3) or out.images.dtype != torch.uint8 \
+            or out.images.device.type != "cuda":
+        bad.append(f"images {None if out.images is None else (tuple(out.images.shape), out.images.dtype, out.images.device)}")
+    return bad
+
+
+def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: bool = True, fc_runtime=None) -> dict:
+    from varbench.fake_cuda import FakeCuda
+
+    t0 = time.perf_counter()
+    row = {"model": model, "method": preset, "batch": batch, "depth": depth}
+    try:
+        with FakeCuda(memo_blocks=memo_blocks) as fc:
+            rt = fc.runtime(model, depth=depth)
+            weights = fc.ledger.now
+            cfg = rt.cfg
+            out = fc.generate(rt, make_policy(preset), batch)
+            ran = [t for t in out.trace if t["ran"]]
+            # the KV cache: one bf16 buffer (2, rows, H, capacity, c) per block (`_KVCache`)
+            cap = sum(h * w for h, w in out.schedule)
+            kv = cfg.depth * 2 * 2 * batch * cap * cfg.embed_dim * 2
+            row.update(
+                peak_bytes=fc.ledger.peak, weights_bytes=weights, kv_bytes=kv,
+                activations_bytes=fc.ledger.peak - weights - kv,
+                ops_per_scale=[fc.ledger.ops.get(t["si"], 0) for t in ran],
+                scales_run=[t["si"] for t in ran],
+                attention={b: sum(1 for c in fc.attention if c["backend"] == b) for b in {c["backend"] for c in fc.attention}},
+                errors=_checks(rt, out, fc, batch))
+    except Exception as e:  # noqa: BLE001 - a failing combination is reported in its row; the run goes on
+        row.update(errors=[f"{type(e).__name__}: {e}"])
+    row["status"] = "ok" if not row["errors"] else "FAILED"
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def fmt_row(r: dict) -> str:
+    if r["status"] != "ok":
+        return f"{r['model']:12s} {r['method']:17s} b{r['batch']:<2d} FAILED: {'; '.join(r['errors'])[:400]}"
+    ops = r["ops_per_scale"]
+    return (f"{r['model']:12s} {r['method']:17s} b{r['batch']:<2d} peak {r['peak_bytes'] / GIB:7.2f} GiB "
+            f"(weights {r['weights_bytes'] / GIB:5.2f} + KV {r['kv_bytes'] / GIB:5.2f} + act {r['activations_bytes'] / GIB:5.2f})  "
+            f"ops/scale {ops}  [{r['seconds']}s]")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=sorted(METHODS), action="append",
+                    help="infinity_2b or infinity_8b (repeatable; default both)")
+    ap.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    ap.add_argument("--methods", default=None, help="comma-separated method presets (default: each method's default)")
+    ap.add_argument("--depth", type=int, default=None, help="blocks per model (default: the preset's; CI uses 2)")
+    ap.add_argument("--exact", action="store_true", help="run every block for real (slower; no memoised full blocks)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    try:
+        batches = [int(b) for b in a.batch.split(",") if b.strip()]
+    except ValueError:
+        print(f"--batch {a.batch!r}: give comma-separated integers, e.g. --batch 1,8", file=sys.stderr)
+        return 2
+    if not batches or min(batches) < 1:
+        print(f"--batch {a.batch!r}: batch sizes must be >= 1, e.g. --batch 1,8", file=sys.stderr)
+        return 2
+    rows = []
+    for model in a.model or sorted(METHODS):
+        presets = a.methods.split(",") if a.methods else METHODS[model]
+        for preset in presets:
+            for b in batches:
+                r = run_one(model, preset, b, depth=a.depth, memo_blocks=not a.exact)
+                print(fmt_row(r), flush=True)
+                rows.append(r)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"schema": "gpu_dryrun/1", "rows": rows}, indent=1))
+    failed = [r for r in rows if r["status"] != "ok"]
+    print(f"{len(rows) - len(failed)} of {len(rows)} combinations ok")
+    return 1 if failed else 0
+
+
+def predicted_peaks(path: Path) -> dict:
+    """{(model, method preset, batch): peak bytes} from a `--json` file (for experiments.device_bench)."""
+    rows = json.loads(Path(path).read_text())["rows"]
+    return {(r["model"], r["method"], r["batch"]): r["peak_bytes"] for r in rows if r.get("status") == "ok"}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
