@@ -172,6 +172,7 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
         store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
         kw = _gen_kwargs(cfg, rt)
         ps = job.prompt_set
+        policy = _PlanLog(policy)   # records which plans were neutral, for the record's method_effect
         bar = job.bar(len(todo), f"generate {method_name}")
         wanted = set(todo)
         # whole batches of fixed members (varbench.sharding): an image's bits do not depend on how
@@ -190,7 +191,7 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
                         continue
                     _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
                                                   metadata={**item.metadata, "prompt": item.prompt})
-                    rows.append(_trace_row(out, b, len(batch), item.index, s, method_name))
+                    rows.append(_trace_row(out, b, len(batch), item.index, s, method_name, policy))
                     written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
                 store.commit(written)
@@ -264,6 +265,7 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
     scores = collect_scores(score_dirs, cfg.get("evaluator"), job.all_keys, str(job.device))
     traces = _entry_traces(job)
     work = work_summary(traces)
+    effect = _method_effect(job, traces, score_dirs)
     first = traces[0] if traces else {}
     resolution = first.get("resolution")              # [H, W] of the generated images
     if resolution is None and rt is not None:
@@ -280,7 +282,8 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
                   "weights": job.weights},
         "method": {"name": cfg.method.name, "preset": job.preset, "label": cfg.method.get("label"),
                    "config": OmegaConf.to_container(cfg.method, resolve=True),
-                   "stats": first.get("stats") or {}},   # the first image's; every image's are in traces.jsonl
+                   "stats": first.get("stats") or {},   # the first image's; every image's are in traces.jsonl
+                   **effect},
         "benchmark": {**job.prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
         "evaluators": {k: v["version"] for k, v in scores.items()},
         "metrics": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["metrics"].items()},
@@ -290,6 +293,24 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
         "provenance": collect_provenance(str(job.device)),
         "wall_s": time.perf_counter() - job.t0,
     }
+
+
+def _method_effect(job: Job, traces: list[dict], score_dirs: list[Path]) -> dict:
+    """The record's ``method.effect`` (:mod:`varbench.effect`), said once on the console when the
+    method changed nothing for some or all images."""
+    from .effect import console_line, method_effect
+
+    psnr = {}
+    for folder in score_dirs:   # pixels identical to the baseline's, where fidelity was scored
+        path = Path(folder) / "samples_fidelity.jsonl"
+        for r in latest_rows(read_jsonl(path)) if path.exists() else []:
+            if r.get("psnr") is not None:
+                psnr[(r["prompt_index"], r["sample_index"])] = float(r["psnr"])
+    info = method_effect(traces, psnr, str(job.cfg.method.name))
+    line = console_line(job.preset or str(job.cfg.method.name), info, len(traces))
+    if line:
+        print(line)
+    return info
 
 
 # -- the job ---------------------------------------------------------------------------------
@@ -482,7 +503,43 @@ def _gen_kwargs(cfg: DictConfig, rt) -> dict:
     return kw
 
 
-def _trace_row(out, b: int, batch: int, p: int, s: int, method: str) -> dict:
+class _PlanLog:
+    """The job's policy, delegated to unchanged, noting per scale whether its plan was neutral
+    (:func:`varbench.policies.common.is_neutral`: every scale runs, every block in full, both CFG
+    halves, no guidance/temperature override) for the trace rows' ``plan_neutral``. Plans are per
+    batch, so an image's flags are those of the batch it was generated in."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.neutral: list[bool] = []
+
+    def reset(self, ctx) -> None:
+        self.neutral = []
+        self.inner.reset(ctx)
+
+    def plan(self, si: int):
+        from .policies.common import is_neutral
+
+        plan = self.inner.plan(si)
+        self.neutral.append(is_neutral(plan))
+        return plan
+
+    def no_effect_reason(self) -> str | None:
+        """The policy's own reason (``Policy.no_effect_reason``) when every plan was neutral, else None."""
+        if not all(self.neutral):
+            return None
+        hook = getattr(self.inner, "no_effect_reason", None)
+        return (hook() if hook is not None else None) or NEUTRAL_REASON
+
+    def __getattr__(self, name):                 # observe, stats, describe, residual_reads_after, ...
+        return getattr(self.inner, name)
+
+
+#: the reason recorded when every plan was neutral and the policy gives none of its own
+NEUTRAL_REASON = "every plan was neutral"
+
+
+def _trace_row(out, b: int, batch: int, p: int, s: int, method: str, log: _PlanLog | None = None) -> dict:
     scales = []
     for si, tr in enumerate(out.trace):
         keep = None
@@ -491,10 +548,12 @@ def _trace_row(out, b: int, batch: int, p: int, s: int, method: str) -> dict:
             keep = [0.0 if blk["mode"] == "skip" else (blk["sa"] + blk["ca"] + blk["ffn"]) / (3 * n) for blk in tr["blocks"]]
         ent = out.token_entropy[si]
         scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
-                       "entropy_mean": None if ent is None else float(ent[b].mean()), "ms": tr.get("ms")})
+                       "entropy_mean": None if ent is None else float(ent[b].mean()), "ms": tr.get("ms"),
+                       "plan_neutral": None if log is None or si >= len(log.neutral) else log.neutral[si]})
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
             "resolution": list(out.images.shape[1:3]),
-            "work": image_work(out.flops, out.trace, batch), "stats": _jsonable(out.policy_stats)}
+            "work": image_work(out.flops, out.trace, batch), "stats": _jsonable(out.policy_stats),
+            "no_effect_reason": None if log is None else log.no_effect_reason()}
 
 
 def _jsonable(obj):
