@@ -33,7 +33,7 @@ from .block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_r
 from .models.infinity import CrossAttnBlock, Infinity, key_runs
 from .models.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
 from .models.text import TextBatch
-from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
+from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick
 from .policies.base import Policy
 from .sampling import bit_entropy, guided_logits, sample_bits
 
@@ -479,7 +479,8 @@ class _GenState:
                 counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
             elif bp.mode != "skip":
                 x = self._block(si, bi, x, bp, counts, residual_store,
-                                bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx)
+                                bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx,
+                                plan.attention_entropy_sampling)
             counts_all.append(counts)
         logits = self.m.logits(x, self.cond[:self.rows])
         guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
@@ -539,7 +540,8 @@ class _GenState:
         if any(ptr not in self.static_ptrs for *_, ptr in residuals):
             return None  # residuals from an eager step live in memory a graph must not hold on to
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
-                plan.attention_entropy_queries, self.rows, tuple(self.kv.len), residuals, cfg, tau, top_k, top_p)
+                plan.attention_entropy_queries, plan.attention_entropy_sampling, self.rows, tuple(self.kv.len), residuals,
+                cfg, tau, top_k, top_p)
 
     def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
         """The plan with every `keep` copied into a buffer that lives as long as this state."""
@@ -582,7 +584,8 @@ class _GenState:
 
     # -------------------------------------------------------------- one block under a plan
     def _block(self, si, bi, x, bp: BlockPlan, counts, residual_store,
-               want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict):
+               want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict,
+               entropy_sampling: str = "even"):
         bc = self.consts[bi]
         h, w = self.sched[si]
         rows, n, _ = x.shape
@@ -626,7 +629,7 @@ class _GenState:
             sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
             pick = None
             if entropy_queries is not None and entropy_queries < q.shape[2]:
-                pick = torch.linspace(0, q.shape[2] - 1, entropy_queries, device=x.device).round().long()
+                pick = entropy_query_pick(q.shape[2], entropy_queries, si, entropy_sampling, x.device)
                 sub_pos = sub_pos[:, pick]
             if fused:
                 attn_ent[bi] = ent_all if pick is None else ent_all[:, pick]
