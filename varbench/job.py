@@ -532,6 +532,8 @@ class _PlanLog:
         return (hook() if hook is not None else None) or NEUTRAL_REASON
 
     def __getattr__(self, name):                 # observe, stats, describe, residual_reads_after, ...
+        if name == "inner":                      # not yet set (copy, pickle): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
