@@ -11,6 +11,7 @@ from experiments.flops_table import load_method, method_flops
 from varbench.models.schedules import scale_schedule
 from varbench.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
+from varbench.policies.base import Policy
 
 SQ_1M = tuple(scale_schedule(1.0, "1M"))
 UNSTATED = {"prune_kv": True, "protect_first": 0, "protect_last": 0, "sublayers": ["sa", "ca", "ffn"],
@@ -120,3 +121,60 @@ def test_neutral_knob_values_keep_plans_identical():
     for pa, pb in zip(a, b):
         for k in pa.blocks:
             assert pa.blocks[k].n_keep == pb.blocks[k].n_keep and torch.equal(pa.blocks[k].keep, pb.blocks[k].keep)
+
+
+def test_q_sub_sampling_knob(tiny_rt):
+    """q_sub queries: evenly spaced by default (unchanged behaviour), or a fixed pseudo-random subset
+    per scale; the runtime measures exactly the queries the rule names, and each value is that
+    query's entropy over all queries (so the subset changes which queries are read, not their values)."""
+    from varbench.method_configs import NOVAKnobs
+    from varbench.plan import ScalePlan, entropy_query_pick
+
+    assert NOVAKnobs().q_sub_sampling == "even" and build_policy("nova").describe()["q_sub_sampling"] == "even"
+    even = entropy_query_pick(100, 7, 3, "even", "cpu")
+    assert even.tolist() == torch.linspace(0, 99, 7).round().long().tolist()
+    r3, r3b, r4 = (entropy_query_pick(100, 7, s, "random", "cpu") for s in (3, 3, 4))
+    assert torch.equal(r3, r3b)                                           # seeded by the scale: reproducible
+    assert not torch.equal(r3, r4) and not torch.equal(r3, even)          # another scale, another subset
+    assert r3.unique().numel() == 7 and r3.tolist() == sorted(r3.tolist()) and 0 <= int(r3.min()) and int(r3.max()) < 100
+    # the whole range is reachable: over many scales the picks cover both halves evenly enough
+    picks = torch.cat([entropy_query_pick(100, 7, s, "random", "cpu") for s in range(200)])
+    assert 0.4 < float((picks < 50).float().mean()) < 0.6
+    with pytest.raises(ValueError, match="'even' or 'random'"):
+        entropy_query_pick(10, 3, 0, "first", "cpu")
+
+    # NOVA emits the knob on the plans that ask for layer entropy
+    def plans_of(**kw):
+        pol = build_policy("nova", t_force=6, **kw)
+        pol.reset(ctx_for())
+        return [pol.plan(si) for si in range(8)]
+    asked = [p for p in plans_of(q_sub_sampling="random") if p.attention_entropy_for]
+    assert asked and all(p.attention_entropy_sampling == "random" and p.attention_entropy_queries == 256 for p in asked)
+    assert all(p.attention_entropy_sampling == "even" for p in plans_of())
+    with pytest.raises(ValueError, match="q_sub_sampling"):
+        build_policy("nova", q_sub_sampling="first")
+
+    # the runtime measures the named queries: values equal the all-query entropy at those positions
+    class Script(Policy):
+        name = "script"
+
+        def __init__(self, k, how):
+            self.k, self.how, self.seen = k, how, {}
+
+        def plan(self, si):
+            return ScalePlan(attention_entropy_for=frozenset({1}), attention_entropy_queries=self.k,
+                             attention_entropy_sampling=self.how)
+
+        def observe(self, si, signals):
+            self.seen[si] = (signals.attention_entropy[1], signals.attention_query_index[1])
+
+    full, rnd = Script(None, "even"), Script(5, "random")
+    for pol in (full, rnd):
+        tiny_rt.generate(["a red circle"], [0], pol, pn="0.25M", cfg=3.0)
+    for si, (ent, idx) in rnd.seen.items():
+        n = full.seen[si][0].shape[1]
+        if n <= 5:
+            continue
+        want = entropy_query_pick(n, 5, si, "random", "cpu")
+        assert idx.tolist() == [want.tolist()] * idx.shape[0]
+        torch.testing.assert_close(ent, full.seen[si][0][:, want], rtol=1e-4, atol=1e-5)

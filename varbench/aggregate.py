@@ -317,7 +317,7 @@ WIDE_COLUMNS: tuple[str, ...] = (
     "n_images", "n_repeats", "ar_ms", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
     "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
     "speedup_reliable", "unreliable_reason", "speedup", "e2e_speedup", "flops_x", "flops_x_e2e", "identical_images",
-    "skipped_metrics")
+    "method_effect", "method_effect_reason", "unchanged_images", "skipped_metrics")
 
 
 def wide_table(paired, baseline: str = "baseline"):

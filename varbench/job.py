@@ -271,6 +271,7 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
     scores = collect_scores(score_dirs, cfg.get("evaluator"), job.all_keys, str(job.device))
     traces = _entry_traces(job)
     work = work_summary(traces)
+    effect = _method_effect(job, traces, score_dirs)
     first = traces[0] if traces else {}
     resolution = first.get("resolution")              # [H, W] of the generated images
     if resolution is None and rt is not None:
@@ -287,7 +288,8 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
                   "weights": job.weights},
         "method": {"name": cfg.method.name, "preset": job.preset, "label": cfg.method.get("label"),
                    "config": OmegaConf.to_container(cfg.method, resolve=True), "files": job.method_files,
-                   "stats": first.get("stats") or {}},   # the first image's; every image's are in traces.jsonl
+                   "stats": first.get("stats") or {},   # the first image's; every image's are in traces.jsonl
+                   **effect},
         "benchmark": {**job.prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
         "evaluators": {k: v["version"] for k, v in scores.items()},
         "metrics": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["metrics"].items()},
@@ -300,6 +302,24 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
                        **({"runtime_fallbacks": list(rt.fallbacks)} if hasattr(rt, "fallbacks") else {})},
         "wall_s": time.perf_counter() - job.t0,
     }
+
+
+def _method_effect(job: Job, traces: list[dict], score_dirs: list[Path]) -> dict:
+    """The record's ``method.effect`` (:mod:`varbench.effect`), said once on the console when the
+    method changed nothing for some or all images."""
+    from .effect import console_line, method_effect
+
+    psnr = {}
+    for folder in score_dirs:   # pixels identical to the baseline's, where fidelity was scored
+        path = Path(folder) / "samples_fidelity.jsonl"
+        for r in latest_rows(read_jsonl(path)) if path.exists() else []:
+            if r.get("psnr") is not None:
+                psnr[(r["prompt_index"], r["sample_index"])] = float(r["psnr"])
+    info = method_effect(traces, psnr, str(job.cfg.method.name))
+    line = console_line(job.preset or str(job.cfg.method.name), info, len(traces))
+    if line:
+        print(line)
+    return info
 
 
 # -- the job ---------------------------------------------------------------------------------
@@ -527,9 +547,11 @@ def _gen_kwargs(cfg: DictConfig, rt) -> dict:
 
 
 def _trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = None) -> dict:
-    """Image b's trace row: per scale what its (sub-)batch ran, its entropy, and its own FLOPs and
-    policy stats (per-image decisions give every image its own); ``stages``: its text-encoder and
-    VAE-decode FLOPs (:func:`varbench.stage_flops.stage_flops`) for the end-to-end count."""
+    """Image b's trace row: per scale what its (sub-)batch ran, whether its plan was neutral, its
+    entropy, and its own FLOPs and policy stats (per-image decisions give every image its own);
+    ``stages``: its text-encoder and VAE-decode FLOPs (:func:`varbench.stage_flops.stage_flops`) for
+    the end-to-end count; ``no_effect_reason``: why its policy changed nothing, when every plan was
+    neutral (:mod:`varbench.effect`)."""
     scales = []
     for si, tr in enumerate(out.image_traces[b]):
         keep = None
@@ -538,13 +560,14 @@ def _trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = N
             keep = [0.0 if blk["mode"] == "skip" else (blk["sa"] + blk["ca"] + blk["ffn"]) / (3 * n) for blk in tr["blocks"]]
         ent = out.token_entropy[si]
         scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
-                       "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms")})
+                       "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms"),
+                       "plan_neutral": tr.get("neutral")})
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
             "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
             # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
             "work": with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
                                     (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
-            "stats": _jsonable(out.image_stats[b])}
+            "stats": _jsonable(out.image_stats[b]), "no_effect_reason": out.no_effect_reasons[b]}
 
 
 def _jsonable(obj):

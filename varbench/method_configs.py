@@ -140,6 +140,9 @@ class NOVAKnobs(_Knobs):
     ratio_is_keep     read the sigmoid as a keep fraction (flips direction).
     layer_entropy     attn_subsample (layer linkage on) | none.
     q_sub             queries sampled per block for layer entropy (cost); null = all.
+    q_sub_sampling    RECON: even (evenly spaced queries, the default) | random (a fixed pseudo-random
+                      subset per scale, the reference notes' reading). Speed-neutral. Not composed by
+                      default, so existing NOVA store entries keep their hash.
     mu                layer-linkage strength (0 = every layer gets the scale ratio).
     layer_entropy_lag must be 1 (previous scale): plans are fixed before a scale runs.
     token_score       prev_scale_pred_entropy | per_layer_attn (each layer ranks by its own attention
@@ -183,6 +186,7 @@ class NOVAKnobs(_Knobs):
     ratio_is_keep: bool = knob(False)
     layer_entropy: str = knob("attn_subsample", choices=("attn_subsample", "none"))
     q_sub: Optional[int] = knob(256, ge=1)
+    q_sub_sampling: str = knob("even", choices=("even", "random"), composed=False)
     mu: float = knob(0.5)
     layer_entropy_lag: int = knob(1, choices=(1,))
     token_score: str = knob("prev_scale_pred_entropy", choices=("prev_scale_pred_entropy", "per_layer_attn"))

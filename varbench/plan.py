@@ -98,7 +98,10 @@ class ScalePlan:
                     fills (memory: depth * 3 * rows * h*w * C floats).
     attention_entropy_for: blocks whose per-query self-attention entropy is wanted in the signals
                     (exact; costs one extra pass over the attention logits of those blocks).
-    attention_entropy_queries: None = every query; k = an evenly spaced subsample of k queries.
+    attention_entropy_queries: None = every query; k = a subsample of k queries, chosen by
+    attention_entropy_sampling: "even" (evenly spaced over the executed queries, the default) or
+                    "random" (a fixed pseudo-random k-subset per scale, seeded by the scale index:
+                    :func:`entropy_query_pick`). Same subset for every row.
     release_residuals: scales whose kept residuals no later plan will read; freed after this
                     scale runs (a 2B at 1024² holds ~1.6 GB per cached 40x40 scale with CFG).
     cfg / tau:      override the configured guidance scale / temperature at this scale.
@@ -111,10 +114,30 @@ class ScalePlan:
     keep_residuals: bool = False
     attention_entropy_for: frozenset[int] = frozenset()
     attention_entropy_queries: Optional[int] = None
+    attention_entropy_sampling: Literal["even", "random"] = "even"
     release_residuals: frozenset[int] = frozenset()
     cfg: Optional[float] = None
     tau: Optional[float] = None
     drop_uncond: bool = False
+
+
+def entropy_query_pick(n: int, k: int, scale: int, sampling: str, device) -> torch.Tensor:
+    """Positions (k,) long, ascending, of the k of n executed queries whose attention entropy is
+    measured. "even": evenly spaced (``linspace(0, n-1, k)`` rounded). "random": the k smallest of
+    a 32-bit integer hash of (position, scale) (multiply-xorshift, as in murmur3's finaliser):
+    a pseudo-random subset that is the same for a given (n, k, scale) on every device and run, drawn
+    without a random generator or a host read, so it is safe inside a captured CUDA graph."""
+    if sampling == "even":
+        return torch.linspace(0, n - 1, k, device=device).round().long()
+    if sampling != "random":
+        raise ValueError(f"attention_entropy_sampling must be 'even' or 'random', got {sampling!r}")
+    m = 0xFFFFFFFF
+    h = (torch.arange(n, device=device, dtype=torch.int64) + (int(scale) + 1) * 0x9E3779B1) & m
+    for mult in (0x85EBCA6B, 0xC2B2AE35):   # low 32 bits stay exact through int64 wrap-around
+        h = h ^ (h >> 16)
+        h = (h * mult) & m
+    h = h ^ (h >> 16)
+    return torch.argsort(h, stable=True)[:k].sort().values
 
 
 @dataclasses.dataclass

@@ -31,8 +31,10 @@ Entry folder ``<root>/entries/<entry_hash>/``:
        "scales": [{"si": int, "h": int, "w": int, "ran": bool,
                    "keep_frac": [float per layer] | null,   # null: every layer ran in full
                    "entropy_mean": float | null,             # mean predictive entropy (nats)
-                   "ms": float | null}, ...],
-       "stats": {method-specific, e.g. "activation_scale", "depth_D", "layer_labels": [str]}}
+                   "ms": float | null,
+                   "plan_neutral": bool | null}, ...],      # the policy's plan changed nothing here
+       "stats": {method-specific, e.g. "activation_scale", "depth_D", "layer_labels": [str]},
+       "no_effect_reason": str | null}              # every plan neutral: why (varbench/effect.py)
 
 * ``DONE``: written last; seals every file of the entry (all regular files under the folder
   except ``DONE``, ``LOCK`` and dot-named temp files) by sha256. Format (JSON)::
@@ -698,6 +700,10 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,
         "flops_e2e": float(flops["end_to_end"]) if flops.get("end_to_end") is not None else nan,
         "identical_images": _identical_images(rec, path),
+        # the method changed nothing (varbench/effect.py): "none" rows are marked in table.md
+        "method_effect": method.get("effect"),
+        "method_effect_reason": method.get("effect_reason"),
+        "unchanged_images": method.get("unchanged_images"),
         "skipped_metrics": _skipped_metrics(evals),
         "wall_s": rec.get("wall_s"),
         # the code that wrote the record (provenance.git): tables name the commits when they differ
@@ -736,9 +742,12 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     reference_spread (the baseline's own p90-p10 over median), ar_spread and ar_ms_reliable (the
     row's own AR repeats' p90-p10 over median, within ``timing.max_reference_spread``), timing_order, speedup_reliable
     (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total
-    (transformer only), flops_ar, flops_e2e (transformer + text encoder + VAE decode), identical_images (every image bit-identical to the baseline's, from fidelity; None
-    without it), skipped_metrics (evaluator parts skipped, e.g. LPIPS without weights), wall_s,
-    git_sha and git_dirty (``provenance.git`` of the code that wrote the record), path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
+    (transformer only), flops_ar, flops_e2e (transformer + text encoder + VAE decode), identical_images
+    (every image bit-identical to the baseline's, from fidelity; None without it), method_effect /
+    method_effect_reason / unchanged_images (did the method change anything: "none" | "partial" |
+    "some", why not, how many images it left unchanged; record ``method.effect``), skipped_metrics
+    (evaluator parts skipped, e.g. LPIPS without weights), wall_s, git_sha and git_dirty
+    (``provenance.git`` of the code that wrote the record), path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
     evaluator's standard error of the mean; fidelity's PSNR mean caps identical pairs, see
     ``identical_images``).
     """

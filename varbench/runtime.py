@@ -35,8 +35,9 @@ from .block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_r
 from .models.infinity import CrossAttnBlock, Infinity, key_runs
 from .models.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
 from .models.text import TextBatch
-from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext
+from .plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick
 from .policies.base import Policy
+from .policies.common import is_neutral
 from .sampling import bit_entropy, guided_logits, sample_bits
 
 log = logging.getLogger("varbench.runtime")
@@ -60,6 +61,8 @@ class GenerationOutput:
     image_traces: list[list[dict]] = dataclasses.field(default_factory=list)  # per image: the trace of its sub-batch
     image_flops: list[dict] = dataclasses.field(default_factory=list)         # per image: its share of `flops`
     image_stats: list[dict] = dataclasses.field(default_factory=list)         # per image: its policy's stats
+    no_effect_reasons: list[Optional[str]] = dataclasses.field(default_factory=list)  # per image: why its
+                                            # policy changed nothing (every plan neutral), else None
 
 
 class _Timer:
@@ -335,6 +338,7 @@ class InfinityRuntime:
         per_scale_flops = [sum(scale_flops(self.cfg, tr) for tr in {id(st.trace[si]): st.trace[si] for _, st in groups}.values())
                            for si in range(n_scales)]
         image_stats = [p.stats() for p in policies] if per_image else [policy.stats()] * batch
+        reasons = [_no_effect_reason(p, tr) for p, tr in zip(policies if per_image else [policy] * batch, image_traces)]
         return GenerationOutput(
             images=images, summed_codes=summed_codes, schedule=sched, trace=image_traces[0],
             bits=[scatter_images([(g, st.bits[si]) for g, st in groups], batch, -1) for si in range(n_scales)],
@@ -343,7 +347,7 @@ class InfinityRuntime:
             flops={"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops},
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
             policy_stats={"per_image": image_stats} if per_image else image_stats[0],
-            image_traces=image_traces, image_flops=image_flops, image_stats=image_stats,
+            image_traces=image_traces, image_flops=image_flops, image_stats=image_stats, no_effect_reasons=reasons,
         )
 
     def _per_image_step(self, si, groups, policies, cfgs, taus, top_k, top_p):
@@ -414,6 +418,16 @@ def _image_flops(cfg, trace: list[dict], tokens: tuple[int, int]) -> dict:
     rows0 = 2 if trace and trace[0]["rows"] == 2 * trace[0]["batch"] else 1
     text = text_flops(cfg, cond + (uncond if rows0 == 2 else 0), rows0)
     return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}
+
+
+def _no_effect_reason(policy: Policy, trace: list[dict]) -> Optional[str]:
+    """Why `policy` changed nothing for an image whose every plan was neutral (its own reason, or
+    the generic one); None if some plan was not neutral."""
+    from .effect import NEUTRAL_REASON
+
+    if not all(tr.get("neutral") for tr in trace):
+        return None
+    return policy.no_effect_reason() or NEUTRAL_REASON
 
 
 def new_generator(device: torch.device, seed: int) -> torch.Generator:
@@ -565,7 +579,8 @@ class _GenState:
         if not plan.run:
             self.bits.append(None)
             self.entropies.append(None)
-            self.trace.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": self.batch, "tokens": n, "blocks": []})
+            self.trace.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": self.batch, "tokens": n, "blocks": [],
+                               "neutral": False})
             return None
         if plan.drop_uncond and self.ctx.cfg_rows and not self.dropped_uncond:
             self.dropped_uncond = True
@@ -586,7 +601,8 @@ class _GenState:
         self.entropies.append(out.entropy)
         self.bits.append(out.bits)
         self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": self.rows, "batch": self.batch, "tokens": n,
-                           "text_tokens": self.text_tokens[self.rows], "blocks": out.counts})
+                           "text_tokens": self.text_tokens[self.rows], "blocks": out.counts,
+                           "neutral": is_neutral(plan)})   # the image is what the released model makes (varbench.effect)
         cfg_active = self.rows == 2 * self.batch
         d = out.guided.shape[-1] // 2
         return ScaleSignals(
@@ -613,7 +629,8 @@ class _GenState:
                 counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
             elif bp.mode != "skip":
                 x = self._block(si, bi, x, bp, counts, residual_store,
-                                bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx)
+                                bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx,
+                                plan.attention_entropy_sampling)
             counts_all.append(counts)
         logits = self.m.logits(x, self.cond[:self.rows])
         guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
@@ -683,7 +700,8 @@ class _GenState:
         if any(ptr not in self.static_ptrs for *_, ptr in residuals):
             return None  # residuals from an eager step live in memory a graph must not hold on to
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
-                plan.attention_entropy_queries, self.rows, tuple(self.kv.len), residuals, cfg, tau, top_k, top_p)
+                plan.attention_entropy_queries, plan.attention_entropy_sampling, self.rows, tuple(self.kv.len), residuals,
+                cfg, tau, top_k, top_p)
 
     def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
         """The plan with every `keep` copied into a buffer that lives as long as this state."""
@@ -726,7 +744,8 @@ class _GenState:
 
     # -------------------------------------------------------------- one block under a plan
     def _block(self, si, bi, x, bp: BlockPlan, counts, residual_store,
-               want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict):
+               want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict,
+               entropy_sampling: str = "even"):
         bc = self.consts[bi]
         h, w = self.sched[si]
         rows, n, _ = x.shape
@@ -774,7 +793,7 @@ class _GenState:
             sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
             pick = None
             if entropy_queries is not None and entropy_queries < q.shape[2]:
-                pick = torch.linspace(0, q.shape[2] - 1, entropy_queries, device=x.device).round().long()
+                pick = entropy_query_pick(q.shape[2], entropy_queries, si, entropy_sampling, x.device)
                 sub_pos = sub_pos[:, pick]
             if fused:
                 attn_ent[bi] = ent_all if pick is None else ent_all[:, pick]

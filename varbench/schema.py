@@ -54,6 +54,13 @@ class Method(TypedDict):
     config: dict             # the composed method node (name, label, knobs)
     stats: dict              # the first image's policy stats; every image's are in traces.jsonl
     files: dict              # {name: sha256} of the files the method loads (SkipVAR's decision models); {} if none
+    # did the method change anything (varbench/effect.py)? An image is unchanged when every plan its
+    # batch ran under was neutral (traces' plan_neutral) or its pixels equal the baseline's (fidelity)
+    effect: Optional[str]    # "none" (no image changed: tables mark the row) | "partial" | "some";
+                             # None for the baseline, or when some image's trace predates plan_neutral
+    effect_reason: Optional[str]     # why, e.g. "fastvar: no schedule width in 32/40/48/64 at h/w 1.25 (1M)";
+                                     # "every plan was neutral" when the policy gives no reason of its own
+    unchanged_images: Optional[int]  # images the method left unchanged (None for the baseline)
 
 
 class Seeds(TypedDict):

@@ -15,8 +15,10 @@ and the VAE decode every method still pays; ``–`` for records without that cou
 ``± err`` and ``Δ`` against the baseline (absent for metrics that already compare with the
 baseline's image, and ``—`` on the baseline's own row). An evaluator with an ``overall`` metric
 shows only that; GenEval-style evaluators get a per-tag breakdown table (six tags + overall).
-Footnotes state what ``±`` and the intervals are, which cells are unreliable and why, which rows
-do the baseline's exact work, and which evaluator parts were skipped. The ratio of separately
+A method that changed no image (record ``method.effect == "none"``, varbench/effect.py) has
+``(no effect)`` after its name and a footnote with the reason; one that left only some images
+unchanged, ``(no effect on k/n)``. Footnotes state what ``±`` and the intervals are, which cells
+are unreliable and why, which rows do the baseline's exact work, and which evaluator parts were skipped. The ratio of separately
 timed jobs (``speedup``) is in ``table.csv``/``tidy.csv`` only: it drifts with the machine.
 """
 from __future__ import annotations
@@ -41,6 +43,7 @@ METRIC_NAMES = {"psnr": "PSNR (dB) ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓
 METRIC_DIGITS = {"psnr": 2}
 
 DAGGER, DDAGGER, DASH = "†", "‡", "—"
+NO_EFFECT = "(no effect)"   # the method changed nothing: its row is not a result (footnoted with the reason)
 
 
 @dataclass
@@ -125,6 +128,24 @@ def same_work(row) -> bool:
     return (_flag(row.get("identical_images")) is True and not _nan(fx) and abs(float(fx) - 1.0) < 1e-9)
 
 
+def effect_mark(row) -> str:
+    """`` (no effect)`` when the method changed no image (record ``method.effect``, see
+    varbench/effect.py), `` (no effect on k/n)`` when it changed only some; else empty."""
+    effect = row.get("method_effect")
+    if effect == "none":
+        return f" {NO_EFFECT}"
+    if effect == "partial":
+        k, n = row.get("unchanged_images"), row.get("n_images")
+        return f" ({NO_EFFECT[1:-1]} on {'?' if _nan(k) else int(k)}/{'?' if _nan(n) else int(n)})"
+    return ""
+
+
+def _effect_reason(row) -> str:
+    """``<preset>: <reason>``, the preset named once (a policy's reason starts with its own name)."""
+    name, reason = _preset(row), str(row.get("method_effect_reason"))
+    return reason if reason.startswith(f"{name}:") else f"{name}: {reason}"
+
+
 def _preset(row) -> str:
     return str(row.get("method_preset") if not _nan(row.get("method_preset")) else row.get("method"))
 
@@ -187,6 +208,8 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                 name += f" [{str(r.get('entry_id'))[:8]}]"
             if not is_base and same_work(r):
                 name += f" {DDAGGER}"
+            if not is_base:
+                name += effect_mark(r)
             n_img, n_rep = r.get("n_images"), r.get("n_repeats")
             n = f"{'–' if _nan(n_img) else int(n_img)} / {'–' if _nan(n_rep) else int(n_rep)}"
             if is_base:
@@ -254,6 +277,12 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
         notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "
                      f"{', '.join(same)}; its speed-up should be 1.00× within the interval, any departure is "
                      "policy overhead (work FLOPs do not count) or noise.")
+    for effect, what in (("none", "changed no image"), ("partial", "left some images unchanged")):
+        hit = [r for r in rows if not _is_base(r, baseline) and r.get("method_effect") == effect]
+        if hit:
+            notes.append(f"{NO_EFFECT if effect == 'none' else '(no effect on k/n)'}: the method {what} (every plan "
+                         "it made for them was neutral, or the pixels equal the baseline's), so the row "
+                         "is the baseline's, not a result: " + "; ".join(_effect_reason(r) for r in hit) + ".")
     if "fidelity/psnr" in table.columns and any(_flag(r.get("identical_images")) is True for r in rows):
         notes.append("PSNR ∞: every image bit-identical to the baseline's (the evaluator's mean caps each "
                      "identical pair at 100 dB; table.csv keeps that capped mean).")

@@ -6,6 +6,7 @@ A policy is a small object with per-generation state:
     plan = policy.plan(si)           # before scale si runs
     policy.observe(si, signals)      # after scale si is sampled
     policy.stats()                   # JSON-able summary of what it did to this generation
+    policy.no_effect_reason()        # optional: why the last generation's plans were all neutral
 
 Batches: a policy whose decisions are per image (`per_image_decisions`, an adaptive method with
 `batch_rule: per_image`) is forked once per image at batch > 1 and each copy is reset for a batch
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import copy
-from typing import Any
+from typing import Any, Optional
 
 from ..plan import GenerationContext, ScalePlan, ScaleSignals
 
@@ -50,6 +51,14 @@ class Policy(abc.ABC):
     def stats(self) -> dict[str, Any]:
         """What this policy did to the last generation (goes into the per-image trace)."""
         return {}
+
+    def no_effect_reason(self) -> Optional[str]:
+        """Why this policy's plans for the last generation changed nothing, in one line that names
+        the policy (e.g. ``"fastvar: no schedule width in 32/40/48/64 at h/w 1.25 (1M)"``); None
+        when it did change something or has no specific reason (the job then says "every plan was
+        neutral"). Called only after a generation whose every plan was neutral
+        (:func:`varbench.policies.common.is_neutral`), so it may read per-generation state."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """The policy's configuration, for the run record."""

@@ -37,7 +37,7 @@ this rule; no registered method emits them.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
 from .base import Policy
@@ -198,6 +198,11 @@ class Compose(Policy):
 
     def stats(self) -> dict[str, Any]:
         return {f"{i}:{m.name}": m.stats() for i, m in enumerate(self.members)}
+
+    def no_effect_reason(self) -> Optional[str]:
+        """The members' own reasons, joined (each names its member)."""
+        reasons = [r for m in self.members if (r := m.no_effect_reason())]
+        return "; ".join(reasons) or None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "conflict": self.conflict, "cache": self.cache,

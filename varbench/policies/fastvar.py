@@ -283,6 +283,22 @@ class FastVAR(Policy):
             "blocks": [self.blocks.start, self.blocks.stop - 1] if len(self.blocks) else [],
         }
 
+    def no_effect_reason(self) -> Optional[str]:
+        """Why the last generation ran as the baseline: the rule's keys matched no scale, or the
+        block range holds none of the model's blocks (e.g. the released 3..27 on a shallower model)."""
+        ctx = self.ctx
+        where = describe_schedule(ctx.schedule)
+        if self.skipped or (self.n_keep and len(self.blocks)):
+            return None
+        if self.n_keep:   # scales to prune exist, but no block does
+            first, stop = self.block_range_spec or (self.first_block_frac, self.last_block_frac)
+            return (f"fastvar: block range [{first}, {stop}) holds none of the model's {ctx.depth} blocks, so the "
+                    f"scales to prune at {where} run in full")
+        if self.addressing == "width":
+            widths = "/".join(str(w) for w in sorted({*self.prune_spec, *self.skip_spec}))
+            return f"fastvar: no schedule width in {widths} at {where}"
+        return f"fastvar: no prune ratio or skip entry resolves to a scale of {where}"
+
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "addressing": self.addressing, "prune": {str(k): v for k, v in self.prune_spec.items()},
                 "skip": self.skip_spec, "cache_scale": self.cache_spec,

@@ -30,6 +30,25 @@ summary, not the authors; RECONSTRUCTED = ours). Each line names its test:
   fill from the prior scale's    PUBLISHED idea; FastVAR-CTR mechanics (per block and sublayer,
     residual cache               area upsampling) RECONSTRUCTED
                                  (tests/test_nova_knobs.py::test_fill_follows_the_previous_scale)
+Choices inside the published steps that no source states (RECONSTRUCTED, each a knob or named
+here; tests/test_nova_knobs.py unless said otherwise):
+  the entropy H          guided logits (the distribution actually sampled, CFG applied), tempered by
+                         tau, binary entropy per bit averaged over the bits of a token, in nats
+                         (`entropy_logits=guided`, `entropy_temp=tau`, `entropy_norm=per_bit_mean`);
+                         the blog says only "the entropy of the predicted token distribution";
+  q_sub queries          the layer entropy is measured on q_sub=256 queries per block, EVENLY spaced
+                         over the executed queries by default; the reference notes say a *random*
+                         subsample: `q_sub_sampling=random` draws a fixed pseudo-random subset per
+                         scale (seeded by the scale index, varbench.plan.entropy_query_pick)
+                         (::test_q_sub_sampling_knob);
+  layer entropy rows     E_{t,l} is the mean over the *conditional* rows only (the uncond half of
+                         CFG is not read), over heads and the sampled queries;
+  baseline b             the growth baseline that normalises g in the monotone ratio is computed once,
+                         from the batch-mean entropy curve, as soon as g_1..g_4 exist, and then frozen
+                         for the generation (activation detection uses each image's own b);
+  t in the ratio         schedule indices are 0-based everywhere (t, t*): the sigmoid reads
+                         rho * t / (t* + 1) (monotone) or rho * (t* + 1) / t (blog_literal) with
+                         0-based t; a 1-based reading shifts every ratio.
 Unstated by every source (RECONSTRUCTED defaults, each a knob; tests/test_nova_knobs.py):
   prune_kv=True          whether pruned tokens' K/V are dropped (as FastVAR does) or stay as keys
                          (::test_prune_kv_knob);
@@ -79,6 +98,8 @@ Knobs (speed <-> quality):
   layer_entropy   attn_subsample (exact attention entropy of q_sub queries per block) | none.
                   (logit_lens would need per-layer hidden states the runtime does not expose.)
   q_sub           queries sampled for layer entropy (cost O(q_sub * keys) per block; None = all).
+  q_sub_sampling  even (RECON default: evenly spaced queries) | random (the notes' reading: a fixed
+                  pseudo-random subset per scale). Speed-neutral; changes which queries E_{t,l} sees.
   mu              strength of layer linkage (0 = every layer gets the scale ratio).
   layer_entropy_lag must be 1 (see above).
   token_score     prev_scale_pred_entropy (default) | per_layer_attn (each layer ranks by its own
@@ -141,6 +162,7 @@ class NOVA(Policy):
         ratio_is_keep: bool = False,
         layer_entropy: str = "attn_subsample",
         q_sub: Optional[int] = 256,
+        q_sub_sampling: str = "even",
         mu: float = 0.5,
         layer_entropy_lag: int = 1,
         token_score: str = "prev_scale_pred_entropy",
@@ -172,6 +194,7 @@ class NOVA(Policy):
         check_choice("fill", fill, ("cache", "pass"))
         check_choice("batch_activation", batch_activation, ("earliest", "median", "latest", "mean_curve"))
         check_choice("batch_rule", batch_rule, ("per_image", "shared"))
+        check_choice("q_sub_sampling", q_sub_sampling, ("even", "random"))
         if layer_entropy == "logit_lens":
             raise ValueError("nova.layer_entropy=logit_lens needs per-layer hidden states pushed through the head; the "
                              "runtime's ScaleSignals do not carry them. Use attn_subsample or none.")
@@ -343,7 +366,8 @@ class NOVA(Policy):
                 if cache_from is None:
                     self.record[si] = {"unpruned": f"no residual cache at or before scale {want}"}
                     return ScalePlan(keep_residuals=keep_res, attention_entropy_for=att_for,
-                                     attention_entropy_queries=att_q if want_E else None)
+                                     attention_entropy_queries=att_q if want_E else None,
+                                     attention_entropy_sampling=self.q_sub_sampling if want_E else "even")
             else:
                 cache_from = None
             score = upsample_map(self.maps[src], self.ctx.schedule[src], (h, w), self.upsample)
@@ -370,7 +394,8 @@ class NOVA(Policy):
         release = frozenset(s for s in self.resid_scales if s < si) if self.cache_source == "prev_scale" else frozenset()
         self.resid_scales -= release
         return ScalePlan(blocks=blocks, keep_residuals=keep_res, attention_entropy_for=att_for,
-                         attention_entropy_queries=att_q if want_E else None, release_residuals=release)
+                         attention_entropy_queries=att_q if want_E else None, release_residuals=release,
+                         attention_entropy_sampling=self.q_sub_sampling if want_E else "even")
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
         if not self.enabled:

@@ -53,6 +53,8 @@ gate_only (every layer gated, weighted by R).
 FLOPs ordering (experiments/flops_table.py scenario, 2B 1024², cfg 4, D = 32²; see docs/methods.md):
 the paper's order scale+layer > full > scale+token holds iff the uniform gate keeps more tokens
 than the Global layers' share (7/32 in the scenario) plus the token-pruned Detail layers' work.
+How far that rests on the reconstructed layer_skip_prune, alpha, beta and detail_min_R: the
+sensitivity table in docs/methods.md (experiments/toprovar_sensitivity.py).
 
 Knobs (speed <-> quality):
   tau 0.4, depth_rule, depth_offset (>= 1), d_min_tokens, rho_source / rho_layers / rho_queries,
