@@ -22,6 +22,9 @@ from ..plan import GenerationContext, ScalePlan, ScaleSignals
 class Policy(abc.ABC):
     #: registry name, e.g. "fastvar"
     name: str = "policy"
+    #: True when the plan depends on observed signals, so the work varies by prompt (the timed pass
+    #: then times ``timing.prompts`` prompts instead of ``timing.prompts_static``)
+    adaptive: bool = False
 
     def reset(self, ctx: GenerationContext) -> None:
         self.ctx = ctx
