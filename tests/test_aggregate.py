@@ -35,7 +35,7 @@ def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None
                   "decode_ms": {"median": 10.0}, "total_ms": {"median": total_ms}, "images_per_s": 1000.0 / total_ms,
                   "peak_mem_bytes": 2 * 2**30, "per_scale_ms": [1.0, 2.0]}}},
         "flops": {"total": flops, "ar": flops * 0.9, "per_scale": [flops / 2, flops / 2]},
-        "provenance": provenance or {}, "wall_s": 1.0,
+        "provenance": provenance or {"cpu_model": "Test CPU"}, "wall_s": 1.0,
     }
     if generation is not None:   # the resolved config as job.py stores it (sampling settings included)
         rec["config"] = {"method": {"name": method}, "generation": generation, "model": {"name": "infinity_2b"}}
@@ -360,7 +360,7 @@ def test_tidy_csv_carries_the_paired_interval_columns(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| fastvar_light "))
     lo, hi = f["paired_speedup_ci_low"], f["paired_speedup_ci_high"]
     assert f"{f['paired_speedup']:.2f}× [{lo:.2f}, {hi:.2f}]" in row and "†" not in row
-    assert "| 16 / 9 |" in row                          # n: 8 prompts x 2 images, 9 timed repeats
+    assert "| 16 / 1×9 |" in row                        # n: 8 prompts x 2 images; 1 timed prompt x 9 repeats
 
 
 def test_noisy_pass_is_marked_unreliable_with_its_reason(tmp_path):

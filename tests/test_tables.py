@@ -38,7 +38,7 @@ def record(entry_id, method, *, geneval=None, psnr=None, lpips_status=None, flop
             "timing": {"device": "cpu", "dtype": "float32", "repeats": 9, "by_batch": {"1": {
                 "text_ms": {"median": 1.0}, "ar_ms": {"median": 80.0}, "decode_ms": {"median": 10.0},
                 "total_ms": {"median": 91.0}}}},
-            "flops": {"total": flops, "ar": flops}}
+            "flops": {"total": flops, "ar": flops}, "provenance": {"cpu_model": "Test CPU"}}
 
 
 def write(root, rec, fidelity_rows=None):
@@ -103,15 +103,15 @@ def test_markdown_table_reads_well(store, tmp_path):
     md = (tmp_path / "out" / "table.md").read_text()
     lines = md.splitlines()
     header = next(line for line in lines if line.startswith("| method "))
-    for h in ("n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]", "FLOPs ×", "PSNR (dB) ↑",
+    for h in ("n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]", "FLOPs ×", "PSNR (dB) ↑",
               "toy GenEval overall", "Δ toy GenEval overall"):
         assert f"| {h} |" in header, h
-    assert "/" not in header.replace("n (images / repeats)", "")          # no raw evaluator/metric names
+    assert "/" not in header.replace("n (images / timed prompts×repeats)", "")          # no raw evaluator/metric names
     base = next(line for line in lines if line.startswith("| baseline "))
     assert "| ∞ |" in base and "1 (reference)" in base and base.rstrip(" |").endswith("—")
     nova = next(line for line in lines if line.startswith("| nova_toy "))
     assert "∞" not in nova and "100.00 ± 0.01" in nova                    # capped mean, not infinite
-    assert "| 12 / 9 |" in nova                                           # 6 prompts x 2, 9 repeats
+    assert "| 12 / 1×9 |" in nova              # 6 prompts x 2 images; a record without n_prompts timed one prompt, 9 repeats
     assert "± = the evaluator's standard error" in md
     assert "LPIPS not reported: fidelity/lpips skipped: alexnet-owt-7be5be79.pth not present." in md
     assert "/root/.cache" not in md                                       # no machine-local path in a pasted table

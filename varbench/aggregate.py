@@ -225,6 +225,7 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     base_rows = bases.to_dict("records")
     added = []
     problems = []
+    unknown_device: dict[str, set] = {}
     ambiguous: dict[tuple, tuple[list, list]] = {}
     for row in records:
         out = {"baseline_entry": None, "is_baseline": row.get("method") == baseline,
@@ -251,12 +252,9 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             added.append(out)
             continue
         base = match[0]
-        unknown = [str(r.get("entry_id")) for r in (row, base) if r.get("device_known") is False]
-        if unknown:
-            warnings.warn(f"{who} paired with baseline entry {base.get('entry_id')} on the device label "
-                          f"{row.get('device')!r}, which names no CPU model (entr{'y' if len(unknown) == 1 else 'ies'} "
-                          f"{', '.join(dict.fromkeys(unknown))} recorded before varbench recorded it): the two may "
-                          "come from different machines of the same kind; the table flags it", stacklevel=2)
+        if row.get("device_known") is False or base.get("device_known") is False:
+            unknown_device.setdefault(str(row.get("device")), set()).update(
+                str(r.get("entry_id")) for r in (row, base) if r.get("device_known") is False)
         if _missing(row.get("pair_key")) or _missing(base.get("pair_key")):
             without = list(dict.fromkeys(str(r.get("entry_id")) for r in (row, base) if _missing(r.get("pair_key"))))
             warnings.warn(f"{who} paired with baseline entry {base.get('entry_id')} on {', '.join(keys)} only: "
@@ -279,6 +277,10 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
                 out[f"{m}_delta"] = a - b
         added.append(out)
+    for label, ids in unknown_device.items():
+        warnings.warn(f"entries {', '.join(sorted(ids))} were paired on the device label {label!r}, which names no "
+                      "CPU model (recorded before varbench recorded it): rows from different machines of the same "
+                      "kind cannot be told apart; the table flags them (re-run them to record the CPU model)", stacklevel=2)
     unmatched = len(problems)
     for match, rows in ambiguous.values():
         cands = "".join(f"\n    entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"

@@ -9,7 +9,7 @@ prompt and selection (marked when the prompt file's sha256 is not the official o
 (marked when its label names no CPU model) and the baseline entry.
 
 Columns: ``method`` (the preset chosen, e.g. ``nova_fast``; the policy name alone would merge
-variants), ``label``, ``n`` (images scored / timed prompts × repeats per prompt), ``AR ms/prompt``
+variants), ``label``, ``n`` (images scored / timed prompts × repeats per prompt), ``AR ms per prompt``
 (the row's own AR loop: median over timed prompts, [p10, p90] over them), the paired speed-ups
 (AR loop and end to end) with their intervals, ``FLOPs ×``, then per metric its value
 ``± err`` and ``Δ`` against the baseline (absent for metrics that already compare with the
@@ -199,7 +199,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     """Sections (one per baseline) of the formatted table from the ordered wide/paired frame."""
     metrics = table_metrics(table)
     geneval = geneval_evaluators(table)
-    header = ["method", "label", "n (images / timed prompts×repeats)", "AR ms/prompt [p10, p90]", "paired speed-up AR [CI]",
+    header = ["method", "label", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
               "paired speed-up e2e [CI]", "FLOPs ×"]
     for m in metrics:
         header += [metric_header(m)] + ([f"Δ {metric_header(m)}"] if f"{m}_delta" in table.columns else [])
@@ -268,7 +268,7 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
              "the baseline timed interleaved with the method in the method's own job"
              + (f" ({' or '.join(orders)} order)" if orders else "") + "; " + "; ".join(how) + ". "
              "The intervals cover prompt-to-prompt variation and repeat noise within one run on one machine, "
-             "not another run or another machine of the same kind. AR ms/prompt = the row's own AR loop at "
+             "not another run or another machine of the same kind. AR ms per prompt = the row's own AR loop at "
              "batch 1, median over its timed prompts of each prompt's median repeat, [p10, p90] over those "
              "prompts: absolute, so it moves with the machine's load (compare rows through the paired "
              "speed-up). The ratio of separately timed jobs (unpaired, drifts with the machine) "
