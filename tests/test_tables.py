@@ -167,3 +167,51 @@ def test_a_job_whose_own_timing_spread_is_marked(tmp_path):
     assert frame.loc["m", "ar_ms_reliable"] == True                                                       # noqa: E712
     md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
     assert "| 100.0 † |" in md and "| 80.0 |" in md and "† on AR (ms)" in md and "baseline 130%" in md
+
+
+# -- prompts timed, header marks (issue #20 items 3 and 7) -------------------------------------------
+def test_header_marks_random_weights_and_a_modified_prompt_file(tmp_path):
+    base = record("b", "baseline")
+    base["config"]["model"] = {"random_weights": True}
+    base["benchmark"]["sha256_matches"] = False
+    write(tmp_path, base)
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    title = next(line for line in md.splitlines() if line.startswith("### "))
+    assert "model=toy [random weights]" in title
+    assert "benchmark=toy [prompt file modified: sha256 ≠ official] (6 prompts × 2 images)" in title
+    assert "model [random weights]" in md and "not the published one" in md
+    clean = record("b", "baseline")
+    clean["benchmark"]["sha256_matches"] = True
+    write(tmp_path / "c", clean)
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path / "c"))))
+    assert "[random weights]" not in md and "modified" not in md
+
+
+def test_prompts_timed_and_the_per_prompt_latency_interval_are_shown(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from varbench.timing import timed_pass
+
+    work = [40.0, 80.0, 60.0, 100.0]          # an adaptive method: its work differs by prompt
+
+    def gen(scale):
+        def g(bs, k):
+            t = work[k] * scale
+            return SimpleNamespace(timings_ms={"text": 1.0, "ar": t, "decode": 2.0, "per_scale": [t]})
+        return g
+
+    by_batch = timed_pass(gen(1.0), [1], 0, 3, torch.device("cpu"), reference=gen(2.0), n_prompts=4)
+    by_batch["1"]["paired"]["loadavg"] = None
+    write(tmp_path, record("b", "baseline"))
+    rec = record("n", "nova", preset="nova_toy")
+    rec["timing"].update({"n_prompts": 4, "repeats": 3, "by_batch": by_batch})
+    write(tmp_path, rec)
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    nova = next(line for line in md.splitlines() if line.startswith("| nova_toy "))
+    assert "| 12 / 4×3 |" in nova                               # 12 images; 4 prompts x 3 repeats timed
+    assert "| 70.0 [46.0, 94.0] |" in nova                      # median over prompts [p10, p90] of prompt latencies
+    assert "2.00× [2.00, 2.00]" in nova                         # baseline 2x the work on every prompt
+    assert "percentile bootstrap over the timed prompts" in md
+    assert "within one run on one machine, not another run or another machine" in md
