@@ -721,16 +721,21 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     policy name, e.g. ``nova``), method_preset (the config chosen, e.g. ``nova_fast``; tables show
     it), method_label, resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256,
     n_prompts, samples_per_prompt, n_images, prompt_selection (limit / limit_per_tag), seeds,
-    device (the timing block's device label, else provenance's), device_name (provenance's
-    ``torch.device_name``, for every record), pair_key (:func:`pair_key`), dtype,
+    benchmark_sha256_matches (False: not the official prompt file), random_weights, device (the
+    timing block's device label, else provenance's; :func:`varbench.provenance.device_label`),
+    device_name (provenance's ``torch.device_name``, for every record), device_known (the record
+    names its CPU model), pair_key (:func:`pair_key`), dtype,
     evaluator_versions (short hash of all evaluators' version_info), one ``version/<evaluator>``
     per evaluator, timing_bs (the batch size the timing columns come from: 1 if measured, else
-    the smallest), text_ms, ar_ms, decode_ms, total_ms (medians over repeats), images_per_s;
-    the paired speed-up against the baseline timed interleaved in the same job
-    (:mod:`varbench.timing`): paired_speedup (AR loop) and paired_e2e_speedup (medians of
-    per-repeat baseline/method ratios), paired_speedup_ci_low/high and
-    paired_e2e_speedup_ci_low/high (their distribution-free intervals; ``<column>_ci_low`` names
-    the column bounded), paired_speedup_ci_level (the coverage attained), n_repeats,
+    the smallest), text_ms, ar_ms, decode_ms, total_ms (medians over the timed prompts of each
+    prompt's median repeat; older records: over repeats of one prompt), ar_ms_p10/ar_ms_p90 (over
+    the timed prompts), n_prompts_timed, repeats_per_prompt, timing_tries (passes run,
+    ``timing.retime_unreliable``), images_per_s; the paired speed-up against the baseline timed
+    interleaved in the same job (:mod:`varbench.timing`): paired_speedup (AR loop) and
+    paired_e2e_speedup (ratio of summed per-prompt times; one prompt: median per-repeat ratio),
+    paired_speedup_ci_low/high and paired_e2e_speedup_ci_low/high (bootstrap over prompts, or the
+    order-statistic interval for one prompt: paired_ci_kind; ``<column>_ci_low`` names the column
+    bounded), paired_speedup_ci_level (the coverage attained or nominal), n_repeats,
     reference_spread (the baseline's own p90-p10 over median), ar_spread and ar_ms_reliable (the
     row's own AR repeats' p90-p10 over median, within ``timing.max_reference_spread``), timing_order, speedup_reliable
     (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total,
