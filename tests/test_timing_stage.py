@@ -128,3 +128,18 @@ def test_prompt_index_is_refused_naming_the_new_knobs():
         _check_timing({"enabled": True, "warmup": 1, "repeats": 3, "batch_sizes": [1], "prompt_index": 0})
     with pytest.raises(ConfigError, match="warmup_per_prompt"):
         _check_timing({"enabled": True, "warmup": 1, "repeats": 3, "batch_sizes": [1], "warmup_per_prompt": "lots"})
+
+
+def test_the_cuda_label_names_gpu_driver_torch_cuda_cudnn_and_host(monkeypatch):
+    monkeypatch.setattr(provenance, "_CPU_MODEL", ["AMD EPYC 9654 96-Core Processor"])
+    monkeypatch.setattr(provenance, "_DRIVER", {"driver": "550.54.15"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.backends.cudnn, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    label = provenance.device_label("cuda:0")
+    assert label == (f"NVIDIA H200 (driver 550.54.15, torch {torch.__version__}, CUDA 12.4, cuDNN 90100; "
+                     "host AMD EPYC 9654 96-Core Processor)")
+    monkeypatch.setattr(provenance, "_DRIVER", {"driver": None})
+    assert "driver ?" in provenance.device_label("cuda:0")       # no nvidia-smi: said, not guessed
