@@ -474,4 +474,4 @@ def test_records_without_a_cpu_model_pair_but_are_flagged(tmp_path):
     assert paired.set_index("entry_id").loc["nova01", "baseline_entry"] == "base01"
     md = (tmp_path / "out" / "table.md").read_text()
     assert "device=cpu (x86_64, 2 threads) [CPU model not recorded]" in md
-    assert "recorded the architecture only" in md
+    assert "recorded no CPU model" in md

@@ -141,6 +141,11 @@ def _flag(v) -> bool:
     return not _missing(v) and bool(v)
 
 
+def _unflagged(v) -> bool:
+    """A boolean column that is present and false (None/NaN: not known, so not false)."""
+    return not _missing(v) and not bool(v)
+
+
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -252,9 +257,9 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             added.append(out)
             continue
         base = match[0]
-        if row.get("device_known") is False or base.get("device_known") is False:
-            unknown_device.setdefault(str(row.get("device")), set()).update(
-                str(r.get("entry_id")) for r in (row, base) if r.get("device_known") is False)
+        unknown = [str(r.get("entry_id")) for r in (row, base) if _unflagged(r.get("device_known"))]
+        if unknown:
+            unknown_device.setdefault(str(row.get("device")), set()).update(unknown)
         if _missing(row.get("pair_key")) or _missing(base.get("pair_key")):
             without = list(dict.fromkeys(str(r.get("entry_id")) for r in (row, base) if _missing(r.get("pair_key"))))
             warnings.warn(f"{who} paired with baseline entry {base.get('entry_id')} on {', '.join(keys)} only: "

@@ -293,8 +293,9 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
                      + ". Paired speed-ups are unaffected when their own pass was steady.")
     unknown = [_preset(r) for r in rows if _flag(r.get("device_known")) is False]
     if unknown:
-        notes.append(f"device [{NO_CPU_MODEL}]: {', '.join(unknown)} recorded the architecture only, so rows "
-                     "from different machines of the same kind cannot be told apart; re-run them to record the CPU model.")
+        notes.append(f"device [{NO_CPU_MODEL}]: {', '.join(unknown)} recorded no CPU model (a CPU row only its "
+                     "architecture, a GPU row no driver or library versions), so rows from different machines of the "
+                     "same kind cannot be told apart; re-run them to record the machine.")
     if any(_flag(r.get("random_weights")) for r in rows):
         notes.append(f"model [{RANDOM_WEIGHTS}]: quality columns mean nothing; speed-ups of methods whose decisions "
                      "read entropy or features (NOVA, ToProVAR, SkipVAR) follow the random model's decisions, not the trained one's.")
