@@ -13,7 +13,8 @@ Stages, each a function below, and what a relaunch does at each:
    the baseline's images under the same generation settings, generated once per generation hash.
 4. :func:`score_stage` (:mod:`varbench.scoring`): per evaluator, rows appended per batch; a
    relaunch scores only the images without a row.
-5. :func:`time_stage`: a separate timed pass (warm-up, repeats interleaved with the baseline).
+5. :func:`time_stage`: a separate timed pass over a fixed sample of the prompts (warm-up, repeats
+   interleaved with the baseline on the same prompt and seeds).
 6. :func:`assemble_record`: the record (schema: :mod:`varbench.schema`), then ``DONE``; then
    :class:`varbench.publish.JobRun` (opened once the job holds its lock, so W&B shows config,
    progress and system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.

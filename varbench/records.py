@@ -95,7 +95,6 @@ import hashlib
 import json
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
