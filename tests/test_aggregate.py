@@ -35,7 +35,7 @@ def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None
                   "decode_ms": {"median": 10.0}, "total_ms": {"median": total_ms}, "images_per_s": 1000.0 / total_ms,
                   "peak_mem_bytes": 2 * 2**30, "per_scale_ms": [1.0, 2.0]}}},
         "flops": {"total": flops, "ar": flops * 0.9, "per_scale": [flops / 2, flops / 2]},
-        "provenance": provenance or {}, "wall_s": 1.0,
+        "provenance": provenance or {"cpu_model": "Test CPU"}, "wall_s": 1.0,
     }
     if generation is not None:   # the resolved config as job.py stores it (sampling settings included)
         rec["config"] = {"method": {"name": method}, "generation": generation, "model": {"name": "infinity_2b"}}
@@ -360,7 +360,7 @@ def test_tidy_csv_carries_the_paired_interval_columns(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| fastvar_light "))
     lo, hi = f["paired_speedup_ci_low"], f["paired_speedup_ci_high"]
     assert f"{f['paired_speedup']:.2f}× [{lo:.2f}, {hi:.2f}]" in row and "†" not in row
-    assert "| 16 / 9 |" in row                          # n: 8 prompts x 2 images, 9 timed repeats
+    assert "| 16 / 1×9 |" in row                        # n: 8 prompts x 2 images; 1 timed prompt x 9 repeats
 
 
 def test_noisy_pass_is_marked_unreliable_with_its_reason(tmp_path):
@@ -431,3 +431,47 @@ def test_config_thresholds_of_the_record_decide_reliability(tmp_path):
     rec["config"]["timing"] = {"max_ci_rel_width": 5.0, "max_reference_spread": 5.0}   # lenient knobs
     rec["entry_id"] = "nova02"
     assert bool(records_to_frame([write(tmp_path, rec).dir]).iloc[0]["speedup_reliable"])
+
+
+# -- which machine (issue #20 item 7) ----------------------------------------------------------------
+EPYC = "cpu (AMD EPYC 9654 96-Core Processor, x86_64, 2 threads)"
+XEON = "cpu (Intel(R) Xeon(R) Platinum 8480+, x86_64, 2 threads)"
+
+
+def test_rows_from_machines_with_different_cpu_models_are_refused_naming_both(tmp_path):
+    prov = {"cpu_model": "AMD EPYC 9654 96-Core Processor", "device": EPYC}
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                device=EPYC, provenance=prov))
+    write(tmp_path, make_record("nova01", "nova", 50.0, 70.0, 5e11, {"geneval/overall": (0.69, 0.02)},
+                                device=XEON, provenance={"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "device": XEON}))
+    with pytest.raises(AggregationError, match=r"device \('cpu \(Intel.*vs baseline 'cpu \(AMD EPYC 9654"):
+        pair_with_baseline(records_to_frame(find_entries(tmp_path)))
+
+
+def test_a_quality_only_record_pairs_on_the_full_device_label(tmp_path):
+    prov = {"cpu_model": "AMD EPYC 9654 96-Core Processor", "device": EPYC, "torch": {"device_name": "x86_64"}}
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                generation=GEN, device=EPYC, provenance=prov))
+    write(tmp_path, make_record("qual01", "fastvar", 1.0, 1.0, 4e11, {"geneval/overall": (0.67, 0.02)},
+                                generation=GEN, timed=False, provenance=prov))
+    assert pair_with_baseline(records_to_frame(find_entries(tmp_path))).set_index("entry_id").loc["qual01", "baseline_entry"] == "base01"
+    # same architecture (torch's device_name "x86_64" alike), another CPU: refused
+    other = {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "device": XEON, "torch": {"device_name": "x86_64"}}
+    write(tmp_path, make_record("qual02", "nova", 1.0, 1.0, 4e11, {"geneval/overall": (0.6, 0.02)},
+                                generation=GEN, timed=False, provenance=other))
+    with pytest.raises(AggregationError, match=r"device \('cpu \(Intel"):
+        pair_with_baseline(records_to_frame(find_entries(tmp_path)))
+
+
+def test_records_without_a_cpu_model_pair_but_are_flagged(tmp_path):
+    old = {"torch": {"device_name": "x86_64"}}      # written before provenance named the CPU model
+    write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)},
+                                device="cpu (x86_64, 2 threads)", provenance=old))
+    write(tmp_path, make_record("nova01", "nova", 50.0, 70.0, 5e11, {"geneval/overall": (0.69, 0.02)},
+                                device="cpu (x86_64, 2 threads)", provenance=old))
+    with pytest.warns(UserWarning, match=r"base01, nova01 were paired on the device label 'cpu \(x86_64, 2 threads\)', which names no CPU model"):
+        paired = aggregate(tmp_path, tmp_path / "out", figures=False)
+    assert paired.set_index("entry_id").loc["nova01", "baseline_entry"] == "base01"
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "device=cpu (x86_64, 2 threads) [CPU model not recorded]" in md
+    assert "recorded no CPU model" in md

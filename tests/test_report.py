@@ -34,6 +34,9 @@ def test_result_line_names_preset_images_interval_and_main_metric():
                                 "reliable": True}), "job 3/12")
     assert line == ("[varbench] job 3/12 done · nova_fast · 2212 images · paired speed-up 1.84× [1.71, 1.97] "
                     "(9 repeats, bs 1) · geneval/overall 0.7123 ± 0.01")
+    line = result_line(_record({"ar_speedup": 1.844, "ar_ci_low": 1.71, "ar_ci_high": 1.97, "n_repeats": 48,
+                                "n_prompts": 16, "reliable": True}), "job 3/12")
+    assert "(16 prompts × 3 repeats, bs 1)" in line             # the per-prompt protocol says how much it timed
 
 
 def test_result_line_marks_an_unreliable_interval_and_falls_back_to_ar_ms():

@@ -38,7 +38,7 @@ def record(entry_id, method, *, geneval=None, psnr=None, lpips_status=None, flop
             "timing": {"device": "cpu", "dtype": "float32", "repeats": 9, "by_batch": {"1": {
                 "text_ms": {"median": 1.0}, "ar_ms": {"median": 80.0}, "decode_ms": {"median": 10.0},
                 "total_ms": {"median": 91.0}}}},
-            "flops": {"total": flops, "ar": flops}}
+            "flops": {"total": flops, "ar": flops}, "provenance": {"cpu_model": "Test CPU"}}
 
 
 def write(root, rec, fidelity_rows=None):
@@ -103,16 +103,16 @@ def test_markdown_table_reads_well(store, tmp_path):
     md = (tmp_path / "out" / "table.md").read_text()
     lines = md.splitlines()
     header = next(line for line in lines if line.startswith("| method "))
-    for h in ("n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]", "FLOPs × (transformer)",
-              "FLOPs × (end to end)", "PSNR (dB) ↑",
+    for h in ("n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
+              "FLOPs × (transformer)", "FLOPs × (end to end)", "PSNR (dB) ↑",
               "toy GenEval overall", "Δ toy GenEval overall"):
         assert f"| {h} |" in header, h
-    assert "/" not in header.replace("n (images / repeats)", "")          # no raw evaluator/metric names
+    assert "/" not in header.replace("n (images / timed prompts×repeats)", "")          # no raw evaluator/metric names
     base = next(line for line in lines if line.startswith("| baseline "))
     assert "| ∞ |" in base and "1 (reference)" in base and base.rstrip(" |").endswith("—")
     nova = next(line for line in lines if line.startswith("| nova_toy "))
     assert "∞" not in nova and "100.00 ± 0.01" in nova                    # capped mean, not infinite
-    assert "| 12 / 9 |" in nova                                           # 6 prompts x 2, 9 repeats
+    assert "| 12 / 1×9 |" in nova              # 6 prompts x 2 images; a record without n_prompts timed one prompt, 9 repeats
     assert "± = the evaluator's standard error" in md
     assert "LPIPS not reported: fidelity/lpips skipped: alexnet-owt-7be5be79.pth not present." in md
     assert "/root/.cache" not in md                                       # no machine-local path in a pasted table
@@ -191,3 +191,51 @@ def test_both_flops_columns(tmp_path):
     assert (cells["| baseline"][t], cells["| baseline"][e]) == ("1.00×", "1.00×")
     table = pd.read_csv(tmp_path / "out" / "table.csv").set_index("method")
     assert table.loc["fastvar", "flops_x_e2e"] == pytest.approx(1.2 / 0.45)
+
+
+# -- prompts timed, header marks (issue #20 items 3 and 7) -------------------------------------------
+def test_header_marks_random_weights_and_a_modified_prompt_file(tmp_path):
+    base = record("b", "baseline")
+    base["config"]["model"] = {"random_weights": True}
+    base["benchmark"]["sha256_matches"] = False
+    write(tmp_path, base)
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    title = next(line for line in md.splitlines() if line.startswith("### "))
+    assert "model=toy [random weights]" in title
+    assert "benchmark=toy [prompt file modified: sha256 ≠ official] (6 prompts × 2 images)" in title
+    assert "model [random weights]" in md and "not the published one" in md
+    clean = record("b", "baseline")
+    clean["benchmark"]["sha256_matches"] = True
+    write(tmp_path / "c", clean)
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path / "c"))))
+    assert "[random weights]" not in md and "modified" not in md
+
+
+def test_prompts_timed_and_the_per_prompt_latency_interval_are_shown(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+
+    from varbench.timing import timed_pass
+
+    work = [40.0, 80.0, 60.0, 100.0]          # an adaptive method: its work differs by prompt
+
+    def gen(scale):
+        def g(bs, k):
+            t = work[k] * scale
+            return SimpleNamespace(timings_ms={"text": 1.0, "ar": t, "decode": 2.0, "per_scale": [t]})
+        return g
+
+    by_batch = timed_pass(gen(1.0), [1], 0, 3, torch.device("cpu"), reference=gen(2.0), n_prompts=4)
+    by_batch["1"]["paired"]["loadavg"] = None
+    write(tmp_path, record("b", "baseline"))
+    rec = record("n", "nova", preset="nova_toy")
+    rec["timing"].update({"n_prompts": 4, "repeats": 3, "by_batch": by_batch})
+    write(tmp_path, rec)
+    md = markdown_table(pair_with_baseline(records_to_frame(find_entries(tmp_path))))
+    nova = next(line for line in md.splitlines() if line.startswith("| nova_toy "))
+    assert "| 12 / 4×3 |" in nova                               # 12 images; 4 prompts x 3 repeats timed
+    assert "| 70.0 [46.0, 94.0] |" in nova                      # median over prompts [p10, p90] of prompt latencies
+    assert "2.00× [2.00, 2.00]" in nova                         # baseline 2x the work on every prompt
+    assert "percentile bootstrap over the timed prompts" in md
+    assert "within one run on one machine, not another run or another machine" in md

@@ -27,7 +27,12 @@ Pairing: a row's baseline is the record with ``method == --baseline`` and
   plus the sha256 of the weight and prompt files), so cfg, tau, top_k, top_p, the negative prompt,
   the schedule, the seed, the model, its weights and the pixel-relevant runtime all match;
 * the same ``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds,
-  image count, device, dtype; these also catch what the config cannot, e.g. the GPU);
+  image count, device, dtype; these also catch what the config cannot, e.g. the GPU). The device
+  label (:func:`varbench.provenance.device_label`) names the CPU model, and on CUDA the GPU,
+  driver, torch, CUDA and cuDNN: rows from different machines are refused, the error naming both
+  labels. Records from before the label named the CPU model (``device_known`` False) pair on
+  what they have, with a warning and a flag in the table: two machines of one architecture
+  looked alike then;
 * the same timing batch size (``timing_bs``) when both rows were timed.
 
 Comparing across any of these would mix effects, so a row without such a baseline is an error
@@ -36,8 +41,8 @@ that names what differs from the nearest baseline (config keys by their dotted p
 instead. Several matching baselines are always an error naming every candidate entry: nothing is
 chosen silently (move or delete the stale one). Device: when both rows were timed, their timing
 device labels are compared; when either is quality-only (``timing=none``, no timing block), the
-hardware name from provenance (``device_name``) is compared instead, since the two labels are
-written differently on a CPU. Records without a ``config`` (hand-made or older than it) have no
+record's provenance label is compared (the same string); an older quality-only record without
+one is compared on provenance's hardware name (``device_name``). Records without a ``config`` (hand-made or older than it) have no
 pairing key: they are paired on ``PAIR_KEYS`` alone with a warning that the sampling settings
 were not checked. Evaluator versions (``version_info`` hashes) must agree between a row and its
 baseline for every evaluator both report; otherwise the error names the evaluator.
@@ -49,7 +54,8 @@ baseline flops_total / flops_total (transformer only, shown as "FLOPs × (transf
 ``flops_x_e2e`` = baseline flops_e2e / flops_e2e (with the text encoder and the VAE decode, shown as
 "FLOPs × (end to end)"). The paired speed-ups come from each
 record (:func:`varbench.records.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
-(median per-repeat ratio against the baseline timed interleaved in the method's own job),
+(ratio of summed per-prompt times against the baseline timed interleaved in the method's own
+job, over ``n_prompts_timed`` prompts; one prompt: median per-repeat ratio),
 ``paired_speedup_ci_low/high``, ``paired_e2e_speedup_ci_low/high``, ``paired_speedup_ci_level``,
 ``n_repeats``, ``speedup_reliable`` and ``unreliable_reason`` (:mod:`varbench.timing`). Also
 ``<metric>_delta`` = value - baseline value, except for evaluators
@@ -134,6 +140,15 @@ def _both_timed(row, base) -> bool:
     return not (_missing(row.get("timing_bs")) or _missing(base.get("timing_bs")))
 
 
+def _flag(v) -> bool:
+    return not _missing(v) and bool(v)
+
+
+def _unflagged(v) -> bool:
+    """A boolean column that is present and false (None/NaN: not known, so not false)."""
+    return not _missing(v) and not bool(v)
+
+
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -142,8 +157,8 @@ def _differs(row, base, keys: Sequence[str]) -> list[str]:
     """Names of what differs between ``row`` and a candidate baseline (empty: they pair)."""
     out = []
     for k in keys:
-        if k == "device" and not _both_timed(row, base):
-            # a quality-only record has no timing device label; compare the provenance hardware name
+        if k == "device" and not _both_timed(row, base) and not (_flag(row.get("device_known")) and _flag(base.get("device_known"))):
+            # an older quality-only record has no full device label; compare the provenance hardware name
             if not (_missing(row.get("device_name")) or _missing(base.get("device_name"))):
                 if not _same(row.get("device_name"), base.get("device_name")):
                     out.append("device_name")
@@ -234,6 +249,7 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
     base_rows = bases.to_dict("records")
     added = []
     problems = []
+    unknown_device: dict[str, set] = {}
     ambiguous: dict[tuple, tuple[list, list]] = {}
     for row in records:
         out = {"baseline_entry": None, "is_baseline": row.get("method") == baseline,
@@ -260,6 +276,9 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             added.append(out)
             continue
         base = match[0]
+        unknown = [str(r.get("entry_id")) for r in (row, base) if _unflagged(r.get("device_known"))]
+        if unknown:
+            unknown_device.setdefault(str(row.get("device")), set()).update(unknown)
         if _missing(row.get("pair_key")) or _missing(base.get("pair_key")):
             without = list(dict.fromkeys(str(r.get("entry_id")) for r in (row, base) if _missing(r.get("pair_key"))))
             warnings.warn(f"{who} paired with baseline entry {base.get('entry_id')} on {', '.join(keys)} only: "
@@ -283,6 +302,10 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
                 out[f"{m}_delta"] = a - b
         added.append(out)
+    for label, ids in unknown_device.items():
+        warnings.warn(f"entries {', '.join(sorted(ids))} were paired on the device label {label!r}, which names no "
+                      "CPU model (recorded before varbench recorded it): rows from different machines of the same "
+                      "kind cannot be told apart; the table flags them (re-run them to record the CPU model)", stacklevel=2)
     unmatched = len(problems)
     for match, rows in ambiguous.values():
         cands = "".join(f"\n    entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"
@@ -314,10 +337,10 @@ def _order(paired, baseline: str):
 #: identification and timing columns of ``table.csv``, in order (the metrics follow)
 WIDE_COLUMNS: tuple[str, ...] = (
     "method", "method_preset", "method_label", "entry_id", "baseline_entry", "is_baseline", "prompts_sha256",
-    "n_images", "n_repeats", "ar_ms", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
+    "n_images", "n_prompts_timed", "repeats_per_prompt", "n_repeats", "ar_ms", "ar_ms_p10", "ar_ms_p90", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
     "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
-    "speedup_reliable", "unreliable_reason", "speedup", "e2e_speedup", "flops_x", "flops_x_e2e", "identical_images",
-    "method_effect", "method_effect_reason", "unchanged_images", "skipped_metrics")
+    "paired_ci_kind", "speedup_reliable", "unreliable_reason", "timing_tries", "speedup", "e2e_speedup", "flops_x",
+    "flops_x_e2e", "identical_images", "method_effect", "method_effect_reason", "unchanged_images", "skipped_metrics")
 
 
 def wide_table(paired, baseline: str = "baseline"):

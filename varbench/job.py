@@ -13,7 +13,8 @@ Stages, each a function below, and what a relaunch does at each:
    the baseline's images under the same generation settings, generated once per generation hash.
 4. :func:`score_stage` (:mod:`varbench.scoring`): per evaluator, rows appended per batch; a
    relaunch scores only the images without a row.
-5. :func:`time_stage`: a separate timed pass (warm-up, repeats interleaved with the baseline).
+5. :func:`time_stage`: a separate timed pass over a fixed sample of the prompts (warm-up, repeats
+   interleaved with the baseline on the same prompt and seeds).
 6. :func:`assemble_record`: the record (schema: :mod:`varbench.schema`), then ``DONE``; then
    :class:`varbench.publish.JobRun` (opened once the job holds its lock, so W&B shows config,
    progress and system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.
@@ -239,28 +240,63 @@ def score_stage(job: Job, ref_store: ImageStore | None) -> None:
 
 
 def time_stage(job: Job, rt, policy) -> dict | None:
-    """Stage 5: the timed pass on one benchmark prompt (``timing.prompt_index``); None if off."""
+    """Stage 5: the timed pass (:mod:`varbench.timing`) on a fixed sample of the benchmark's prompts
+    (:func:`varbench.timing.timing_sample`): ``timing.prompts`` of them for a policy whose work
+    depends on what it observes (``policy.adaptive``), ``timing.prompts_static`` (the sample's
+    first ones) otherwise; each prompt with the seeds its images had. With
+    ``timing.retime_unreliable`` > 0 an unreliable paired pass is timed again, after the load
+    settles, up to that many more times; the last pass is the one recorded, every try is listed
+    in ``tries``. None if timing is off."""
     cfg = job.cfg
-    if not cfg.timing.enabled:
+    tcfg = cfg.timing
+    if not tcfg.enabled:
         return None
     from .policies.baseline import Baseline
-    from .timing import protocol_kwargs, timed_pass
+    from .timing import protocol_kwargs, timed_pass, timing_sample, wait_for_steady_load
 
     kw = _gen_kwargs(cfg, rt)
-    item = job.prompt_set.items[min(int(cfg.timing.prompt_index), len(job.prompt_set.items) - 1)]
+    adaptive = bool(getattr(policy, "adaptive", False))
+    n = int(tcfg.get("prompts", 1) if adaptive else tcfg.get("prompts_static", 1))
+    items = timing_sample(job.prompt_set.items, n, int(tcfg.get("prompt_seed", 0)))
+    wpp = tcfg.get("warmup_per_prompt", "auto")
+    wpp = (int(tcfg.warmup) if getattr(rt, "cuda_graphs", False) else 0) if wpp in (None, "auto") else int(wpp)
 
     def run(p):
-        return lambda bs: rt.generate([item.prompt] * bs, [image_seed(cfg.generation.seed, item.index, k) for k in range(bs)],
-                                      p, **kw)
+        def gen(bs, k=0):
+            it = items[k]
+            return rt.generate([it.prompt] * bs, [image_seed(cfg.generation.seed, it.index, s) for s in range(bs)], p, **kw)
+        return gen
 
-    paired = cfg.timing.get("paired_baseline", True) and cfg.method.name != "baseline"
-    bar = job.bar(int(cfg.timing.repeats) * len(cfg.timing.batch_sizes), "timing")
-    by_batch = timed_pass(run(policy), list(cfg.timing.batch_sizes), int(cfg.timing.warmup), int(cfg.timing.repeats),
-                          job.device, bar, reference=run(Baseline()) if paired else None, **protocol_kwargs(cfg.timing))
-    bar.close()
+    paired = tcfg.get("paired_baseline", True) and cfg.method.name != "baseline"
+    reference = run(Baseline()) if paired else None
+    max_tries = 1 + int(tcfg.get("retime_unreliable", 0) or 0)
+    tries = []
+    for attempt in range(max_tries):
+        wait = None
+        if attempt:
+            wait = wait_for_steady_load(float(tcfg.get("retime_max_wait_s", 120)),
+                                        max_change=float(tcfg.get("retime_settle_change", 0.25))) \
+                if job.device.type != "cuda" else {"waited_s": 0.0, "settled": None, "load": None}
+            print(f"[varbench] timing: re-timing an unreliable pass (try {attempt + 1} of {max_tries}; "
+                  f"waited {wait['waited_s']:.0f} s for the load to settle)")
+        bar = job.bar(int(tcfg.repeats) * len(items) * len(tcfg.batch_sizes), "timing")
+        by_batch = timed_pass(run(policy), list(tcfg.batch_sizes), int(tcfg.warmup), int(tcfg.repeats), job.device, bar,
+                              reference=reference, n_prompts=len(items), warmup_per_prompt=wpp,
+                              **protocol_kwargs(tcfg))
+        bar.close()
+        unreliable = {bs: b["paired"]["unreliable_reasons"] for bs, b in by_batch.items()
+                      if "paired" in b and not b["paired"]["reliable"]}
+        tries.append({"try": attempt + 1, "waited_s": None if wait is None else wait["waited_s"],
+                      "load_settled": None if wait is None else wait["settled"],
+                      "reliable": not unreliable if paired else None,
+                      "ar_speedup": {bs: b["paired"]["ar_speedup"] for bs, b in by_batch.items() if "paired" in b},
+                      "unreliable_reasons": unreliable})
+        if not unreliable:
+            break
     return {"device": _device_name(job.device), "dtype": str(job.dtype).replace("torch.", ""),
-            "prompt_index": item.index, "warmup": int(cfg.timing.warmup), "repeats": int(cfg.timing.repeats),
-            "by_batch": by_batch}
+            "prompts": [{"index": it.index, "tag": it.metadata.get("tag")} for it in items],
+            "n_prompts": len(items), "adaptive": adaptive, "warmup": int(tcfg.warmup), "warmup_per_prompt": wpp,
+            "repeats": int(tcfg.repeats), "tries": tries, "by_batch": by_batch}
 
 
 def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -> dict:
@@ -638,11 +674,11 @@ def _weight_hashes(model_cfg) -> dict:
 
 
 def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
+    """The timing block's device label (:func:`varbench.provenance.device_label`: CPU model, and on
+    CUDA the GPU, driver, torch, CUDA and cuDNN versions), the same string provenance records."""
+    from .provenance import device_label
 
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return device_label(str(device))
 
 
 def _overrides() -> list[str]:

@@ -18,6 +18,8 @@ The dict (``schema``: the ``provenance`` field of record.json, schema_version 1)
       "git": {"sha": str|None, "dirty": bool|None, "diff_sha256": str|None, "root": str|None},
       "packages": {"torch": "2.4.1", "varbench": "0.1.0", ..., "<missing>": None},
       "python": "3.11.9", "platform": "Linux-...", "hostname": str, "cpu_count": int,
+      "cpu_model": str|None,                 # /proc/cpuinfo's model name (or the OS's equivalent)
+      "device": str,                         # device_label(device): what the timing block and the tables name
       "torch": {"version": str, "cuda": str|None, "cudnn": int|None,
                 "device_name": str|None, "device_count": int,
                 "driver": str|None,                       # from nvidia-smi, if present
@@ -203,8 +205,13 @@ def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
 
 
 def _nvidia_driver() -> str | None:
-    out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    return out.strip().splitlines()[0].strip() if out and out.strip() else None
+    if "driver" not in _DRIVER:   # nvidia-smi takes ~0.1 s; asked once per process
+        out = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        _DRIVER["driver"] = out.strip().splitlines()[0].strip() if out and out.strip() else None
+    return _DRIVER["driver"]
+
+
+_DRIVER: dict = {}
 
 
 def torch_info(device: str | None = None) -> dict[str, Any] | None:
@@ -244,8 +251,68 @@ def torch_info(device: str | None = None) -> dict[str, Any] | None:
     return info
 
 
+_CPU_MODEL: list = []
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``AMD EPYC 9654 96-Core Processor``): ``/proc/cpuinfo``'s ``model name``
+    (ARM: ``Hardware``/``Processor``/``CPU part``), macOS's ``machdep.cpu.brand_string``, else
+    ``platform.processor()`` when it says more than the architecture; None when nothing does.
+    Two machines of one architecture are different devices for timing, so tables must tell them apart."""
+    if _CPU_MODEL:
+        return _CPU_MODEL[0]
+    try:
+        name = parse_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
+    except OSError:
+        name = None
+    if name is None and sys.platform == "darwin":
+        out = _run(["sysctl", "-n", "machdep.cpu.brand_string"])
+        name = out.strip() if out and out.strip() else None
+    if name is None:
+        proc = platform.processor()
+        name = proc if proc and proc not in (platform.machine(), "x86_64", "i386", "arm", "aarch64") else None
+    _CPU_MODEL.append(" ".join(name.split()) if name else None)
+    return _CPU_MODEL[0]
+
+
+def parse_cpuinfo(text: str) -> str | None:
+    """The CPU model in a ``/proc/cpuinfo`` text: the first ``model name`` (x86), else ``Hardware``,
+    ``Processor`` or ``cpu model`` (ARM, MIPS), else ``CPU implementer/CPU part`` (ARM ids); None."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition(":")
+        if sep and v.strip():
+            fields.setdefault(k.strip(), v.strip())
+    name = next((fields[k] for k in ("model name", "Hardware", "Processor", "cpu model") if k in fields), None)
+    if name is None and "CPU part" in fields:
+        name = f"ARM implementer {fields.get('CPU implementer', '?')} part {fields['CPU part']}"
+    return " ".join(name.split()) if name else None
+
+
+def device_label(device: str | None = None) -> str:
+    """The machine the numbers were measured on, as records, pairing and tables name it.
+
+    CPU: ``cpu (<CPU model>, <arch>, <threads> threads)``. CUDA: ``<GPU name> (driver <v>, torch <v>,
+    CUDA <v>, cuDNN <v>; host <CPU model>)``: the host CPU launches every kernel, so it matters on a
+    GPU too. ``unknown CPU`` / ``?`` where a fact cannot be read. Rows whose labels differ are never
+    paired (:mod:`varbench.aggregate`)."""
+    import torch
+
+    cpu = cpu_model() or "unknown CPU"
+    if device is not None and str(device).startswith("cuda") and torch.cuda.is_available():
+        dev = torch.device(device)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return (f"{torch.cuda.get_device_name(dev)} (driver {_nvidia_driver() or '?'}, torch {torch.__version__}, "
+                f"CUDA {torch.version.cuda or '?'}, cuDNN {cudnn or '?'}; host {cpu})")
+    return f"cpu ({cpu}, {platform.machine() or platform.processor() or '?'}, {torch.get_num_threads()} threads)"
+
+
 def collect_provenance(device: str | None = None) -> dict[str, Any]:
     """The ``provenance`` block of a record (see module docstring). Never raises."""
+    try:
+        label = device_label(device)
+    except Exception:  # noqa: BLE001 - a record is always writable; a missing fact is recorded as null
+        label = None
     return {
         "git": git_info(),
         "packages": package_versions(),
@@ -253,5 +320,7 @@ def collect_provenance(device: str | None = None) -> dict[str, Any]:
         "platform": platform.platform(),
         "hostname": socket.gethostname(),
         "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "device": label,
         "torch": torch_info(device),
     }

@@ -98,7 +98,6 @@ import hashlib
 import json
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -542,11 +541,17 @@ def _method_preset(rec: Mapping) -> str | None:
     return None
 
 
+def _timing_cfg(rec: Mapping) -> Mapping:
+    cfg = (rec.get("config") or {}).get("timing") if isinstance(rec.get("config"), Mapping) else None
+    return cfg if isinstance(cfg, Mapping) else {}
+
+
 def _paired_columns(rec: Mapping, tb: Mapping) -> dict[str, Any]:
-    """The paired speed-up columns: medians of per-repeat ratios, their intervals and the
-    reliability verdict (:mod:`varbench.timing`), re-derived from the stored ratios with the
-    record's own ``config.timing`` thresholds (the defaults where it has none). A record timed
-    before the interval protocol keeps its ratio of medians, with no interval, marked unreliable."""
+    """The paired speed-up columns: estimates, intervals and the reliability verdict
+    (:mod:`varbench.timing`), re-derived from the stored repeats with the record's own
+    ``config.timing`` knobs (the defaults where it has none; :func:`varbench.timing.rederive`). A
+    record timed before per-repeat ratios were kept keeps its ratio of medians, with no interval,
+    marked unreliable."""
     from varbench import timing as T
 
     nan = float("nan")
@@ -556,44 +561,70 @@ def _paired_columns(rec: Mapping, tb: Mapping) -> dict[str, Any]:
            "paired_speedup_ci_level": nan, "paired_e2e_speedup": _num(p.get("e2e_speedup")), "paired_e2e_speedup_ci_low": nan,
            "paired_e2e_speedup_ci_high": nan, "n_repeats": int(n_rep) if n_rep is not None else None,
            "reference_spread": _num(p.get("reference_spread")), "timing_order": p.get("order"),
-           "speedup_reliable": None, "unreliable_reason": None}
+           "paired_ci_kind": None, "speedup_reliable": None, "unreliable_reason": None}
     if not p:
         return out
-    cfg = (rec.get("config") or {}).get("timing") if isinstance(rec.get("config"), Mapping) else None
-    kw = T.protocol_kwargs(cfg if isinstance(cfg, Mapping) else {})
-    kw.pop("order")
-    ar, e2e = p.get("ar_ratios"), p.get("e2e_ratios")
-    if not ar:
+    kw = T.protocol_kwargs(_timing_cfg(rec))
+    block = T.rederive(p, kw["ci_level"], kw["bootstrap_resamples"], kw["bootstrap_seed"])
+    if block is None:
         out["speedup_reliable"] = False
         out["unreliable_reason"] = "no per-repeat ratios (timed before the interval protocol): no interval"
         return out
-    block = dict(p)
-    block["ar_speedup"], block["e2e_speedup"] = statistics.median(ar), statistics.median(e2e or ar)
-    block["ar_ci_low"], block["ar_ci_high"], block["ci_level"] = T.median_ci(ar, kw["ci_level"])
-    e_lo, e_hi, _ = T.median_ci(e2e, kw["ci_level"]) if e2e else (None, None, 0.0)
-    block["n_repeats"] = len(ar)
-    reliable, reasons = T.judge(block, **kw)
-    out.update({"paired_speedup": block["ar_speedup"], "paired_speedup_ci_low": block["ar_ci_low"],
-                "paired_speedup_ci_high": block["ar_ci_high"], "paired_speedup_ci_level": block["ci_level"],
-                "paired_e2e_speedup": block["e2e_speedup"], "paired_e2e_speedup_ci_low": _num(e_lo),
-                "paired_e2e_speedup_ci_high": _num(e_hi), "n_repeats": len(ar), "speedup_reliable": reliable,
-                "unreliable_reason": "; ".join(reasons) or None})
+    reliable, reasons = T.judge(block, kw["ci_level"], **{k: kw[k] for k in T._THRESHOLDS})
+    out.update({"paired_speedup": block["ar_speedup"], "paired_speedup_ci_low": _num(block["ar_ci_low"]),
+                "paired_speedup_ci_high": _num(block["ar_ci_high"]), "paired_speedup_ci_level": block["ci_level"],
+                "paired_e2e_speedup": block["e2e_speedup"], "paired_e2e_speedup_ci_low": _num(block["e2e_ci_low"]),
+                "paired_e2e_speedup_ci_high": _num(block["e2e_ci_high"]), "n_repeats": block["n_repeats"],
+                "reference_spread": _num(block.get("reference_spread")), "paired_ci_kind": block.get("ci_kind"),
+                "speedup_reliable": reliable, "unreliable_reason": "; ".join(reasons) or None})
     return out
 
 
 def _own_spread(rec: Mapping, tb: Mapping) -> dict[str, Any]:
-    """``ar_spread``: the row's own AR repeat times, (p90 - p10) / median; ``ar_ms_reliable``: that
-    spread within the record's ``timing.max_reference_spread`` (a pass whose machine speed moved
-    makes its own ms, and any ratio of separately timed jobs built on them, unreliable)."""
+    """``ar_spread``: the row's own AR repeat times' spread (p90 - p10 over the median; per-prompt
+    protocol: pooled within prompts, ``ar_repeat_spread``); ``ar_ms_reliable``: that spread within
+    the record's ``timing.max_reference_spread`` (a pass whose machine speed moved makes its own ms,
+    and any ratio of separately timed jobs built on them, unreliable)."""
     from varbench import timing as T
 
+    limit = T.protocol_kwargs(_timing_cfg(rec))["max_reference_spread"]
+    if tb.get("ar_repeat_spread") is not None:
+        spread = float(tb["ar_repeat_spread"])
+        return {"ar_spread": spread, "ar_ms_reliable": spread <= limit}
     block = tb.get("ar_ms")
-    if not isinstance(block, Mapping) or None in (block.get("p10"), block.get("p90")) or not block.get("median"):
+    if "per_prompt" in tb or not isinstance(block, Mapping) or None in (block.get("p10"), block.get("p90")) \
+            or not block.get("median"):
         return {"ar_spread": float("nan"), "ar_ms_reliable": None}
     spread = (float(block["p90"]) - float(block["p10"])) / float(block["median"])
-    cfg = (rec.get("config") or {}).get("timing") if isinstance(rec.get("config"), Mapping) else None
-    limit = T.protocol_kwargs(cfg if isinstance(cfg, Mapping) else {})["max_reference_spread"]
     return {"ar_spread": spread, "ar_ms_reliable": spread <= limit}
+
+
+def _timed_prompts(timing: Mapping, tb: Mapping) -> dict[str, Any]:
+    """How much was timed: ``n_prompts_timed`` (a record older than the per-prompt protocol timed
+    one prompt), ``repeats_per_prompt``, ``timing_tries`` (passes run, re-times included)."""
+    if not timing:
+        return {"n_prompts_timed": None, "repeats_per_prompt": None, "timing_tries": None}
+    n = tb.get("n_prompts", timing.get("n_prompts", 1))
+    return {"n_prompts_timed": int(n) if n is not None else None,
+            "repeats_per_prompt": int(timing["repeats"]) if timing.get("repeats") is not None else None,
+            "timing_tries": len(timing.get("tries") or []) or 1}
+
+
+def _device_columns(rec: Mapping, timing: Mapping) -> dict[str, Any]:
+    """``device``: the timing block's label, else provenance's (``device``; an older record:
+    ``torch.device_name``, just the architecture on a CPU); ``device_name``: provenance's
+    ``torch.device_name``; ``device_known``: the record names the machine's CPU model (records from
+    before it did cannot tell two machines of one architecture apart: paired, but flagged)."""
+    prov = rec.get("provenance") or {}
+    torch_name = (prov.get("torch") or {}).get("device_name")
+    return {"device": timing.get("device") or prov.get("device") or torch_name, "device_name": torch_name,
+            "device_known": bool(prov.get("cpu_model")) and "unknown CPU" not in str(timing.get("device") or prov.get("device"))}
+
+
+def _random_weights(rec: Mapping) -> bool:
+    """The model ran with random weights (``model.random_weights``; the toy's trained weights are not random)."""
+    model_cfg = (rec.get("config") or {}).get("model") if isinstance(rec.get("config"), Mapping) else None
+    return bool(isinstance(model_cfg, Mapping) and model_cfg.get("random_weights"))
 
 
 def _skipped_metrics(evals: Mapping) -> str | None:
@@ -655,7 +686,6 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     bs, tb = _pick_batch(timing.get("by_batch") or {})
     n_prompts, spp = bench.get("n_prompts"), bench.get("samples_per_prompt")
     peak = tb.get("peak_mem_bytes")
-    device = timing.get("device") or (((rec.get("provenance") or {}).get("torch") or {}).get("device_name"))
     selection = bench.get("selection")
     row: dict[str, Any] = {
         "experiment": exp.get("name") if isinstance(exp, Mapping) else exp,
@@ -673,6 +703,9 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "benchmark": bench.get("name"),
         "benchmark_sha256": bench.get("sha256"),
         "prompts_sha256": bench.get("items_sha256"),
+        # False: the prompt file's sha256 differs from the official one (None: no official hash pinned)
+        "benchmark_sha256_matches": bench.get("sha256_matches"),
+        "random_weights": _random_weights(rec),
         "n_prompts": int(n_prompts) if n_prompts is not None else None,
         "samples_per_prompt": int(spp) if spp is not None else None,
         "n_images": int(n_prompts) * int(spp) if n_prompts is not None and spp is not None else None,
@@ -680,15 +713,18 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "prompt_selection": _compact({k: v for k, v in selection.items() if v is not None})
         if isinstance(selection, Mapping) else _compact(selection),
         "seeds": _compact(bench.get("seeds")),
-        "device": device,
-        # the hardware as provenance names it: the same field for timed and quality-only records
-        "device_name": ((rec.get("provenance") or {}).get("torch") or {}).get("device_name"),
+        # the machine (CPU model; GPU, driver, torch, CUDA, cuDNN), and whether the record names it
+        **_device_columns(rec, timing),
         "pair_key": pair_key(rec),
         "dtype": timing.get("dtype") or model.get("dtype"),
         "evaluator_versions": stable_hash(evals),
         "timing_bs": int(bs) if bs is not None else None,
         "text_ms": _median(tb.get("text_ms")),
         "ar_ms": _median(tb.get("ar_ms")),
+        # per-prompt AR latency over the timed prompts (older records: over repeats of one prompt)
+        "ar_ms_p10": _num((tb.get("ar_ms") or {}).get("p10")) if isinstance(tb.get("ar_ms"), Mapping) else nan,
+        "ar_ms_p90": _num((tb.get("ar_ms") or {}).get("p90")) if isinstance(tb.get("ar_ms"), Mapping) else nan,
+        **_timed_prompts(timing, tb),
         "decode_ms": _median(tb.get("decode_ms")),
         "total_ms": _median(tb.get("total_ms")),
         "images_per_s": float(tb["images_per_s"]) if tb.get("images_per_s") is not None else nan,
@@ -729,16 +765,21 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     policy name, e.g. ``nova``), method_preset (the config chosen, e.g. ``nova_fast``; tables show
     it), method_label, resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256,
     n_prompts, samples_per_prompt, n_images, prompt_selection (limit / limit_per_tag), seeds,
-    device (the timing block's device label, else provenance's), device_name (provenance's
-    ``torch.device_name``, for every record), pair_key (:func:`pair_key`), dtype,
+    benchmark_sha256_matches (False: not the official prompt file), random_weights, device (the
+    timing block's device label, else provenance's; :func:`varbench.provenance.device_label`),
+    device_name (provenance's ``torch.device_name``, for every record), device_known (the record
+    names its CPU model), pair_key (:func:`pair_key`), dtype,
     evaluator_versions (short hash of all evaluators' version_info), one ``version/<evaluator>``
     per evaluator, timing_bs (the batch size the timing columns come from: 1 if measured, else
-    the smallest), text_ms, ar_ms, decode_ms, total_ms (medians over repeats), images_per_s;
-    the paired speed-up against the baseline timed interleaved in the same job
-    (:mod:`varbench.timing`): paired_speedup (AR loop) and paired_e2e_speedup (medians of
-    per-repeat baseline/method ratios), paired_speedup_ci_low/high and
-    paired_e2e_speedup_ci_low/high (their distribution-free intervals; ``<column>_ci_low`` names
-    the column bounded), paired_speedup_ci_level (the coverage attained), n_repeats,
+    the smallest), text_ms, ar_ms, decode_ms, total_ms (medians over the timed prompts of each
+    prompt's median repeat; older records: over repeats of one prompt), ar_ms_p10/ar_ms_p90 (over
+    the timed prompts), n_prompts_timed, repeats_per_prompt, timing_tries (passes run,
+    ``timing.retime_unreliable``), images_per_s; the paired speed-up against the baseline timed
+    interleaved in the same job (:mod:`varbench.timing`): paired_speedup (AR loop) and
+    paired_e2e_speedup (ratio of summed per-prompt times; one prompt: median per-repeat ratio),
+    paired_speedup_ci_low/high and paired_e2e_speedup_ci_low/high (bootstrap over prompts, or the
+    order-statistic interval for one prompt: paired_ci_kind; ``<column>_ci_low`` names the column
+    bounded), paired_speedup_ci_level (the coverage attained or nominal), n_repeats,
     reference_spread (the baseline's own p90-p10 over median), ar_spread and ar_ms_reliable (the
     row's own AR repeats' p90-p10 over median, within ``timing.max_reference_spread``), timing_order, speedup_reliable
     (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total

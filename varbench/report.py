@@ -78,6 +78,14 @@ def _speed(timing: Mapping | None) -> str:
     if paired and paired.get("ar_speedup") is not None:
         mark = "" if paired.get("reliable", True) else " (unreliable: " + "; ".join(paired.get("unreliable_reasons") or []) + ")"
         return (f"paired speed-up {paired['ar_speedup']:.2f}× [{paired['ar_ci_low']:.2f}, {paired['ar_ci_high']:.2f}] "
-                f"({paired['n_repeats']} repeats, bs {bs}){mark}")
+                f"({_timed(paired)}, bs {bs}){mark}")
     ar = (block.get("ar_ms") or {}).get("median")
     return f"AR {ar:.1f} ms (bs {bs})" if ar is not None else "not timed"
+
+
+def _timed(paired: Mapping) -> str:
+    """``16 prompts × 3 repeats`` (a record from before the per-prompt protocol: ``9 repeats``)."""
+    n_p, n = paired.get("n_prompts"), int(paired.get("n_repeats") or 0)
+    if not n_p or int(n_p) <= 1:
+        return f"{n} repeats" if not n_p else f"1 prompt × {n} repeats"
+    return f"{int(n_p)} prompts × {n // int(n_p)} repeats"

@@ -89,27 +89,36 @@ class Benchmark(TypedDict):
 
 class TimingBlock(TypedDict, total=False):
     """One batch size of the timed pass (:func:`varbench.timing.timed_pass`); ms blocks are
-    ``{"median", "p10", "p90"}``; ``paired`` only when the baseline was timed interleaved."""
+    ``{"median", "p10", "p90"}`` over the timed prompts' latencies (each prompt's median repeat);
+    ``paired`` only when the baseline was timed interleaved."""
 
     text_ms: dict
     ar_ms: dict
     decode_ms: dict
     total_ms: dict
+    per_prompt: dict         # {"ar_ms": [...], "total_ms": [...]}: one latency per timed prompt, in sample order
+    ar_repeat_spread: Optional[float]   # the method's own repeats: p90 - p10 over their prompt's median, pooled
     images_per_s: Optional[float]
     peak_mem_bytes: Optional[int]   # CUDA only
     per_scale_ms: list
-    n_repeats: int
-    repeats_ms: dict         # {"ar": [...], "total": [...]}, every repeat
-    paired: dict             # ar_speedup, ar_ci_low/high, e2e_*, ci_level, ratios, reliable, ... (timing.py)
+    n_prompts: int           # prompts timed
+    n_repeats: int           # timed generations of the method (prompts x repeats)
+    repeats_ms: dict         # {"ar": [[...], ...], "total": [[...], ...]}: every repeat, per prompt
+    paired: dict             # ar_speedup, ar_ci_low/high, e2e_*, ci_level, ci_kind, per-prompt repeats, reliable, ... (timing.py)
 
 
 class Timing(TypedDict):
-    device: str              # GPU name, or "cpu (<arch>, <threads> threads)"
+    device: str              # varbench.provenance.device_label: "cpu (<CPU model>, <arch>, <threads> threads)" or
+                             # "<GPU> (driver, torch, CUDA, cuDNN; host <CPU model>)"
     dtype: str
-    prompt_index: int        # the benchmark prompt timed
-    warmup: int
-    repeats: int
-    by_batch: dict           # {str(batch size): TimingBlock}
+    prompts: list            # [{"index", "tag"}] of the timed prompts (varbench.timing.timing_sample), in timing order
+    n_prompts: int           # len(prompts): timing.prompts for adaptive methods, timing.prompts_static otherwise
+    adaptive: bool           # the policy's plan depends on observed signals (Policy.adaptive)
+    warmup: int              # untimed generations on the first prompt
+    warmup_per_prompt: int   # untimed pairs before each further prompt (auto resolved)
+    repeats: int             # timed pairs per prompt
+    tries: list              # one row per pass run (timing.retime_unreliable re-times): try, waited_s, load_settled, reliable, ar_speedup, unreliable_reasons
+    by_batch: dict           # {str(batch size): TimingBlock} of the last pass
 
 
 class Flops(TypedDict):

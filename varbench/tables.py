@@ -4,14 +4,16 @@
 One section per baseline: a row appears under the baseline it was paired with, so rows that
 differ in prompts, limits, seeds, sampling settings or device never share a section (a row kept
 without a baseline, ``--allow-unpaired``, gets a section of its own settings). The title names
-the model, resolution, benchmark with its prompt count, images per prompt and selection, the
-device and the baseline entry.
+the model (marked ``[random weights]``), resolution, benchmark with its prompt count, images per
+prompt and selection (marked when the prompt file's sha256 is not the official one), the device
+(marked when its label names no CPU model) and the baseline entry.
 
 Columns: ``method`` (the preset chosen, e.g. ``nova_fast``; the policy name alone would merge
-variants), ``label``, ``n`` (images scored / timed repeats), ``AR (ms)`` (median), the paired
-speed-ups (AR loop and end to end) with their intervals, ``FLOPs × (transformer)`` (the
-transformer's count alone, what methods change) and ``FLOPs × (end to end)`` (with the text encoder
-and the VAE decode every method still pays; ``–`` for records without that count), then per metric its value
+variants), ``label``, ``n`` (images scored / timed prompts × repeats per prompt), ``AR ms per prompt``
+(the row's own AR loop: median over timed prompts, [p10, p90] over them), the paired speed-ups
+(AR loop and end to end) with their intervals, ``FLOPs × (transformer)`` (the transformer's count
+alone, what methods change) and ``FLOPs × (end to end)`` (with the text encoder and the VAE decode
+every method still pays; ``–`` for records without that count), then per metric its value
 ``± err`` and ``Δ`` against the baseline (absent for metrics that already compare with the
 baseline's image, and ``—`` on the baseline's own row). An evaluator with an ``overall`` metric
 shows only that; GenEval-style evaluators get a per-tag breakdown table (six tags + overall).
@@ -158,15 +160,47 @@ def _section_key(row) -> tuple:
                                                              "n_images", "device", "pair_key"))
 
 
-def _title(row, key: tuple) -> str:
+#: title marks for what a reader would otherwise assume
+RANDOM_WEIGHTS = "random weights"
+MODIFIED_PROMPTS = "prompt file modified: sha256 ≠ official"
+NO_CPU_MODEL = "CPU model not recorded"
+
+
+def _title(row, key: tuple, rows: Sequence = ()) -> str:
+    rows = list(rows) or [row]
     bench = str(row.get("benchmark"))
     n_p, spp, sel = row.get("n_prompts"), row.get("samples_per_prompt"), row.get("prompt_selection")
+    if any(_flag(r.get("benchmark_sha256_matches")) is False for r in rows):
+        bench += f" [{MODIFIED_PROMPTS}]"
     if not _nan(n_p) and not _nan(spp):
         bench += f" ({int(n_p)} prompts × {int(spp)} images"
         bench += f", {sel})" if isinstance(sel, str) and sel not in ("", "{}") else ")"
+    model = str(row.get("model")) + (f" [{RANDOM_WEIGHTS}]" if any(_flag(r.get("random_weights")) for r in rows) else "")
+    device = str(row.get("device")) + (f" [{NO_CPU_MODEL}]" if any(_flag(r.get("device_known")) is False for r in rows) else "")
     where = (f"baseline entry {key[1]}" if key[0] == "baseline" else "no baseline (kept unpaired)")
-    return " · ".join([f"model={row.get('model')}", str(row.get("resolution")), f"benchmark={bench}",
-                       f"device={row.get('device')}", where])
+    return " · ".join([f"model={model}", str(row.get("resolution")), f"benchmark={bench}",
+                       f"device={device}", where])
+
+
+def timed_cell(n_images: Any, n_prompts: Any, repeats: Any, n_repeats: Any) -> str:
+    """``480 / 16×3``: images scored / timed prompts × repeats per prompt (older records: the
+    repeats of their one prompt, ``480 / 1×9``)."""
+    img = "–" if _nan(n_images) else str(int(n_images))
+    if _nan(n_prompts) and _nan(n_repeats):
+        return f"{img} / –"
+    n_p = 1 if _nan(n_prompts) else int(n_prompts)
+    per = int(n_repeats) // n_p if not _nan(n_repeats) else (int(repeats) if not _nan(repeats) else None)
+    return f"{img} / {n_p}×{'–' if per is None else per}"
+
+
+def ar_cell(row) -> str:
+    """The row's own AR-loop ms at batch 1: median over the timed prompts of each prompt's median
+    repeat, ``[p10, p90]`` over prompts when several were timed; ``†`` when its repeats spread."""
+    cell = _num(row.get("ar_ms"), 1)
+    n_p = row.get("n_prompts_timed")
+    if cell != "–" and not _nan(n_p) and int(n_p) > 1 and not (_nan(row.get("ar_ms_p10")) or _nan(row.get("ar_ms_p90"))):
+        cell += f" [{float(row.get('ar_ms_p10')):.1f}, {float(row.get('ar_ms_p90')):.1f}]"
+    return cell + (f" {DAGGER}" if _flag(row.get("ar_ms_reliable")) is False else "")
 
 
 def table_metrics(frame) -> list[str]:
@@ -188,7 +222,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     """Sections (one per baseline) of the formatted table from the ordered wide/paired frame."""
     metrics = table_metrics(table)
     geneval = geneval_evaluators(table)
-    header = ["method", "label", "n (images / repeats)", "AR (ms)", "paired speed-up AR [CI]",
+    header = ["method", "label", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
               "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)"]
     for m in metrics:
         header += [metric_header(m)] + ([f"Δ {metric_header(m)}"] if f"{m}_delta" in table.columns else [])
@@ -197,7 +231,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
         groups.setdefault(_section_key(r), []).append(r)
     sections = []
     for key, rows in groups.items():
-        sec = Section(_title(rows[0], key), header)
+        sec = Section(_title(rows[0], key, rows), header)
         breakdowns = {ev: Section(f"{EVALUATOR_NAMES.get(ev, ev)} by tag", ["method"] + [h for _, h in GENEVAL_TAGS])
                       for ev in geneval}
         names = [_preset(r) for r in rows]
@@ -211,7 +245,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
             if not is_base:
                 name += effect_mark(r)
             n_img, n_rep = r.get("n_images"), r.get("n_repeats")
-            n = f"{'–' if _nan(n_img) else int(n_img)} / {'–' if _nan(n_rep) else int(n_rep)}"
+            n = timed_cell(n_img, r.get("n_prompts_timed"), r.get("repeats_per_prompt"), n_rep)
             if is_base:
                 speeds = ["1 (reference)", "1 (reference)"]
             else:
@@ -220,7 +254,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                           speed_cell(r.get("paired_e2e_speedup"), r.get("paired_e2e_speedup_ci_low"),
                                      r.get("paired_e2e_speedup_ci_high"), r.get("speedup_reliable"), n_rep)]
             fx, fx_e2e = r.get("flops_x"), r.get("flops_x_e2e")
-            ar = _num(r.get("ar_ms"), 1) + (f" {DAGGER}" if _flag(r.get("ar_ms_reliable")) is False else "")
+            ar = ar_cell(r)
             cells = [name, str(r.get("method_label")), n, ar, *speeds,
                      *("–" if _nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e))]
             for m in metrics:
@@ -245,11 +279,24 @@ _ABS_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:;,()]+)+/([^\s/:;,()]+)")
 def footnotes(table, baseline: str = "baseline") -> list[str]:
     """What the symbols mean, per-row reasons for unreliable cells, skipped evaluator parts."""
     orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not _nan(o)})
-    notes = ["n = images scored / timed repeats. Paired speed-up = median over repeats of baseline ms / "
-             "method ms, the baseline timed interleaved with the method in the method's own job"
-             + (f" ({' or '.join(orders)} order)" if orders else "") + "; [CI] = distribution-free confidence interval of that median from binomial order "
-             "statistics, coverage ≥ 95% (attained coverage per row: paired_speedup_ci_level in tidy.csv); "
-             "n/a with one repeat. The ratio of separately timed jobs (unpaired, drifts with the machine) "
+    kinds = {str(k) for k in table.get("paired_ci_kind", []) if not _nan(k)}
+    how = []
+    if "bootstrap" in kinds:
+        how.append("several timed prompts: sum over the prompts of the baseline's ms / sum of the method's "
+                   "(each prompt's median repeat); [CI] = percentile bootstrap over the timed prompts at 95%")
+    if "order_statistic" in kinds or not kinds:
+        how.append("one timed prompt: median over repeats of baseline ms / method ms; [CI] = distribution-free "
+                   "interval of that median from binomial order statistics, coverage ≥ 95% (attained per row: "
+                   "paired_speedup_ci_level in tidy.csv), n/a with one repeat")
+    notes = ["n = images scored / timed prompts × repeats per prompt (the same prompts and seeds for the "
+             "method and its baseline; adaptive methods on more prompts than static ones). Paired speed-up: "
+             "the baseline timed interleaved with the method in the method's own job"
+             + (f" ({' or '.join(orders)} order)" if orders else "") + "; " + "; ".join(how) + ". "
+             "The intervals cover prompt-to-prompt variation and repeat noise within one run on one machine, "
+             "not another run or another machine of the same kind. AR ms per prompt = the row's own AR loop at "
+             "batch 1, median over its timed prompts of each prompt's median repeat, [p10, p90] over those "
+             "prompts: absolute, so it moves with the machine's load (compare rows through the paired "
+             "speed-up). The ratio of separately timed jobs (unpaired, drifts with the machine) "
              "is in table.csv / tidy.csv only (speedup, e2e_speedup).",
              "± = the evaluator's standard error of the mean over images (bootstrap over prompts when a "
              "prompt has several images), not a confidence interval; n/a for one image. Δ = value − "
@@ -272,6 +319,22 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
                      "more than timing.max_reference_spread, the machine's speed moved during its pass: "
                      + ", ".join(f"{_preset(r)} {float(r.get('ar_spread')):.0%}" for r in noisy)
                      + ". Paired speed-ups are unaffected when their own pass was steady.")
+    unknown = [_preset(r) for r in rows if _flag(r.get("device_known")) is False]
+    if unknown:
+        notes.append(f"device [{NO_CPU_MODEL}]: {', '.join(unknown)} recorded no CPU model (a CPU row only its "
+                     "architecture, a GPU row no driver or library versions), so rows from different machines of the "
+                     "same kind cannot be told apart; re-run them to record the machine.")
+    if any(_flag(r.get("random_weights")) for r in rows):
+        notes.append(f"model [{RANDOM_WEIGHTS}]: quality columns mean nothing; speed-ups of methods whose decisions "
+                     "read entropy or features (NOVA, ToProVAR, SkipVAR) follow the random model's decisions, not the trained one's.")
+    if any(_flag(r.get("benchmark_sha256_matches")) is False for r in rows):
+        notes.append(f"benchmark [{MODIFIED_PROMPTS}]: the prompt file is not the published one; scores are not "
+                     "comparable with published numbers (record: benchmark.sha256 vs sha256_expected).")
+    retimed = [f"{_preset(r)} ({int(r.get('timing_tries'))} passes)" for r in rows
+               if not _nan(r.get("timing_tries")) and int(r.get("timing_tries")) > 1]
+    if retimed:
+        notes.append("Re-timed after an unreliable pass (timing.retime_unreliable; the last pass is shown): "
+                     + ", ".join(retimed) + ".")
     same = [str(r.get("method_preset")) for r in rows if not _is_base(r, baseline) and same_work(r)]
     if same:
         notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "

@@ -91,7 +91,17 @@ def _check_timing(tm: Any) -> None:
     on = bool(_get(tm, "enabled", True))
     _int("timing", tm, "warmup", 0)
     _int("timing", tm, "repeats", 1 if on else 0)
-    _int("timing", tm, "prompt_index", 0)
+    if _get(tm, "prompt_index") is not None:
+        raise ConfigError("timing.prompt_index is gone: the pass times a sample of prompts; set timing.prompts "
+                          "(adaptive methods) and timing.prompts_static (others), e.g. timing.prompts=1")
+    for key in ("prompts", "prompts_static"):
+        _int("timing", tm, key, 1, required=False)
+    for key in ("prompt_seed", "bootstrap_seed", "retime_unreliable"):
+        _int("timing", tm, key, 0, required=False)
+    _int("timing", tm, "bootstrap_resamples", 1, required=False)
+    wpp = _get(tm, "warmup_per_prompt")
+    if wpp is not None and wpp != "auto" and not (_is_int(wpp) and wpp >= 0):
+        raise ConfigError(f"timing.warmup_per_prompt must be an integer >= 0 or auto, got {wpp!r}")
     bs = _get(tm, "batch_sizes", [])
     if not isinstance(bs, (list, tuple)) or not all(_is_int(b) and b >= 1 for b in bs):
         raise ConfigError(f"timing.batch_sizes must be a list of integers >= 1, got {bs!r}")

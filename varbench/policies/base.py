@@ -29,6 +29,9 @@ from ..plan import GenerationContext, ScalePlan, ScaleSignals
 class Policy(abc.ABC):
     #: registry name, e.g. "fastvar"
     name: str = "policy"
+    #: True when the plan depends on observed signals, so the work varies by prompt (the timed pass
+    #: then times ``timing.prompts`` prompts instead of ``timing.prompts_static``)
+    adaptive: bool = False
 
     #: decisions are made per image: at batch > 1 the runtime runs one fork per image (see above)
     per_image_decisions: bool = False

@@ -57,6 +57,10 @@ INCOMPATIBLE: dict[frozenset, str] = {
 class Compose(Policy):
     name = "compose"
 
+    @property
+    def adaptive(self) -> bool:   # adaptive when any member is
+        return any(getattr(m, "adaptive", False) for m in self.members)
+
     def __init__(self, policies: Sequence[Union[Mapping[str, Any], Policy]], conflict: str = "error", cache: str = "own"):
         from . import build_policy
 

@@ -141,6 +141,7 @@ def _sigmoid(x: float) -> float:
 
 class NOVA(Policy):
     name = "nova"
+    adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
 
     def __init__(
         self,

@@ -80,6 +80,7 @@ MAX_ACTION = 3
 
 class SkipVAR(Policy):
     name = "skipvar"
+    adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
 
     def __init__(self, decision_models: Optional[str] = None, classifier: str = "Logistic_Regression",
                  decision_scale: int = -4, feature_scale: int = 4, fft_freq_ratio: float = FFT_FREQ_RATIO,

@@ -110,6 +110,7 @@ LAYER_MODES = ("full", "gate_detail_only", "gate_only", "skip_detail_layers", "u
 
 class ToProVAR(Policy):
     name = "toprovar"
+    adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
 
     def __init__(
         self,
