@@ -152,7 +152,7 @@ def test_entropy_replay_keeps_the_plan_zeros_would_not():
     store: dict = {}
     with patch.recording(store):
         on = run()
-    assert pol.stats()["first_pruned"] is not None  # the plan really prunes
+    assert any(st["first_pruned"] is not None for st in on.image_stats)  # the plan really prunes
     with patch.replaying(store):
         off = run()
     assert R.attention_entropy is orig  # restored

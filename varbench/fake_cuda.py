@@ -285,6 +285,19 @@ class StandInPolicy:
         self.name = getattr(inner, "name", type(inner).__name__)
         self.gen = torch.Generator().manual_seed(seed)
 
+    @property
+    def per_image_decisions(self) -> bool:
+        return self.inner.per_image_decisions
+
+    def fork(self) -> "StandInPolicy":
+        """One stand-in per image (per-image decisions, `varbench.batch_split`), each with its own
+        stand-in draws, so the images of a batch diverge and the batch splits as it may on a GPU."""
+        self._forks = getattr(self, "_forks", 0) + 1
+        return StandInPolicy(self.inner.fork(), self.fc, int(self.gen.initial_seed()) + self._forks)
+
+    def no_effect_reason(self):
+        return self.inner.no_effect_reason()
+
     def reset(self, ctx):
         with unset_fake_temporarily():
             self.inner.reset(dataclasses.replace(ctx, device="cpu"))

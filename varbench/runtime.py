@@ -263,6 +263,8 @@ class InfinityRuntime:
         cfg / tau: a number, or one value per scale. top_k / top_p act per bit (top_k >= 2 is a no-op).
         text / negative_text: pre-encoded text features (skip the text encoder); a negative prompt
         replaces the learned unconditional placeholder in the CFG branch.
+        A policy with per-image decisions (`Policy.per_image_decisions`) runs, at batch > 1, as one
+        fork per image and is itself left untouched: read `out.image_stats` for what each did.
         """
         from .policies.baseline import Baseline
 
@@ -298,7 +300,10 @@ class InfinityRuntime:
         for p in policies:
             p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
         root = self._state(ctx, text, negative, sched, h_div_w, seeds)
+        tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
+        image_tokens = [root.image_text_tokens(i) for i in range(batch)]
         groups = [(list(range(batch)), root)]
+        del root   # after a split nothing may hold the whole batch's KV cache (graph mode keeps its own)
         scale_marks = _Timer(dev)
         for si in range(n_scales):
             scale_marks.mark()
@@ -332,8 +337,7 @@ class InfinityRuntime:
                 tr["ms"] = ms
             for i in g:
                 image_traces[i] = st.trace
-        tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
-        image_flops = [_image_flops(self.cfg, tr, root.image_text_tokens(i)) for i, tr in enumerate(image_traces)]
+        image_flops = [_image_flops(self.cfg, tr, tokens) for tr, tokens in zip(image_traces, image_tokens)]
         # the batch's count: each sub-batch's entry once (entries before a split are shared)
         per_scale_flops = [sum(scale_flops(self.cfg, tr) for tr in {id(st.trace[si]): st.trace[si] for _, st in groups}.values())
                            for si in range(n_scales)]
