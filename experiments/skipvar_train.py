@@ -108,7 +108,10 @@ def collect(rt, prompts: Sequence[str], seeds: Sequence[int], gen_kwargs: dict, 
             z = np.zeros(len(X), dtype=np.int64)
             return z, z
 
-        probe = SkipVAR(decide=record, decision_scale=decision_scale, feature_scale=feature_scale)
+        # one decision call for the whole batch (every action 0: the baseline's images); features are
+        # per sample either way (tests/test_skipvar.py::test_features_do_not_depend_on_the_batch)
+        probe = SkipVAR(decide=record, decision_scale=decision_scale, feature_scale=feature_scale,
+                        batch_rule="conservative")
         base = rt.generate(ps, ss, probe, **gen_kwargs)
         if len(recorded) != 1:
             raise RuntimeError("the baseline pass did not reach the decision scale")

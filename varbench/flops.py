@@ -61,6 +61,8 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
     FLOPs of a 2B/8B configuration without running it. `text_tokens` maps a row count to the text
     tokens summed over those rows. `tests/test_runtime.py` checks it against real runtime traces.
     """
+    from .policies.common import is_neutral
+
     rows_full = 2 * batch if cfg_rows else batch
     rows = rows_full
     kv = [0] * depth
@@ -68,7 +70,8 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
     for si, ((h, w), plan) in enumerate(zip(schedule, plans)):
         n = h * w
         if not plan.run:
-            out.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": batch, "tokens": n, "blocks": []})
+            out.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": batch, "tokens": n, "blocks": [],
+                        "neutral": False})
             continue
         if plan.drop_uncond and cfg_rows:
             rows = batch
@@ -88,7 +91,7 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
                     c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
             blocks.append(c)
         out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
-                    "text_tokens": text_tokens[rows], "blocks": blocks})
+                    "text_tokens": text_tokens[rows], "blocks": blocks, "neutral": is_neutral(plan)})
     return out
 
 

@@ -295,7 +295,7 @@ class InfinityRuntime:
                                 cfg=tuple(cfgs), tau=tuple(taus), device=str(dev))
         # per-image decisions (varbench.batch_split): each image plans with its own copy of the
         # policy; images whose plans share a shape run as one sub-batch
-        per_image = batch > 1 and policy.per_image_decisions
+        per_image = batch > 1 and getattr(policy, "per_image_decisions", False)   # duck-typed policies: shared
         policies = [policy.fork() for _ in range(batch)] if per_image else [policy]
         for p in policies:
             p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
@@ -431,7 +431,8 @@ def _no_effect_reason(policy: Policy, trace: list[dict]) -> Optional[str]:
 
     if not all(tr.get("neutral") for tr in trace):
         return None
-    return policy.no_effect_reason() or NEUTRAL_REASON
+    hook = getattr(policy, "no_effect_reason", None)
+    return (hook() if hook is not None else None) or NEUTRAL_REASON
 
 
 def new_generator(device: torch.device, seed: int) -> torch.Generator:
@@ -504,13 +505,13 @@ class _GenState:
         self.keep_buffers: dict = {}           # static copies of plans' kept indices, read by graphs
         self.static_ptrs: set = set()          # residual tensors that are captured steps' outputs
 
-    def _build_text_consts(self) -> None:
+    def _build_text_consts(self, row_tokens: Optional[list[int]] = None) -> None:
         """Per-block constants of this state's rows. Host reads happen here, once, before the loop:
-        text tokens (FLOPs) and text-length runs."""
+        text tokens per row (FLOPs, text-length runs), unless `row_tokens` already gives them."""
         mask = self.ca_mask
-        self.row_tokens = mask.sum(1).tolist()
+        self.row_tokens = mask.sum(1).tolist() if row_tokens is None else row_tokens
         self.text_tokens = {self.rows0: sum(self.row_tokens), self.batch: sum(self.row_tokens[: self.batch])}
-        runs = key_runs(mask)
+        runs = key_runs(mask, self.row_tokens)
         self.consts = [BlockConsts.build(b, self.shared_gss, self.ca_text, mask, runs, self.rt.ca_bf16) for b in self.blocks]
 
     def image_text_tokens(self, i: int) -> tuple[int, int]:
@@ -531,7 +532,7 @@ class _GenState:
         sub.rows = b if self.dropped_uncond else sub.rows0
         sub.ca_text, sub.ca_mask, sub.cond, sub.shared_gss = (take_rows(t, images, B) for t in
                                                               (self.ca_text, self.ca_mask, self.cond, self.shared_gss))
-        sub._build_text_consts()
+        sub._build_text_consts([self.row_tokens[r] for r in image_rows(images, B, self.rows0)])
         sub.consts_full = sub.consts
         if self.dropped_uncond:
             sub.consts = [bc.first_rows(b) for bc in sub.consts]

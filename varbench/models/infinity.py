@@ -82,10 +82,11 @@ class TextRMSNorm(nn.Module):
 KeyRuns = tuple[tuple[int, int, int], ...]
 
 
-def key_runs(key_mask: torch.Tensor) -> KeyRuns:
+def key_runs(key_mask: torch.Tensor, lens: Optional[list[int]] = None) -> KeyRuns:
     """Maximal runs of rows with the same key length: ((row0, row1, length), ...). Reads the mask on
-    the host, so compute it once per generation (text is constant over the loop), not per block."""
-    lens = key_mask.sum(1).tolist()
+    the host (unless the row lengths `lens` are given), so compute it once per generation (text is
+    constant over the loop), not per block."""
+    lens = key_mask.sum(1).tolist() if lens is None else lens
     runs, r0 = [], 0
     for r in range(1, len(lens) + 1):
         if r == len(lens) or lens[r] != lens[r0]:
