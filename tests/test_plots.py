@@ -98,7 +98,7 @@ def test_scatter_baseline_frontier_errorbars_and_axis_words():
     hollow = _artist(fig, "point:skip_last_1")[0]
     filled = _artist(fig, "point:skip_last_2")[0]
     assert hollow.get_markerfacecolor() == "white" and filled.get_markerfacecolor() != "white"
-    assert ax.get_xlabel() == "Speed-up over baseline (×, AR loop, paired in-job median with 95% CI)"
+    assert ax.get_xlabel() == "Speed-up over baseline (×, AR loop, paired in-job, summed over the timed prompts with 95% CI)"
     assert "HPSv2.1" in ax.get_ylabel() and "higher is better" in ax.get_ylabel()
 
 

@@ -130,7 +130,7 @@ def column_header(row: Mapping, is_base: bool, metric: str | None, baseline: str
     """Header lines of a column: label, speed-up, quality (see the module docstring)."""
     from varbench.plots import METRIC_WORDS
 
-    lines = [str(row.get("method_label"))]
+    lines = [str(row.get("method_label")) + (" (no effect)" if row.get("method_effect") == "none" else "")]
     x, lo, hi, reliable = speed if speed is not None else (float("nan"),) * 3 + (True,)
     if is_base:
         lines.append("1.00× (reference)")

@@ -192,7 +192,7 @@ def speed_values(frame, baseline: str = "baseline", col: str | None = None):
 
 
 def speed_words(col: str, has_ci: bool) -> str:
-    what = "AR loop, paired in-job median" if col == "paired_speedup" else (
+    what = "AR loop, paired in-job, summed over the timed prompts" if col == "paired_speedup" else (
         "end to end, median" if col == "e2e_speedup" else "AR loop, median of separate jobs")
     return f"Speed-up over baseline (×, {what}{' with 95% CI' if has_ci else ''})"
 
@@ -342,6 +342,8 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     up = higher_is_better(metric)
     keep = np.isfinite(x) & np.isfinite(y) & ~(base & relative)
     labels = [str(v) for v in frame.get("method_label", frame.get("method", frame.index)).tolist()]
+    if "method_effect" in frame.columns:   # a method that changed nothing is not a result (varbench.effect)
+        labels = [f"{lab} (no effect)" if eff == "none" else lab for lab, eff in zip(labels, frame["method_effect"])]
     methods = [str(v) for v in frame.get("method", frame.get("method_label", frame.index)).tolist()]
     has_ci = bool(np.isfinite(lo[keep]).any() or np.isfinite(hi[keep]).any())
 

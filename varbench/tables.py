@@ -340,12 +340,13 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
         notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "
                      f"{', '.join(same)}; its speed-up should be 1.00× within the interval, any departure is "
                      "policy overhead (work FLOPs do not count) or noise.")
-    for effect, what in (("none", "changed no image"), ("partial", "left some images unchanged")):
+    for effect, what, so in (("none", "changed no image", "the row is the baseline's, not a result"),
+                             ("partial", "left k of its n images unchanged", "those images are the baseline's")):
         hit = [r for r in rows if not _is_base(r, baseline) and r.get("method_effect") == effect]
         if hit:
             notes.append(f"{NO_EFFECT if effect == 'none' else '(no effect on k/n)'}: the method {what} (every plan "
-                         "it made for them was neutral, or the pixels equal the baseline's), so the row "
-                         "is the baseline's, not a result: " + "; ".join(_effect_reason(r) for r in hit) + ".")
+                         f"it made for them was neutral, or the pixels equal the baseline's), so {so}: "
+                         + "; ".join(_effect_reason(r) for r in hit) + ".")
     if "fidelity/psnr" in table.columns and any(_flag(r.get("identical_images")) is True for r in rows):
         notes.append("PSNR ∞: every image bit-identical to the baseline's (the evaluator's mean caps each "
                      "identical pair at 100 dB; table.csv keeps that capped mean).")
