@@ -106,3 +106,19 @@ def test_a_no_op_job_is_recorded_said_once_and_marked_in_the_table(tmp_path, cap
     assert csv.loc["fastvar", "method_effect"] == "none" and csv.loc["fastvar", "method_effect_reason"] == reason
     assert csv.loc["skip_last", "method_effect"] == "some" and pd.isna(csv.loc["baseline", "method_effect"])
     assert NEUTRAL_REASON == "every plan was neutral"
+
+
+def test_nova_says_why_its_paper_thresholds_do_nothing_on_the_toy_schedule():
+    """The paper-default NOVA never prunes the toy's 9-scale 16x16 schedule; its reason names the knobs."""
+    from varbench.plan import GenerationContext
+    from varbench.policies import build_policy
+    from varbench.toy.load import TOY_SCHEDULE
+
+    ctx = GenerationContext(schedule=tuple(tuple(s) for s in TOY_SCHEDULE), depth=6, embed_dim=64, num_heads=4, batch=1,
+                            cfg_rows=True, cfg=(2.0,) * len(TOY_SCHEDULE), tau=(1.0,) * len(TOY_SCHEDULE))
+    pol = build_policy("nova")
+    pol.reset(ctx)
+    assert "no prunable scale" in pol.no_effect_reason() and "min_tokens_to_prune=256" in pol.no_effect_reason()
+    small = build_policy("nova", t_min_tokens=16, min_tokens_to_prune=16)
+    small.reset(ctx)
+    assert small.no_effect_reason() == "nova: no activation scale was detected (no inflection, and t_force not reached)"

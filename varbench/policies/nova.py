@@ -444,6 +444,21 @@ class NOVA(Policy):
         if len(done) >= need and self.t_star is None:
             self.t_star, self.decided_after = done[need - 1], si
 
+    def no_effect_reason(self) -> Optional[str]:
+        """Why every plan was neutral: nothing prunable, no prunable scale on this schedule, or no
+        activation detected."""
+        if not self.enabled:
+            return "nova: nothing to prune (r_max = 0 or every block protected)"
+        if not any(si not in self.skipped and self.ctx.tokens(si) >= self.min_tokens_to_prune
+                   for si in range(self.t_min + 1, self.n)):
+            h, w = self.ctx.schedule[-1]
+            return (f"nova: no prunable scale on this {self.n}-scale schedule ending at {h}x{w}: pruning starts after "
+                    f"scale t_min={self.t_min} (t_min_tokens={self.t_min_tokens}) and needs >= "
+                    f"min_tokens_to_prune={self.min_tokens_to_prune} tokens (the *_toy presets scale both down)")
+        if self.t_star is None:
+            return "nova: no activation scale was detected (no inflection, and t_force not reached)"
+        return None
+
     def stats(self) -> dict[str, Any]:
         return {
             "activation_scale": self.t_star,
