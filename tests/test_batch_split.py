@@ -191,3 +191,26 @@ def test_each_image_observes_its_own_rows(rt):
     assert one.attention_entropy[3][:, 0].tolist() == [4, 12]     # its cond row and its uncond row
     assert one.summed_codes.flatten().tolist() == [1.0]
     assert out.images.shape[0] == 2
+
+
+def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
+    """After a split the parts' KV caches and residual caches live in the parent's memory (rows
+    permuted in place): a split must not hold a second copy of the cache (8B at batch 8: ~90 GiB)."""
+    from varbench.runtime import _GenState
+
+    seen = []
+    real = _GenState.split
+
+    def spy(self, parts):
+        parent = {t.untyped_storage().data_ptr() for t in self.kv.kv if t is not None}
+        parent |= {t.untyped_storage().data_ptr() for d in self.residuals.values() for t in d.values()}
+        subs = real(self, parts)
+        for sub in subs:
+            mine = {t.untyped_storage().data_ptr() for t in sub.kv.kv if t is not None}
+            mine |= {t.untyped_storage().data_ptr() for d in sub.residuals.values() for t in d.values()}
+            seen.append(mine <= parent and bool(mine))
+        return subs
+
+    monkeypatch.setattr(_GenState, "split", spy)
+    rt.generate(PROMPTS, SEEDS, build_policy("nova", **NOVA), pn=PN, cfg=CFG)
+    assert seen and all(seen)

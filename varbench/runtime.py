@@ -111,10 +111,11 @@ class _KVCache:
         buf.narrow(3, start, kv.shape[3]).copy_(kv)
         return buf.narrow(3, 0, end).unbind(0)
 
-    def take(self, rows) -> "_KVCache":
-        """A cache holding `rows(buffer)` of every block's rows in use (copies, same capacity and lengths)."""
+    def view(self, rows) -> "_KVCache":
+        """A cache over `rows(buffer)` of every block's rows in use (views: appends write into this
+        cache's memory), with the same capacity and lengths."""
         new = _KVCache(len(self.len), self.capacity)
-        new.kv = [None if t is None else rows(t).contiguous() for t in self.kv]
+        new.kv = [None if t is None else rows(t) for t in self.kv]
         new.full, new.len = list(new.kv), list(self.len)
         return new
 
@@ -361,8 +362,8 @@ class InfinityRuntime:
         for images, state in groups:
             plans = [policies[i].plan(si) for i in images]
             parts = group_by_plan(plans)
-            for part in parts:
-                sub = state if len(parts) == 1 else state.take(part)
+            subs = [state] if len(parts) == 1 else state.split(parts)
+            for part, sub in zip(parts, subs):
                 members = [images[j] for j in part]
                 plan = merge_plans([plans[j] for j in part], state.ctx.cfg_rows)
                 signals = sub.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
@@ -518,15 +519,44 @@ class _GenState:
         """Text tokens of image i's conditional row and of its unconditional row (0 without CFG)."""
         return self.row_tokens[i], (self.row_tokens[self.batch + i] if self.rows0 == 2 * self.batch else 0)
 
-    def take(self, images: Sequence[int]) -> "_GenState":
-        """A state for the images at positions `images` of this batch, to continue apart from the
-        others (per-image decisions, `varbench.batch_split`): their rows of the text constants, KV
-        cache, residual caches, codes, history and generators. It runs eagerly: graph mode captures
-        whole-batch states only, whose tensors live across generations."""
+    def split(self, parts: Sequence[Sequence[int]]) -> list["_GenState"]:
+        """States for `parts` (lists of image positions that together make this batch), to continue
+        apart (per-image decisions, `varbench.batch_split`). The big tensors are not copied: the KV
+        cache's and the residual caches' rows are permuted in place so that each part's rows ([cond;
+        uncond] of its images) lie together, and each part's state views its slice (one block's
+        buffer is copied at a time, so a split costs no second cache). This state is spent after.
+        The parts run eagerly: graph mode captures whole-batch states only, whose tensors live
+        across generations."""
+        B, parts = self.batch, [list(p) for p in parts]
+
+        def permute(t: torch.Tensor, dim: int) -> None:
+            rows = [r for p in parts for r in image_rows(p, B, t.shape[dim])]
+            if rows != list(range(len(rows))):
+                t.copy_(t.index_select(dim, torch.tensor(rows, device=t.device)))
+
+        for t in self.kv.kv:
+            if t is not None:
+                permute(t, 1)
+        for cached in self.residuals.values():
+            for t in cached.values():
+                permute(t, 0)
+        subs, first = [], 0
+        for p in parts:
+            subs.append(self._part(p, first))
+            first += len(p)
+        return subs
+
+    def _part(self, images: list[int], first: int) -> "_GenState":
+        """The state of `images`, whose cache rows start at image `first` after `split`'s permutation."""
         sub = object.__new__(_GenState)
         sub.__dict__.update(self.__dict__)   # rt, model, schedule, RoPE tables, latent size: shared
         b, B = len(images), self.batch
-        idx = torch.tensor(list(images), device=self.rt.device)
+
+        def rows_of(t: torch.Tensor, dim: int) -> torch.Tensor:   # this part's slice of a permuted tensor
+            per = t.shape[dim] // B
+            return t.narrow(dim, first * per, b * per)
+
+        idx = torch.tensor(images, device=self.rt.device)
         sub.ctx = dataclasses.replace(self.ctx, batch=b)
         sub.batch, sub.rows0 = b, len(image_rows(images, B, self.rows0))
         sub.rows = b if self.dropped_uncond else sub.rows0
@@ -536,10 +566,10 @@ class _GenState:
         sub.consts_full = sub.consts
         if self.dropped_uncond:
             sub.consts = [bc.first_rows(b) for bc in sub.consts]
-        sub.kv = self.kv.take(lambda t: take_rows(t, images, B, dim=1))
+        sub.kv = self.kv.view(lambda t: rows_of(t, 1))
+        sub.residuals = {s: {k: rows_of(t, 0) for k, t in d.items()} for s, d in self.residuals.items()}
         sub.summed_codes = self.summed_codes.index_select(0, idx)
         sub.generators = [self.generators[i] for i in images]   # each image keeps drawing from its own
-        sub.residuals = {s: {k: take_rows(t, images, B) for k, t in d.items()} for s, d in self.residuals.items()}
         sub.bits = [None if t is None else t.index_select(0, idx) for t in self.bits]
         sub.entropies = [None if t is None else t.index_select(0, idx) for t in self.entropies]
         sub.trace = list(self.trace)          # the entries so far are shared (they ran for these images too)
