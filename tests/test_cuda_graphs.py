@@ -143,9 +143,7 @@ def test_cuda_graphed_bits_equal_eager_bits(dtype, method):
 #: `torch.tensor(<Python data>)`) copy host data to the device: on CUDA each one synchronises, and inside
 #: stream capture it fails ("operation not permitted when stream is capturing") or, worse, bakes the
 #: value seen at capture into every replay
-HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique",
-              "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave", "bincount", "histc",
-              "lift_fresh", "lift_fresh_copy"}
+from varbench.fake_cuda import HOST_READS  # noqa: E402  one list, shared with the fake-CUDA dry run
 
 
 class _HostReadDetector(TorchDispatchMode):
