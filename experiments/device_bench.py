@@ -32,7 +32,7 @@ Protocol, per section (a model x batch x a list of (method, mode) items):
     method and its reference (the baseline in the same mode, in the same round) see the same machine
     state; stage times come from the runtime (`timings_ms`: CUDA events, read after the loop); the host
     also times each `generate` call between `torch.cuda.synchronize()`s ("wall");
-  * per item: median and p10/p90 (varbench.timing's `_stats`) of the AR loop, text, decode and
+  * per item: median and p10/p90 (varbench.harness.timing's `_stats`) of the AR loop, text, decode and
     e2e = text + AR + decode; per-scale median ms; images/s = batch / median e2e; peak memory =
     `torch.cuda.max_memory_allocated` after a reset before each call (absolute: weights, KV cache, and
     the runtime's captured-graph pools so far; only one model is resident at a time); FLOPs from the
@@ -40,7 +40,7 @@ Protocol, per section (a model x batch x a list of (method, mode) items):
   * paired speed-up = median(reference AR) / median(method AR) over the same rounds, with a 95%
     percentile-bootstrap interval that resamples rounds (pairs kept together) and the per-round ratios.
     The baseline's row is paired with itself (exactly 1.0 [1.0, 1.0], a check of the pairing code).
-  `varbench.timing.timed_pass` is not used directly: it re-times the baseline once per method; here one
+  `varbench.harness.timing.timed_pass` is not used directly: it re-times the baseline once per method; here one
   round-robin times the baseline once per round for all methods of a section.
 
 Eager vs graphed: `InfinityRuntime(..., cuda_graphs=...)` when the runtime accepts it; `rt.cuda_graphs`
@@ -52,12 +52,12 @@ ToProVAR's attention-entropy share (target <= 5%): ToProVAR is timed against the
 with the entropy computation removed. The bench (only the bench; the runtime is untouched) records, in one
 untimed eager ToProVAR generation, every attention entropy the runtime computes, then, in the
 "toprovar~entropy_off" item, answers every entropy request from that recording without computing anything:
-`varbench.runtime.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
+`varbench.engine.runtime.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
 kernel `flash_attention_with_entropy` (the runtime's CUDA path: attention and entropy in one pass) becomes
 plain SDPA plus the recorded entropy (see `EntropyPatch`, `--entropy-fn`). The policy therefore sees the
 same entropies and makes the same plan (checked: equal analytic FLOPs), and the AR-time difference is what
 the entropies cost (for the fused path: the fused kernel against SDPA). Answering with zeros instead would
-change ToProVAR's plan (tests/test_device_bench.py shows it). The item runs on a second runtime sharing the
+change ToProVAR's plan (tests/experiments/test_device_bench.py shows it). The item runs on a second runtime sharing the
 model's weights, so its captured graphs never contain the entropy work and it never replays the other
 runtime's graphs. Share = 1 - median(off AR)/median(on AR), paired rounds, same bootstrap interval. If no
 call reaches a patched function, the share is reported as not measured, never guessed.
@@ -135,7 +135,7 @@ class ModelSpec:
 
 
 def model_specs(smoke: bool, pn: Optional[str]) -> dict[str, ModelSpec]:
-    from varbench.models.infinity import PRESETS
+    from varbench.engine.models.infinity import PRESETS
 
     if smoke:
         tiny = PRESETS["tiny"]
@@ -171,8 +171,8 @@ def fill_random_(model: torch.nn.Module, seed: int) -> None:
 
 def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int):
     """(Infinity, BSQVAE) with random weights on `device`; the Infinity blocks already in `dtype`."""
-    from varbench.models.bsq_vae import BSQVAE
-    from varbench.models.infinity import Infinity
+    from varbench.engine.models.bsq_vae import BSQVAE
+    from varbench.engine.models.infinity import Infinity
 
     with torch.device("meta"):
         model = Infinity(spec.cfg)
@@ -194,20 +194,20 @@ def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed:
 
 
 def runtime_accepts_cuda_graphs() -> bool:
-    from varbench.runtime import InfinityRuntime
+    from varbench.engine.runtime import InfinityRuntime
 
     return "cuda_graphs" in inspect.signature(InfinityRuntime.__init__).parameters
 
 
 def make_runtime(model, vae, device: torch.device, dtype: torch.dtype, graphs_ok: bool):
-    from varbench.runtime import InfinityRuntime
+    from varbench.engine.runtime import InfinityRuntime
 
     kw = {"cuda_graphs": device.type == "cuda"} if graphs_ok else {}
     return InfinityRuntime(model, vae, None, device=device, dtype=dtype, ca_bf16=True, **kw)
 
 
 def random_text(cfg, batch: int, length: int, device: torch.device, seed: int):
-    from varbench.models.text import TextBatch
+    from varbench.engine.models.text import TextBatch
 
     length = min(length, cfg.text_maxlen)
     g = torch.Generator().manual_seed(seed)
@@ -237,8 +237,8 @@ def load_preset(preset: str) -> dict:
         raw = yaml.safe_load(path.read_text())
     out: dict = {}
     for d in raw.pop("defaults", None) or []:
-        if d.endswith("_schema"):   # a method's knob dataclass (varbench/method_configs.py), not a file
-            from varbench.method_configs import schema_node
+        if d.endswith("_schema"):   # a method's knob dataclass (varbench/policies/knobs.py), not a file
+            from varbench.policies.knobs import schema_node
 
             out = _merge(out, schema_node(d, resolve=True))
         elif d != "_self_":
@@ -270,7 +270,7 @@ def predicted_peaks() -> dict:
 # ---------------------------------------------------------------------------------------------------
 # statistics
 def stats(xs: list[float]) -> dict:
-    from varbench.timing import _stats
+    from varbench.harness.timing import _stats
 
     return _stats(list(xs))
 
@@ -311,10 +311,10 @@ def _jsonable(x):
 # the entropy replay (bench-only monkeypatch)
 #: where the runtime may take its attention entropy from (module:function); those that exist are patched.
 #: `attention_entropy(q, k)` -> entropy; `flash_attention_with_entropy(q, k, v, scale)` -> (out, entropy).
-ENTROPY_FNS = ("varbench.runtime:attention_entropy", "varbench.runtime:flash_attention_with_entropy",
-               "varbench.block_step:attention_entropy", "varbench.block_step:flash_attention_with_entropy",
-               "varbench.kernels:flash_attention_with_entropy",
-               "varbench.kernels.flash_entropy:flash_attention_with_entropy")
+ENTROPY_FNS = ("varbench.engine.runtime:attention_entropy", "varbench.engine.runtime:flash_attention_with_entropy",
+               "varbench.engine.block_step:attention_entropy", "varbench.engine.block_step:flash_attention_with_entropy",
+               "varbench.engine.kernels:flash_attention_with_entropy",
+               "varbench.engine.kernels.flash_entropy:flash_attention_with_entropy")
 
 
 class EntropyPatch:
@@ -534,12 +534,12 @@ class Bench:
 
     @staticmethod
     def _schedule(spec: ModelSpec):
-        from varbench.models.schedules import scale_schedule
+        from varbench.engine.models.schedules import scale_schedule
 
         return [list(s) for s in scale_schedule(1.0, spec.pn)]
 
     def _env(self) -> dict:
-        from varbench.provenance import collect_provenance
+        from varbench.harness.provenance import collect_provenance
 
         try:
             prov = collect_provenance(str(self.device))
@@ -555,7 +555,7 @@ class Bench:
                 "cpu_count": prov.get("cpu_count"), "torch_threads": torch.get_num_threads(), "provenance": prov}
 
     def save(self) -> None:
-        from varbench.store import atomic_write_bytes
+        from varbench.harness.store import atomic_write_bytes
 
         self.record["elapsed_s"] = round(self.elapsed(), 2)
         try:  # reporting must never cost the measurements

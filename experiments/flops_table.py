@@ -18,7 +18,7 @@ synthetic scenario (below) and the numbers are "FLOPs under that scenario", not 
 Two counts per config. "transformer": what flops.py counts (linear layers, attention products,
 head, word embedding, the transformer's text projections, the attention-entropy score pass),
 the part methods change. "end to end": that plus flan-t5-xl over its 512 padded tokens and one
-VAE decode at the final latent grid (varbench/stage_flops.py), which every method runs unchanged;
+VAE decode at the final latent grid (varbench/engine/stage_flops.py), which every method runs unchanged;
 per image, batch 1, no negative prompt. SkipVAR's two small feature decodes are in neither.
 
 Every FLOPs number in the docs comes from here: `--write` regenerates
@@ -30,7 +30,7 @@ Every FLOPs number in the docs comes from here: `--write` regenerates
     <!--flops:PRESET|knob=value|...-->2.81<!--/flops-->   the preset with knobs overridden (YAML values;
                                                       write \\| for | inside a markdown table cell)
 
-and `--check` (run by tests/test_flops_docs.py) lists every place that no longer matches.
+and `--check` (run by tests/engine/test_flops_docs.py) lists every place that no longer matches.
 """
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from varbench.flops import plan_trace, scale_flops, text_flops
-from varbench.stage_flops import T5_MAX_LENGTH, preset_stage_flops
-from varbench.models.infinity import PRESETS
-from varbench.models.schedules import scale_schedule
-from varbench.plan import GenerationContext, ScaleSignals
+from varbench.engine.flops import plan_trace, scale_flops, text_flops
+from varbench.engine.stage_flops import T5_MAX_LENGTH, preset_stage_flops
+from varbench.engine.models.infinity import PRESETS
+from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,8 +161,8 @@ def render_table(methods=DEFAULT_METHODS) -> str:
              f"not real prompts. 1024² ({SCENARIO['pn']}), h/w {SCENARIO['h_div_w']}, batch {SCENARIO['batch']}, "
              f"CFG on, {SCENARIO['text_len']} text tokens.", "",
              "\"x fewer\" = baseline FLOPs / the config's FLOPs per image. *Transformer*: the transformer alone",
-             "(varbench/flops.py), the part methods change. *End to end*: plus the flan-t5-xl encoder over its",
-             f"{SCENARIO['t5_tokens']} padded tokens and one VAE decode at 1024² (varbench/stage_flops.py), which every",
+             "(varbench/engine/flops.py), the part methods change. *End to end*: plus the flan-t5-xl encoder over its",
+             f"{SCENARIO['t5_tokens']} padded tokens and one VAE decode at 1024² (varbench/engine/stage_flops.py), which every",
              "method runs unchanged. Baseline per image, TFLOPs:", ""]
     lines += ["| model | transformer | T5 encoder | VAE decode | end to end |", "|---|---:|---:|---:|---:|"]
     for key, model in MODELS.items():

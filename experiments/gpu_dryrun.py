@@ -5,7 +5,7 @@
     python -m experiments.gpu_dryrun --depth 2 --json /tmp/dry.json   # reduced depth (the CI test)
 
 For each model (random-weight Infinity-2B / 8B, built on meta, materialised as fake CUDA tensors:
-`varbench.fake_cuda`), each method's default preset and each batch size, one generation at 1024²
+`varbench.engine.fake_cuda`), each method's default preset and each batch size, one generation at 1024²
 (`pn=1M`), cfg 4, bf16, `cuda_graphs` off (capture needs a device), with the Triton entropy kernel's
 wrapper on (`fused_entropy`), text as `experiments.device_bench` feeds it (30 random tokens). It
 fails (exit 1) on a device mismatch, a host read inside a scale step, an attention call that would
@@ -15,7 +15,7 @@ Printed per (model, method, batch): the predicted peak memory of the generation 
 cache + live activations, VAE decode included; what `torch.cuda.max_memory_allocated` would show
 after a reset before the call, without CUDA-graph pools), its split, and the ops per scale that
 launch device work (about the kernel launches of an eager step). With random weights an
-entropy-driven method's plan comes from stand-in signals (see `varbench.fake_cuda`): its row checks
+entropy-driven method's plan comes from stand-in signals (see `varbench.engine.fake_cuda`): its row checks
 the machinery at the real shapes, not a trained model's plan. SkipVAR's released decision models
 are weights (not shipped): the toy's stand in, so its decision path runs.
 """
@@ -70,7 +70,7 @@ def _checks(rt, out, fc, batch: int) -> list[str]:
 
 
 def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: bool = True, fc_runtime=None) -> dict:
-    from varbench.fake_cuda import FakeCuda
+    from varbench.engine.fake_cuda import FakeCuda
 
     t0 = time.perf_counter()
     row = {"model": model, "method": preset, "batch": batch, "depth": depth}

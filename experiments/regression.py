@@ -12,10 +12,10 @@ toy variants of experiments/toy_regression.py; `BIG_METHODS`, device_bench's lis
 hybrid).
 
 Measured per (model, method), and how `--check` compares it with the reference (`TOLERANCES`):
-  * FLOPs ratio to the baseline (analytic count of what ran, varbench.flops): exact (relative 1e-9). On the
+  * FLOPs ratio to the baseline (analytic count of what ran, varbench.engine.flops): exact (relative 1e-9). On the
     2B model, methods with static plans are also counted from their plans alone
     (experiments.flops_table.method_flops) and must equal what the runtime counted.
-  * paired speed-up of the AR loop against the baseline: varbench.timing.timed_pass with the baseline
+  * paired speed-up of the AR loop against the baseline: varbench.harness.timing.timed_pass with the baseline
     interleaved, and a 95% bootstrap interval over rounds (device_bench.paired_ratio). A regression is an
     interval entirely outside reference x (1 +- speedup_rel_tol): 10% on a GPU, 50% on a CPU (shared
     CPUs drift; there it is a plumbing check). GPU runs time graphed (the runtime's default).
@@ -101,7 +101,7 @@ def default_reference(kind: str, smoke: bool) -> Path:
 
 def environment(device: torch.device) -> dict:
     """GPU name, driver, torch/CUDA versions and the commit (VARBENCH_GIT_SHA when the tree has no .git)."""
-    from varbench.provenance import git_info, torch_info
+    from varbench.harness.provenance import git_info, torch_info
 
     t = torch_info(str(device)) or {}
     git = git_info()
@@ -151,7 +151,7 @@ class Target:
 class ToyTarget(Target):
     def __init__(self, device: torch.device, prof: dict):
         from varbench.toy import world
-        from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
+        from varbench.engine.models.toy import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
         self.name, self.quality = "toy", True
         self.rt = load_toy_runtime(device)
@@ -209,9 +209,9 @@ def _graphs_possible(rt) -> bool:
 
 
 def timed_speedup(target: Target, policy, base_policy, prof: dict, device: torch.device) -> dict:
-    """Paired AR speed-up of `policy` over the baseline: varbench.timing.timed_pass interleaves the two; the
+    """Paired AR speed-up of `policy` over the baseline: varbench.harness.timing.timed_pass interleaves the two; the
     per-round times it discards are kept here for device_bench.paired_ratio's bootstrap interval."""
-    from varbench.timing import timed_pass
+    from varbench.harness.timing import timed_pass
 
     calls: dict[str, list[float]] = {"method": [], "baseline": []}
 
@@ -233,7 +233,7 @@ def timed_speedup(target: Target, policy, base_policy, prof: dict, device: torch
 def measure_target(target: Target, methods: list[str], prof: dict, device: torch.device, log=print) -> dict:
     from PIL import Image
 
-    from varbench.build import configure_runtime
+    from varbench.engine.build import configure_runtime
     from varbench.evaluators.base import Sample
     from varbench.evaluators.fidelity import FidelityEvaluator
     from varbench.evaluators.toy_geneval import ToyGenEval
@@ -342,7 +342,7 @@ def invariants(measured: dict) -> list[str]:
             fa = r.get("flops_analytic") or {}
             if fa.get("plans") is not None and fa["plans"] != fa["runtime"]:
                 problems.append(f"{where}: FLOPs counted by the runtime {fa['runtime']:.6g} != counted from the plans "
-                                f"{fa['plans']:.6g} (varbench.flops.plan_trace)")
+                                f"{fa['plans']:.6g} (varbench.engine.flops.plan_trace)")
     return problems
 
 

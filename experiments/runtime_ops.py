@@ -54,7 +54,7 @@ class _ScaleMarks:
         self.marks = []
 
     def plan(self, si):
-        from varbench.plan import ScalePlan
+        from varbench.engine.plan import ScalePlan
 
         self.marks.append(self.counter.n)
         return ScalePlan()
@@ -67,8 +67,8 @@ class _ScaleMarks:
 
 
 def _runtime(depth: int, width: int, heads: int, seed: int = 0):
-    from varbench.models.infinity import Infinity, InfinityConfig
-    from varbench.runtime import InfinityRuntime
+    from varbench.engine.models.infinity import Infinity, InfinityConfig
+    from varbench.engine.runtime import InfinityRuntime
 
     torch.manual_seed(seed)
     cfg = InfinityConfig(depth=depth, embed_dim=width, num_heads=heads, codebook_dim=16, text_channels=64,
@@ -77,7 +77,7 @@ def _runtime(depth: int, width: int, heads: int, seed: int = 0):
 
 
 def _text():
-    from varbench.models.text import TextBatch
+    from varbench.engine.models.text import TextBatch
 
     g = torch.Generator().manual_seed(1)
     return TextBatch(torch.randn(1, 12, 64, generator=g), torch.ones(1, 12, dtype=torch.bool), [12])
@@ -105,8 +105,7 @@ def hot_block_us(rt, pn: str = "0.25M", cfg: float = 4.0, repeats: int = 200) ->
     so its weights, KV cache and activations stay hot in cache. `depth x` this is a floor for the blocks'
     share of the scale step with today's kernels: what is left once cache misses between blocks are gone
     (Python and dispatch overhead of the block's ops stay in). Needs `_GenState._full_block` (this tree)."""
-    from varbench import runtime as rt_mod
-
+    from varbench.engine import runtime as rt_mod
     full_block, depth = rt_mod._GenState._full_block, len(rt.model.blocks)
     seen = {}
 

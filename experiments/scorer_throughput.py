@@ -282,7 +282,7 @@ def write_geneval(folder: Path, m2f_config, clip_name: str, clip_config: Optiona
     from safetensors.torch import save_file
     from transformers import Mask2FormerForUniversalSegmentation
 
-    from varbench.evaluators.geneval_rules import COCO80_GENEVAL
+    from varbench.evaluators.geneval.rules import COCO80_GENEVAL
 
     m2f = folder / "m2f"
     m2f.mkdir(parents=True, exist_ok=True)
@@ -344,7 +344,7 @@ def prepare(key: str, size: str, work: Path, device: str, files: dict) -> tuple[
         return {"weights": str(files["ir"]), "tokenizer_dir": str(files["ir_tok"]), "model_config": cfg_path, **extra}, notes
     if name == "geneval":
         if size == "real":
-            from varbench.evaluators.geneval_convert_mmdet import build_hf_config
+            from varbench.evaluators.geneval.convert_mmdet import build_hf_config
 
             m2f_cfg, clip_name, clip_cfg, scale = build_hf_config(), "ViT-L-14-quickgelu", None, (1333, 800)
         else:
@@ -517,7 +517,7 @@ def env_info(device: str) -> dict:
 
 def write_json(path: Path, obj: dict) -> None:
     """Atomic rewrite, so a kill mid-write never leaves a truncated file."""
-    from varbench.store import atomic_write_bytes
+    from varbench.harness.store import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 

@@ -109,7 +109,7 @@ def collect(rt, prompts: Sequence[str], seeds: Sequence[int], gen_kwargs: dict, 
             return z, z
 
         # one decision call for the whole batch (every action 0: the baseline's images); features are
-        # per sample either way (tests/test_skipvar.py::test_features_do_not_depend_on_the_batch)
+        # per sample either way (tests/policies/test_skipvar.py::test_features_do_not_depend_on_the_batch)
         probe = SkipVAR(decide=record, decision_scale=decision_scale, feature_scale=feature_scale,
                         batch_rule="conservative")
         base = rt.generate(ps, ss, probe, **gen_kwargs)
@@ -205,10 +205,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.weights=/path generation.cfg=4")
     a = ap.parse_args(argv)
 
-    from varbench.build import build_runtime, resolve_device, resolve_dtype
-    from varbench.job import _gen_kwargs, image_seed
+    from varbench.engine.build import build_runtime, resolve_device, resolve_dtype
+    from varbench.harness.job import _gen_kwargs, image_seed
     from varbench.policies.skipvar_features import CLASSIFIERS, _require_joblib, _require_skops
-    from varbench.prompts import load_prompt_set
+    from varbench.harness.prompts import load_prompt_set
 
     _require_joblib()
     _require_skops()      # the models are written in skops' format: fail before generating anything

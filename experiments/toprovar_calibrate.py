@@ -45,7 +45,7 @@ class EntropyProbe:
         self.rho_source, self.rho_layers = rho_source, rho_layers
         self.d_min_tokens, self.rho_queries, self.decode = int(d_min_tokens), rho_queries, decode
 
-    # Policy protocol (duck-typed: varbench.policies.base.Policy)
+    # Policy protocol (duck-typed: varbench.engine.policy.Policy)
     def reset(self, ctx) -> None:
         from varbench.policies.toprovar import rho_blocks_for
 
@@ -56,7 +56,7 @@ class EntropyProbe:
         self.images: dict[int, torch.Tensor] = {}
 
     def plan(self, si: int):
-        from varbench.plan import ScalePlan
+        from varbench.engine.plan import ScalePlan
 
         if self.ctx.tokens(si) < self.d_min_tokens:
             return ScalePlan()
@@ -117,9 +117,9 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from varbench.build import build_runtime, configure_runtime, resolve_device, resolve_dtype
-    from varbench.job import _gen_kwargs, image_seed
-    from varbench.prompts import load_prompt_set
+    from varbench.engine.build import build_runtime, configure_runtime, resolve_device, resolve_dtype
+    from varbench.harness.job import _gen_kwargs, image_seed
+    from varbench.harness.prompts import load_prompt_set
 
     t0 = time.perf_counter()
     ov = list(overrides)

@@ -7,7 +7,7 @@ full method and its ablation rows over the plausible range of each reconstructed
     python -m experiments.toprovar_sensitivity --knobs beta    # one knob only (a quick look; no --write)
 
 The paper does not give `layer_skip_prune`, `alpha_min`/`alpha_max`, `beta` or `detail_min_R`; each
-default in varbench/method_configs.py is a reconstruction. Table 10 (Infinity-2B, L40 latency) orders
+default in varbench/policies/knobs.py is a reconstruction. Table 10 (Infinity-2B, L40 latency) orders
 the rows scale only 4.5x > scale + layer 3.7x > full 3.4x > scale + token 2.7x. This script varies one
 knob at a time (the others at their defaults) in every row's preset and says, per setting, whether
 that order holds in FLOPs, so a reader sees whether it is robust or sits on a knife edge.

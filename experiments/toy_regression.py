@@ -29,9 +29,9 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
 
     from varbench.evaluators.base import Sample
     from varbench.evaluators.toy_geneval import ToyGenEval
-    from varbench.build import build_policy_from_cfg
+    from varbench.engine.build import build_policy_from_cfg
     from varbench.toy import world
-    from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
+    from varbench.engine.models.toy import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
     rt = load_toy_runtime("cpu")
     prompts = world.prompt_set(n_prompts, seed=0)
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     print(table)
     if args.write:
         REFERENCE.parent.mkdir(parents=True, exist_ok=True)
-        from varbench.provenance import git_info
-        from varbench.toy.load import WEIGHTS_DIR, sha256
+        from varbench.harness.provenance import git_info
+        from varbench.engine.models.toy import WEIGHTS_DIR, sha256
 
         provenance = {"command": "python -m experiments.toy_regression --write", "git": git_info(),
                       "toy_manifest_sha256": sha256(WEIGHTS_DIR / "manifest.json")}

@@ -11,7 +11,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from .resources import CONF_DIR
+from varbench.core.resources import CONF_DIR
 
 CONF = str(CONF_DIR)
 log = logging.getLogger("varbench")
@@ -22,17 +22,17 @@ def main(cfg: DictConfig) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")         # weights come from local paths only
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     logging.getLogger("varbench").setLevel(logging.INFO)
-    from .joblog import hydra_log_file, tee_stdout
+    from varbench.cli.joblog import hydra_log_file, tee_stdout
 
     with tee_stdout(hydra_log_file()):   # the job's lines also in <output dir>/<job>.log
         _main(cfg)
 
 
 def _main(cfg: DictConfig) -> None:
-    from .callbacks import aggregate_experiment, failures_path
-    from .job import run_job
+    from varbench.cli.callbacks import aggregate_experiment, failures_path
+    from varbench.harness.job import run_job
 
-    from .errors import names_its_fix
+    from varbench.core.errors import names_its_fix
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"
     if not multirun:
@@ -63,10 +63,10 @@ def _main(cfg: DictConfig) -> None:
 
 
 def fixable_exits(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``; an error that names its fix (:class:`varbench.errors.FixableError`: a bad
+    """``fn(*args, **kwargs)``; an error that names its fix (:class:`varbench.core.errors.FixableError`: a bad
     setting, a missing or garbled file, a read-only store, a held lock, a broken seal) is printed as
     its one message on stderr, without a traceback, and exits 2. Any other error keeps its traceback."""
-    from .errors import FixableError, report_line
+    from varbench.core.errors import FixableError, report_line
 
     try:
         return fn(*args, **kwargs)
@@ -77,13 +77,13 @@ def fixable_exits(fn, *args, **kwargs):
 
 def cli() -> None:
     """The ``varbench`` command: :func:`main` with SIGTERM/SIGINT handled for the whole process
-    (:class:`varbench.interrupt.GracefulStop`), so a signal that lands between two jobs of a sweep,
+    (:class:`varbench.core.interrupt.GracefulStop`), so a signal that lands between two jobs of a sweep,
     or while a job loads its model, also exits 128 + signal after finishing what is in flight,
     instead of killing the process in the middle of a write. Outside a job the stop is only noted
     (``immediate=False``): raised while Hydra composes the next job's config, it would surface as a
     garbled config error with exit code 1. The next job's own block (immediate) raises it on entry,
     and a stop still pending when the sweep ends is raised here."""
-    from .interrupt import GracefulStop
+    from varbench.core.interrupt import GracefulStop
 
     with GracefulStop(immediate=False):
         main()

@@ -1,14 +1,14 @@
 """Evaluators: one module per metric behind `varbench.evaluators.base.Evaluator`.
 
-`build_evaluator(name, cfg)` looks a name up in `REGISTRY` (a `varbench.registry.LazyRegistry` of
+`build_evaluator(name, cfg)` looks a name up in `REGISTRY` (a `varbench.core.registry.LazyRegistry` of
 module path + class), imports it lazily (so `import evaluators` stays light and heavy deps load only
 when used), and suggests the closest name on a typo.
 """
 from __future__ import annotations
 
-from varbench.registry import LazyRegistry
+from varbench.core.registry import LazyRegistry
 
-from .base import EvalResult, Evaluator, Sample  # noqa: F401
+from varbench.evaluators.base import EvalResult, Evaluator, Sample  # noqa: F401
 
 #: evaluator name -> "module:Class". Modules import lazily.
 REGISTRY = LazyRegistry("evaluator")
@@ -25,5 +25,5 @@ def build_evaluator(name: str, **kwargs) -> Evaluator:
 register("toy_geneval", "varbench.evaluators.toy_geneval:ToyGenEval")
 register("hpsv2", "varbench.evaluators.hpsv2:HPSv2Evaluator")
 register("imagereward", "varbench.evaluators.imagereward:ImageRewardEvaluator")
-register("geneval", "varbench.evaluators.geneval:GenEvalEvaluator")
+register("geneval", "varbench.evaluators.geneval.evaluator:GenEvalEvaluator")
 register("fidelity", "varbench.evaluators.fidelity:FidelityEvaluator")

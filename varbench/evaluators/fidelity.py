@@ -14,8 +14,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from ._common import mean_with_uncertainty, to_pil_rgb
-from .base import EvalResult, Evaluator, Sample
+from varbench.evaluators.common import mean_with_uncertainty, to_pil_rgb
+from varbench.evaluators.base import EvalResult, Evaluator, Sample
 
 #: torchvision checkpoint file each LPIPS backbone loads from `torch.hub.get_dir()/checkpoints`
 LPIPS_BACKBONE_FILES = {"alex": "alexnet-owt-7be5be79.pth", "vgg": "vgg16-397923af.pth",
@@ -61,7 +61,7 @@ class FidelityEvaluator(Evaluator):
             self._missing_lpips()
 
     def _missing_lpips(self):
-        from ._weights import WeightsNotFoundError
+        from varbench.evaluators.weights import WeightsNotFoundError
 
         w = self._lpips_weights()
         raise WeightsNotFoundError(
@@ -84,7 +84,7 @@ class FidelityEvaluator(Evaluator):
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
         self._lpips = LearnedPerceptualImagePatchSimilarity(net_type=self.lpips_net, normalize=True).to(self.device).eval()
-        from varbench.provenance import sha256_file
+        from varbench.harness.provenance import sha256_file
 
         self._lpips_status = f"on ({self.lpips_net}, {w.name})"
         self._lpips_sha = sha256_file(w)

@@ -23,9 +23,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ._common import mean_with_uncertainty, to_pil_rgb
-from ._weights import WrongWeightsError, check_sha256, load_state_dict, resolve_file, strict_load
-from .base import EvalResult, Evaluator, Sample
+from varbench.evaluators.common import mean_with_uncertainty, to_pil_rgb
+from varbench.evaluators.weights import WrongWeightsError, check_sha256, load_state_dict, resolve_file, strict_load
+from varbench.evaluators.base import EvalResult, Evaluator, Sample
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 
-from ._common import mean_with_uncertainty
-from ._weights import WrongWeightsError, check_sha256, load_state_dict, resolve_file, strict_load
-from .base import EvalResult, Evaluator, Sample
+from varbench.evaluators.common import mean_with_uncertainty
+from varbench.evaluators.weights import WrongWeightsError, check_sha256, load_state_dict, resolve_file, strict_load
+from varbench.evaluators.base import EvalResult, Evaluator, Sample
 
 #: published reward normalisation (ImageReward.py: self.mean / self.std)
 IR_MEAN = 0.16717362830052426
@@ -217,7 +217,7 @@ class ImageRewardEvaluator(Evaluator):
     def score_batch(self, images: Sequence, prompts: Sequence[str]) -> list[float]:
         if self._model is None:
             raise RuntimeError("imagereward: call setup() before scoring")
-        from ._common import to_pil_rgb
+        from varbench.evaluators.common import to_pil_rgb
 
         pix = torch.stack([ir_preprocess(to_pil_rgb(im) if not hasattr(im, "mode") else im) for im in images])
         t = self.tokenize(prompts)
@@ -241,7 +241,7 @@ class ImageRewardEvaluator(Evaluator):
     def version_info(self) -> dict[str, Any]:
         import transformers
 
-        from varbench.provenance import sha256_file
+        from varbench.harness.provenance import sha256_file
 
         # files by name and sha256, never by path: identical scorers on two machines agree
         vocab = Path(self._tok_path) / "vocab.txt" if self._tok_path else None

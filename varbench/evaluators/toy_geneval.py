@@ -19,7 +19,7 @@ GenEval takes the `count` most confident), ties by area, and capped at `max_obje
 
 Rules (`geneval_rules`): per include clause, the `count` first detections must exist, match the
 colour if one is named, and stand in the named relation to every object of the target group
-(GenEval's box-centre rule, `varbench.evaluators.geneval_rules.relative_position`); per exclude clause, fewer than
+(GenEval's box-centre rule, `varbench.evaluators.geneval.rules.relative_position`); per exclude clause, fewer than
 `count` detections. Per tag accuracy = mean over images; overall = unweighted mean of tag means.
 There are no confidence thresholds: GenEval's 0.3 / 0.9 (counting) tune a learnt detector's scores,
 and this detector has none.
@@ -34,8 +34,8 @@ import numpy as np
 
 from varbench.toy import world
 
-from . import geneval_rules as rules
-from .base import EvalResult, Evaluator, Sample, bootstrap_std
+from varbench.evaluators.geneval import rules as rules
+from varbench.evaluators.base import EvalResult, Evaluator, Sample, bootstrap_std
 
 #: Bump when detection or rules change what an image scores.
 EVALUATOR_VERSION = "toy_geneval-1"
@@ -176,7 +176,7 @@ def group_detections(detections: Sequence[Detection], max_objects: int = 16) -> 
 def geneval_rules(objects: dict[str, list[Detection]], metadata: dict) -> tuple[bool, str]:
     """GenEval's `evaluate()` on toy detections: (correct, reason).
 
-    The same rule engine the real GenEval evaluator uses (`varbench.evaluators.geneval_rules.evaluate`), fed
+    The same rule engine the real GenEval evaluator uses (`varbench.evaluators.geneval.rules.evaluate`), fed
     toy detections as (box, detection) objects; colours come from the detector's palette reading
     instead of CLIP.
     """

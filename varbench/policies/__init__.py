@@ -1,8 +1,8 @@
 """Policy registry: `build_policy(name, **knobs)`; a typo gets the closest names suggested."""
 from __future__ import annotations
 
-from ..registry import LazyRegistry
-from .base import Policy  # noqa: F401
+from varbench.core.registry import LazyRegistry
+from varbench.engine.policy import Policy  # noqa: F401
 
 #: method name -> "module:Class" (imported lazily)
 REGISTRY = LazyRegistry("method", {

@@ -5,8 +5,8 @@ speed-up is measured against the same per-scale overhead.
 """
 from __future__ import annotations
 
-from ..plan import ScalePlan
-from .base import Policy
+from varbench.engine.plan import ScalePlan
+from varbench.engine.policy import Policy
 
 
 class Baseline(Policy):

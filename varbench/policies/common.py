@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, Optional
 
 import torch
 
-from ..plan import GenerationContext, ScalePlan
+from varbench.engine.plan import GenerationContext, ScalePlan
 
 
 def resolve_scale(index: int, n_scales: int, *, what: str = "scale") -> Optional[int]:

@@ -39,8 +39,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
-from .base import Policy
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
+from varbench.engine.policy import Policy
 
 #: unordered pairs of registry names that must not be composed, with the reason shown to the user
 INCOMPATIBLE: dict[frozenset, str] = {
@@ -62,7 +62,7 @@ class Compose(Policy):
         return any(getattr(m, "adaptive", False) for m in self.members)
 
     def __init__(self, policies: Sequence[Union[Mapping[str, Any], Policy]], conflict: str = "error", cache: str = "own"):
-        from . import build_policy
+        from varbench.policies import build_policy
 
         if conflict not in ("error", "first", "last"):
             raise ValueError(f"compose.conflict must be error, first or last; got {conflict!r}")
@@ -125,8 +125,8 @@ class Compose(Policy):
 
     def _static_skips(self) -> set[int]:
         """Scales some member never runs, fixed at reset (FastVAR's and NOVA's `skipped`)."""
-        from .fastvar import FastVAR
-        from .nova import NOVA
+        from varbench.policies.fastvar import FastVAR
+        from varbench.policies.nova import NOVA
 
         out: set[int] = set()
         for m in self.members:
@@ -136,7 +136,7 @@ class Compose(Policy):
 
     def _may_fill_after(self, m: Policy, si: int) -> bool:
         """Whether member m may still emit a cache fill at a scale after si that runs."""
-        from .nova import NOVA
+        from varbench.policies.nova import NOVA
 
         if isinstance(m, NOVA):
             if not m.enabled or m.fill != "cache":

@@ -12,13 +12,13 @@ Each step, and where it comes from (file:line in csguoh/FastVAR; each claim has 
      and runs the sublayer on the L - int(L*ratio) highest-scoring tokens (`fastvar_utils.py:12-18,
      41-49`; `fastvar_basic.py:421-439`); the pruned tokens are dropped from that scale's K/V
      (`fastvar_basic.py:238-255`: q, k and v come from the kept tokens only).
-     Tests: tests/test_policies_plans.py::test_pivotal_selector_keeps_far_tokens_and_can_share_the_cfg_mask,
+     Tests: tests/policies/test_policies_plans.py::test_pivotal_selector_keeps_far_tokens_and_can_share_the_cfg_mask,
      ::test_fastvar_released_hand_count_on_2b_1024.
  (2) AS RELEASED. Cached token restoration: every block stores its three branch outputs (SA*gamma1,
      CA, FFN*gamma2) at the scale with 24*24 = 576 tokens (`fastvar_basic.py:416, 428-441`: the
      test is on the token count `x.shape[1] == 576`) and, at a pruned scale, area-resizes the
      cache *read as a 24x24 grid* to (h, w) and scatters the kept tokens' outputs into it
-     (`fastvar_utils.py:23-27`). Test: tests/test_fastvar_release_rule.py::test_release_rule_on_every_template.
+     (`fastvar_utils.py:23-27`). Test: tests/policies/test_fastvar_release_rule.py::test_release_rule_on_every_template.
  (3) AS RELEASED. Scale skipping: scales whose token-map *width* is 48 or 64 are not run
      (`infinity.py:587-588`, `if 48 == pn[2] or 64 == pn[2]: continue`; pn = (1, h, w)); the image
      decodes the codes summed so far. Test: as (2).
@@ -26,7 +26,7 @@ Each step, and where it comes from (file:line in csguoh/FastVAR; each claim has 
      `ratio_hard_code = {32: 0.4, 40: 0.5}` applied where `original_w in [32, 40]`
      (`fastvar_utils.py:41-47`, `_, original_h, original_w = x_shape`). Test: as (2).
  (5) AS RELEASED. Which blocks: `layer_idx in range(3, 28)` (`fastvar_basic.py:421`), absolute
-     block indices: 3..27 whatever the depth. Test: tests/test_fastvar_release_rule.py::test_release_block_range_is_absolute.
+     block indices: 3..27 whatever the depth. Test: tests/policies/test_fastvar_release_rule.py::test_release_block_range_is_absolute.
 
 Two rules, two presets
 ----------------------
@@ -56,7 +56,7 @@ generalisation: scales are schedule indices (negative = from the end: cache -5, 
 square '1M' schedule (elsewhere the release prunes other scales, nothing, or crashes). The block range is a fraction of depth (3/32 .. 28/32),
 which equals 3..27 on the 2B; on the 8B's 40 blocks it gives 4..34, an EXTRAPOLATION (the release
 never ran 8B; its literal rule would prune 3..27 of 40: `block_range: [3, 28]`, preset
-`fastvar_8b_paper_release_blocks`). Test: tests/test_fastvar_release_rule.py::test_generalised_rule_fires_everywhere.
+`fastvar_8b_paper_release_blocks`). Test: tests/policies/test_fastvar_release_rule.py::test_generalised_rule_fires_everywhere.
 
 Both: any batch size (the release is batch 1); CFG halves choose independently (as released) or
 share the cond choice; the residual cache is per generation (the release never resets it).
@@ -84,10 +84,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from ..plan import BlockPlan, GenerationContext, ScalePlan
-from .base import Policy
-from .common import block_range as depth_block_range, check_choice, n_keep_from_ratio, resolve_scale, resolve_scale_map
-from .selectors import PivotalSelector
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan
+from varbench.engine.policy import Policy
+from varbench.policies.common import block_range as depth_block_range, check_choice, n_keep_from_ratio, resolve_scale, resolve_scale_map
+from varbench.policies.selectors import PivotalSelector
 
 # The released rule (csguoh/FastVAR @ 34cdd651, Infinity/infinity/models/...)
 RELEASED_PRUNE_WIDTHS = {32: 0.4, 40: 0.5}   # fastvar_utils.py:41-47 (keyed on the token-map width)
@@ -106,7 +106,7 @@ _DEFAULT = object()
 
 def describe_schedule(schedule: Sequence[tuple[int, int]]) -> str:
     """'h/w 1.75 (1M)' for a template schedule, else the last grid."""
-    from ..models.schedules import RESOLUTION_PRESETS, TEMPLATES
+    from varbench.engine.models.schedules import RESOLUTION_PRESETS, TEMPLATES
 
     sched = [tuple(g) for g in schedule]
     for ratio, grids in TEMPLATES.items():

@@ -18,7 +18,7 @@ Per step, where it comes from (PUBLISHED = NOVA's abstract; 2ND = a secondary, A
 summary, not the authors; RECONSTRUCTED = ours). Each line names its test:
   activation at the inflection   PUBLISHED idea; g_t = H_t - H_{t-1} and the moving average 2ND;
     of entropy growth            rule, window, baseline, t_min/t_force RECONSTRUCTED
-                                 (tests/test_policies_plans.py::test_nova_activation_ratio_and_token_choice,
+                                 (tests/policies/test_policies_plans.py::test_nova_activation_ratio_and_token_choice,
                                  ::test_nova_forced_activation_and_refused_knobs)
   scale-linked ratio             PUBLISHED idea; sigmoid form 2ND (`ratio_form: blog_literal`);
                                  `monotone`, rho/lam/c0/r_min/r_max RECONSTRUCTED (same tests)
@@ -29,9 +29,9 @@ summary, not the authors; RECONSTRUCTED = ours). Each line names its test:
                                  (::test_nova_activation_ratio_and_token_choice)
   fill from the prior scale's    PUBLISHED idea; FastVAR-CTR mechanics (per block and sublayer,
     residual cache               area upsampling) RECONSTRUCTED
-                                 (tests/test_nova_knobs.py::test_fill_follows_the_previous_scale)
+                                 (tests/policies/test_nova_knobs.py::test_fill_follows_the_previous_scale)
 Choices inside the published steps that no source states (RECONSTRUCTED, each a knob or named
-here; tests/test_nova_knobs.py unless said otherwise):
+here; tests/policies/test_nova_knobs.py unless said otherwise):
   the entropy H          guided logits (the distribution actually sampled, CFG applied), tempered by
                          tau, binary entropy per bit averaged over the bits of a token, in nats
                          (`entropy_logits=guided`, `entropy_temp=tau`, `entropy_norm=per_bit_mean`);
@@ -39,7 +39,7 @@ here; tests/test_nova_knobs.py unless said otherwise):
   q_sub queries          the layer entropy is measured on q_sub=256 queries per block, EVENLY spaced
                          over the executed queries by default; the reference notes say a *random*
                          subsample: `q_sub_sampling=random` draws a fixed pseudo-random subset per
-                         scale (seeded by the scale index, varbench.plan.entropy_query_pick)
+                         scale (seeded by the scale index, varbench.engine.plan.entropy_query_pick)
                          (::test_q_sub_sampling_knob);
   layer entropy rows     E_{t,l} is the mean over the *conditional* rows only (the uncond half of
                          CFG is not read), over heads and the sampled queries;
@@ -49,7 +49,7 @@ here; tests/test_nova_knobs.py unless said otherwise):
   t in the ratio         schedule indices are 0-based everywhere (t, t*): the sigmoid reads
                          rho * t / (t* + 1) (monotone) or rho * (t* + 1) / t (blog_literal) with
                          0-based t; a 1-based reading shifts every ratio.
-Unstated by every source (RECONSTRUCTED defaults, each a knob; tests/test_nova_knobs.py):
+Unstated by every source (RECONSTRUCTED defaults, each a knob; tests/policies/test_nova_knobs.py):
   prune_kv=True          whether pruned tokens' K/V are dropped (as FastVAR does) or stay as keys
                          (::test_prune_kv_knob);
   protect_first=0, protect_last=0, sublayers=(sa, ca, ffn)
@@ -69,7 +69,7 @@ kept count mid-scale; the runtime's static shapes forbid it, so it is refused.
 
 Batch: `batch_rule: per_image` (default) decides every image alone, as at batch 1 (its own
 activation, ratios from its own entropies); the runtime splits a batch where images disagree
-(`varbench.batch_split`). `shared`: one plan per batch (static shapes, no split): each image detects
+(`varbench.engine.batch_split`). `shared`: one plan per batch (static shapes, no split): each image detects
 its own activation and `batch_activation` reduces them (earliest: fastest; latest: safest; median;
 mean_curve: detect once on the batch-mean entropy curve); ratios use batch-mean entropies; the kept
 *tokens* are still chosen per image (each prompt's own entropy map; its uncond row reuses the choice).
@@ -129,10 +129,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
-from .base import Policy
-from .common import check_choice, cond_rows, expand_to_rows, n_keep_from_ratio, protected_blocks, resolve_scale
-from .selectors import binary_entropy_from_logits, complete_map, topk_indices, upsample_map
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
+from varbench.engine.policy import Policy
+from varbench.policies.common import check_choice, cond_rows, expand_to_rows, n_keep_from_ratio, protected_blocks, resolve_scale
+from varbench.policies.selectors import binary_entropy_from_logits, complete_map, topk_indices, upsample_map
 
 
 def _sigmoid(x: float) -> float:

@@ -11,7 +11,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from ..plan import SelectorContext
+from varbench.engine.plan import SelectorContext
 
 
 def topk_indices(score: torch.Tensor, k: int, largest: bool = True) -> torch.Tensor:

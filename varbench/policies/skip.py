@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..plan import GenerationContext, ScalePlan
-from .base import Policy
-from .common import resolve_scale
+from varbench.engine.plan import GenerationContext, ScalePlan
+from varbench.engine.policy import Policy
+from varbench.policies.common import resolve_scale
 
 
 class SkipLast(Policy):

@@ -29,7 +29,7 @@ Changes, step by step:
   7. reconstructed (release: batch 1 only, `.item()` and the KV-cache slice `B==1`): batch > 1.
      Decisions are per sample. `batch_rule: per_image` (default) gives every sample its own
      action, as at batch 1: the runtime splits the batch where samples disagree
-     (`varbench.batch_split`). `conservative` makes one plan for the batch from the most
+     (`varbench.engine.batch_split`). `conservative` makes one plan for the batch from the most
      conservative per-sample action (skip min k; drop the unconditional branch only where every
      sample does; slower, and a sample's image depends on its batch companions); `raise` refuses
      a batch whose samples disagree.
@@ -68,10 +68,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from ..plan import GenerationContext, ScalePlan, ScaleSignals
-from .base import Policy
-from .common import check_choice, resolve_scale
-from .skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, DecisionModels, batch_action, features_from_images,
+from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals
+from varbench.engine.policy import Policy
+from varbench.policies.common import check_choice, resolve_scale
+from varbench.policies.skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, DecisionModels, batch_action, features_from_images,
                                float_decoder, load_decision_models, resize_codes)
 
 #: released action counts: skip1..3 / uncond1..3 (infinity.py 561-584)

@@ -67,7 +67,7 @@ Knobs (speed <-> quality):
   (topk_deterministic | weighted_sample), keep_multiple 8, share_mask_cfg, prune_kv,
   protect_first/last, min_tokens_to_prune, seed                           - token level
   batch_rule per_image (default: each image its own depth D, Detail layers and kept counts, as at
-  batch 1; the runtime splits a batch where images disagree, `varbench.batch_split`) | shared (one
+  batch 1; the runtime splits a batch where images disagree, `varbench.engine.batch_split`) | shared (one
   plan per batch: batch_keep (max | mean) kept count, batch_depth (earliest | median | latest) D)
 """
 from __future__ import annotations
@@ -77,10 +77,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from ..plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
-from .base import Policy
-from .common import check_choice, cond_rows, expand_to_rows, protected_blocks, resolve_scale
-from .selectors import complete_map, topk_indices, upsample_map
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
+from varbench.engine.policy import Policy
+from varbench.policies.common import check_choice, cond_rows, expand_to_rows, protected_blocks, resolve_scale
+from varbench.policies.selectors import complete_map, topk_indices, upsample_map
 
 
 def rho_blocks_for(rho_source: str, depth: int, rho_layers: Optional[Sequence[int]] = None) -> list[int]:

@@ -3,7 +3,7 @@
 `world` draws scenes of flat coloured shapes with GenEval-style captions; the matching exact
 scorer is `varbench.evaluators.toy_geneval.ToyGenEval`.
 """
-from .world import (  # noqa: F401
+from varbench.toy.world import (  # noqa: F401
     PALETTE,
     SHAPES,
     TAGS,

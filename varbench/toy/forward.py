@@ -1,6 +1,6 @@
 """Teacher-forced Infinity forward for training: every scale in one pass, block-causal attention.
 
-Inference (`varbench.runtime`) runs scale by scale with a KV cache, so scale s attends to the keys
+Inference (`varbench.engine.runtime`) runs scale by scale with a KV cache, so scale s attends to the keys
 of scales 0..s. Training runs all scales at once with the ground-truth bits as inputs, so the same
 visibility is a block-causal mask: a token of scale s may attend to every token of scales <= s
 (including all tokens of its own scale). Everything else is the runtime's computation, made from
@@ -16,7 +16,7 @@ the same module methods in the same order:
   softmax attention with scale 1 -> `sa.out` * gamma1; `ca.attend` over `ca.text_kv`;
   modulated LN -> `ffn` * gamma2; then `Infinity.logits`.
 
-`tests/test_toy_train.py` checks that these logits equal the runtime's, scale by scale, when the
+`tests/toy/test_toy_train.py` checks that these logits equal the runtime's, scale by scale, when the
 runtime is made to sample the same bits.
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models.bsq_vae import bits_to_codes
-from ..models.infinity import Infinity
-from ..models.schedules import apply_rope, rope_reference_grid, rope_table
-from ..models.text import TextBatch
+from varbench.engine.models.bsq_vae import bits_to_codes
+from varbench.engine.models.infinity import Infinity
+from varbench.engine.models.schedules import apply_rope, rope_reference_grid, rope_table
+from varbench.engine.models.text import TextBatch
 
 
 def condition(model: Infinity, text: TextBatch, drop: Optional[torch.Tensor] = None, ca_bf16: bool = True):

@@ -39,13 +39,13 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..models.bsq_vae import BSQVAE
-from ..models.checkpoints import load_state_dict_strict
-from ..store import atomic_write_bytes
-from ..models.infinity import PRESETS, Infinity
-from . import world
-from .forward import bit_targets, per_token_bit_ce, teacher_forced_logits
-from .load import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,
+from varbench.engine.models.bsq_vae import BSQVAE
+from varbench.engine.models.checkpoints import load_state_dict_strict
+from varbench.harness.store import atomic_write_bytes
+from varbench.engine.models.infinity import PRESETS, Infinity
+from varbench.toy import world
+from varbench.toy.forward import bit_targets, per_token_bit_ce, teacher_forced_logits
+from varbench.engine.models.toy import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,
                    WEIGHTS_DIR, build_toy_text_encoder, sha256)
 
 
@@ -337,7 +337,7 @@ def evaluate_runtime(rt, n_prompts: int, n_samples: int, prompt_seed: int, sampl
 
 def random_runtime(seed: int = 0, text_layers: int = 0):
     """A same-size toy model with random weights (and the trained... nothing): the floor."""
-    from ..runtime import InfinityRuntime
+    from varbench.engine.runtime import InfinityRuntime
 
     torch.manual_seed(seed)
     mcfg = PRESETS[TOY_MODEL_PRESET]
@@ -428,7 +428,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_manifest(out, info)
 
     if args.stage in ("all", "eval"):
-        from .load import load_toy_runtime
+        from varbench.engine.models.toy import load_toy_runtime
 
         rt = load_toy_runtime(weights_dir=out)
         results = []

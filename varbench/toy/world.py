@@ -132,16 +132,16 @@ class ToyScene:
 
 def relations(box_a, box_b) -> set[str]:
     """Set of GenEval relations ("left of", "right of", "above", "below") of box A to box B:
-    GenEval's own rule (`varbench.evaluators.geneval_rules.relative_position`)."""
-    from varbench.evaluators.geneval_rules import relative_position
+    GenEval's own rule (`varbench.evaluators.geneval.rules.relative_position`)."""
+    from varbench.evaluators.geneval.rules import relative_position
 
     return relative_position((np.asarray(box_a, dtype=float),), (np.asarray(box_b, dtype=float),), 0.1)
 
 
 def _clear_relation(box_a, box_b, rel: str) -> bool:
     """True if `rel` holds strongly and no other relation comes close (see POSITION_* knobs), by
-    GenEval's direction scores (`varbench.evaluators.geneval_rules.position_scores`)."""
-    from varbench.evaluators.geneval_rules import position_scores
+    GenEval's direction scores (`varbench.evaluators.geneval.rules.position_scores`)."""
+    from varbench.evaluators.geneval.rules import position_scores
 
     scores = position_scores((np.asarray(box_a, dtype=float),), (np.asarray(box_b, dtype=float),), 0.1)
     if scores is None:
@@ -329,7 +329,7 @@ def world_info() -> dict:
 
 
 def load_toy_prompts(cfg) -> "PromptSet":  # noqa: F821 - imported lazily below
-    """Prompt loader for `benchmark.loader: toy` (see `varbench.prompts.register_loader`).
+    """Prompt loader for `benchmark.loader: toy` (see `varbench.harness.prompts.register_loader`).
 
     Reads `n_prompts` (default 120), `seed` (default 0) and `samples_per_prompt` (default 4) from
     the benchmark config (dict or OmegaConf node). The set is generated, not read, so its
@@ -338,7 +338,7 @@ def load_toy_prompts(cfg) -> "PromptSet":  # noqa: F821 - imported lazily below
     import hashlib
     import json
 
-    from varbench.prompts import PromptItem, PromptSet, PromptSetError
+    from varbench.harness.prompts import PromptItem, PromptSet, PromptSetError
 
     get = (lambda k, d: cfg.get(k, d)) if hasattr(cfg, "get") else (lambda k, d: getattr(cfg, k, d))
     n, seed, spp = get("n_prompts", 120), get("seed", 0), get("samples_per_prompt", 4)

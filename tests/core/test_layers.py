@@ -1,0 +1,169 @@
+"""The package's shape, checked from the source: layers import only layers below them, no import
+circle (function-local imports count: a lazy import of a higher layer is still a circle), no private
+name crosses a module boundary, and `varbench/` holds only packages beside `__init__`/`__main__`.
+
+Every ``import``/``from ... import`` in the package is read with `ast` (no module is imported), so
+the test also covers modules whose optional dependencies are not installed here."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = ROOT / "varbench"
+
+#: Bottom to top. A module may import its own layer and the layers before it. `toy` (the toy world,
+#: its exact evaluator and its training) sits above `evaluators` because its world uses GenEval's
+#: position rules, and below `harness`, which loads its prompts and weights.
+LAYERS = ["core", "engine", "policies", "evaluators", "toy", "harness", "analysis", "loggers", "cli"]
+
+
+def _modules(pkg: Path = PKG) -> dict[str, Path]:
+    out = {}
+    for path in sorted(pkg.rglob("*.py")):
+        parts = path.relative_to(pkg.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def _package_of(name: str, path: Path) -> str:
+    return name if path.name == "__init__.py" else name.rpartition(".")[0]
+
+
+def _imports(name: str, path: Path, modules: dict) -> list[tuple[str, str | None, int]]:
+    """(imported module, imported name or None, line) for every varbench import in `path`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pkg = _package_of(name, path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, None, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                found.append((sub, None, node.lineno) if sub in modules else (base, a.name, node.lineno))
+    out = []
+    for mod, attr, line in found:
+        if mod != "varbench" and not mod.startswith("varbench."):
+            continue
+        while mod not in modules and "." in mod:
+            mod = mod.rpartition(".")[0]
+        out.append((mod, attr, line))
+    return out
+
+
+def _graph():
+    modules = _modules()
+    edges = {}
+    for name, path in modules.items():
+        deps = {}
+        for mod, attr, line in _imports(name, path, modules):
+            if mod != name:
+                deps.setdefault(mod, (path, line))
+        # importing a.b.c runs a/__init__ and a/b/__init__ first: those count as dependencies too
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            parent = ".".join(parts[:i])
+            if parent in modules and parent != name:
+                deps.setdefault(parent, (path, 0))
+        edges[name] = deps
+    return modules, edges
+
+
+def _layer(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_top_level_holds_only_packages():
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name not in {"__init__.py", "__main__.py"})
+    assert loose == [], f"modules at the top of varbench/ (move each into its layer): {loose}"
+    packages = sorted(p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert set(packages) == set(LAYERS), f"top-level packages {packages} are not the layers {LAYERS}"
+
+
+def test_each_layer_imports_only_layers_below_it():
+    modules, edges = _graph()
+    wrong = []
+    for name, deps in edges.items():
+        here = _layer(name)
+        for dep, (path, line) in deps.items():
+            there = _layer(dep)
+            if dep == "varbench" or there is None and dep != "varbench.__main__":
+                continue
+            if name in ("varbench", "varbench.__main__"):
+                allowed = {"varbench": {"core"}, "varbench.__main__": {"cli", "core"}}[name]
+                if there not in allowed:
+                    wrong.append(f"{path.relative_to(ROOT)}:{line} {name} -> {dep}")
+                continue
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} {name} ({here}) -> {dep} ({there})")
+    assert wrong == [], "imports of a higher layer:\n" + "\n".join(wrong)
+
+
+def _cycles(edges: dict) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = counter[0]; counter[0] += 1; stack.append(root); on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in edges:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter[0]; counter[0] += 1; stack.append(w); on.add(w)
+                    work.append((w, iter(edges[w])))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop(); on.discard(w); comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circle():
+    _, edges = _graph()
+    assert _cycles(edges) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    """The check above can fail: a lazy import back up is a circle."""
+    assert _cycles({"a": {"b": 0}, "b": {"c": 0}, "c": {"a": 0}, "d": {"a": 0}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b": 0}, "b": {}}) == []
+
+
+@pytest.mark.parametrize("where", ["varbench", "experiments", "scripts"])
+def test_no_private_name_crosses_a_module(where):
+    modules = _modules()
+    crossing = []
+    for path in sorted((ROOT / where).rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        name = ".".join(rel.with_suffix("").parts)
+        for mod, attr, line in _imports(name, path, modules):
+            leaf = mod.rpartition(".")[2]
+            private_mod = leaf.startswith("_") and not leaf.startswith("__")
+            private_attr = attr is not None and attr.startswith("_") and not attr.startswith("__")
+            if private_mod or private_attr:
+                crossing.append(f"{rel}:{line} {mod}{':' + attr if attr else ''}")
+    assert crossing == [], "private names imported across modules:\n" + "\n".join(crossing)

@@ -1,0 +1,463 @@
+"""Aggregate finished records into paper tables and figures, each row against its baseline.
+
+Usage::
+
+    python -m varbench.analysis.aggregate store/nova_sweep --out results/nova_sweep [--baseline baseline]
+                                          [--allow-unpaired] [--no-figures]
+
+    from varbench.analysis.aggregate import aggregate, pair_with_baseline
+    paired = aggregate("store/nova_sweep", out="results/nova_sweep")   # DataFrame; files written under out/
+
+Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
+(:func:`varbench.harness.records.records_to_frame`) -> :func:`pair_with_baseline` -> files:
+
+* ``tidy.csv``: the frame with the paired columns (one row per record, every column);
+* ``table.csv``: the wide table, numbers only (``<metric>``, ``<metric>_err``, ``<metric>_delta``);
+* ``table.md``: the same, formatted (:mod:`varbench.analysis.tables`: one section per baseline, paired
+  speed-ups with their intervals, ``value ± err``, ``Δ`` signed, GenEval per-tag breakdown,
+  footnotes saying what ``±`` and the intervals are and which cells are unreliable);
+* ``table.tex``: the same tables in LaTeX (booktabs);
+* figures (PNG): ``speed_vs_<metric>.png`` per metric, ``keep_<label>_<entry>.png`` per entry
+  whose traces prune or skip anything, ``entropy_vs_scale_<group>.png`` per model/benchmark group.
+
+Pairing: a row's baseline is the record with ``method == --baseline`` and
+
+* the same ``pair_key``: the hash of the record's resolved generation config minus the method
+  (:func:`varbench.harness.store.pair_key`: the image store's explicit ``GENERATION_KEYS`` minus ``method``,
+  plus the sha256 of the weight and prompt files), so cfg, tau, top_k, top_p, the negative prompt,
+  the schedule, the seed, the model, its weights and the pixel-relevant runtime all match;
+* the same ``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds,
+  image count, device, dtype; these also catch what the config cannot, e.g. the GPU). The device
+  label (:func:`varbench.harness.provenance.device_label`) names the CPU model, and on CUDA the GPU,
+  driver, torch, CUDA and cuDNN: rows from different machines are refused, the error naming both
+  labels. Records from before the label named the CPU model (``device_known`` False) pair on
+  what they have, with a warning and a flag in the table: two machines of one architecture
+  looked alike then;
+* the same timing batch size (``timing_bs``) when both rows were timed.
+
+Comparing across any of these would mix effects, so a row without such a baseline is an error
+that names what differs from the nearest baseline (config keys by their dotted path, e.g.
+``generation.cfg (3.0 vs baseline 4.0)``); ``--allow-unpaired`` keeps the row with empty ratios
+instead. Several matching baselines are always an error naming every candidate entry: nothing is
+chosen silently (move or delete the stale one). Device: when both rows were timed, their timing
+device labels are compared; when either is quality-only (``timing=none``, no timing block), the
+record's provenance label is compared (the same string); an older quality-only record without
+one is compared on provenance's hardware name (``device_name``). Records without a ``config`` (hand-made or older than it) have no
+pairing key: they are paired on ``PAIR_KEYS`` alone with a warning that the sampling settings
+were not checked. Evaluator versions (``version_info`` hashes) must agree between a row and its
+baseline for every evaluator both report; otherwise the error names the evaluator.
+
+Columns added: ``is_baseline``, ``speedup`` = baseline ar_ms / ar_ms and ``e2e_speedup`` = baseline
+total_ms / total_ms (text + AR + decode): the *unpaired* ratios of separately timed jobs, kept in
+the CSVs only (they drift with the machine: 2x between jobs on a shared CPU), ``flops_x`` =
+baseline flops_total / flops_total (transformer only, shown as "FLOPs × (transformer)") and
+``flops_x_e2e`` = baseline flops_e2e / flops_e2e (with the text encoder and the VAE decode, shown as
+"FLOPs × (end to end)"). The paired speed-ups come from each
+record (:func:`varbench.harness.records.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
+(ratio of summed per-prompt times against the baseline timed interleaved in the method's own
+job, over ``n_prompts_timed`` prompts; one prompt: median per-repeat ratio),
+``paired_speedup_ci_low/high``, ``paired_e2e_speedup_ci_low/high``, ``paired_speedup_ci_level``,
+``n_repeats``, ``speedup_reliable`` and ``unreliable_reason`` (:mod:`varbench.harness.timing`). Also
+``<metric>_delta`` = value - baseline value, except for evaluators
+that declare ``relative_to_baseline`` (fidelity: PSNR/SSIM/LPIPS against the baseline's own
+image, already a comparison; a Δ against the baseline's self-comparison, e.g. its 100 dB PSNR
+cap, means nothing), which get no ``_delta`` column. Deltas carry no ±: both
+runs use the same prompts and seeds, so their errors are correlated and adding them in
+quadrature would overstate the spread; use the per-sample files for a paired test.
+
+Reading the results in pandas::
+
+    df = pd.read_csv("results/nova_sweep/tidy.csv")   # one row per record, every column above
+    df[["method_preset", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
+        "n_repeats", "speedup_reliable", "flops_x", "flops_x_e2e"]]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from varbench.core.errors import FixableError
+from varbench.harness.records import find_entries, metric_columns, records_to_frame
+
+PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
+                              "n_images", "device", "dtype")
+GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
+
+
+class AggregationError(FixableError, ValueError):
+    """Rows that cannot be compared honestly (no matching baseline, differing evaluators)."""
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    try:
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            return True
+    except TypeError:
+        pass
+    return a == b
+
+
+def _ratio(num, den) -> float:
+    try:
+        num, den = float(num), float(den)
+    except (TypeError, ValueError):
+        return float("nan")
+    if math.isnan(num) or math.isnan(den) or den == 0:
+        return float("nan")
+    return num / den
+
+
+def relative_to_baseline(evaluator: str) -> bool:
+    """True if the evaluator registered as ``evaluator`` (the ``<evaluator>/`` prefix of a metric
+    column; the evaluator's config key is its registry name) declares ``relative_to_baseline``.
+    Names not in the registry (synthetic, external) are not relative."""
+    if evaluator in _RELATIVE:
+        return _RELATIVE[evaluator]
+    try:
+        from varbench.evaluators import REGISTRY
+        from varbench.core.registry import resolve
+
+        rel = bool(getattr(resolve(REGISTRY, evaluator, "evaluator"), "relative_to_baseline", False)) \
+            if evaluator in REGISTRY else False
+    except ImportError as e:
+        warnings.warn(f"cannot import evaluator {evaluator!r} ({e}); treating its metrics as absolute "
+                      "(deltas against the baseline are shown)", stacklevel=3)
+        rel = False
+    _RELATIVE[evaluator] = rel
+    return rel
+
+
+_RELATIVE: dict[str, bool] = {}
+
+
+def _both_timed(row, base) -> bool:
+    return not (_missing(row.get("timing_bs")) or _missing(base.get("timing_bs")))
+
+
+def _flag(v) -> bool:
+    return not _missing(v) and bool(v)
+
+
+def _unflagged(v) -> bool:
+    """A boolean column that is present and false (None/NaN: not known, so not false)."""
+    return not _missing(v) and not bool(v)
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _differs(row, base, keys: Sequence[str]) -> list[str]:
+    """Names of what differs between ``row`` and a candidate baseline (empty: they pair)."""
+    out = []
+    for k in keys:
+        if k == "device" and not _both_timed(row, base) and not (_flag(row.get("device_known")) and _flag(base.get("device_known"))):
+            # an older quality-only record has no full device label; compare the provenance hardware name
+            if not (_missing(row.get("device_name")) or _missing(base.get("device_name"))):
+                if not _same(row.get("device_name"), base.get("device_name")):
+                    out.append("device_name")
+                continue
+        if not _same(row.get(k), base.get(k)):
+            out.append(k)
+    a, b = row.get("pair_key"), base.get("pair_key")
+    if not (_missing(a) or _missing(b)) and a != b:
+        out.append("pair_key")
+    if _both_timed(row, base) and not _same(int(row["timing_bs"]), int(base["timing_bs"])):
+        out.append("timing_bs")
+    return out
+
+
+def _files_diff(rec_a: Mapping, rec_b: Mapping) -> list[str]:
+    """What :func:`varbench.harness.store.pair_key` hashes besides the config, named: the weight files
+    (``model.weights``, by file name, with both sha256 abbreviated) and the prompt file's sha256."""
+    wa, wb = (rec_a.get("model") or {}).get("weights") or {}, (rec_b.get("model") or {}).get("weights") or {}
+    short = lambda h: f"sha256 {h[:12]}…" if isinstance(h, str) else "absent"   # noqa: E731
+    parts = [f"weights {name} ({short(wa.get(name))} vs baseline {short(wb.get(name))})"
+             for name in sorted(set(wa) | set(wb)) if wa.get(name) != wb.get(name)]
+    ba, bb = (rec_a.get("benchmark") or {}).get("sha256"), (rec_b.get("benchmark") or {}).get("sha256")
+    if ba != bb:
+        parts.append(f"prompt file ({short(ba)} vs baseline {short(bb)})")
+    return parts
+
+
+def _config_diff(row, base, limit: int = 8) -> str:
+    """Dotted config keys, weight files and prompt file in which two records' pairing keys differ
+    (read from their entries); the bare hashes only when the records cannot be read."""
+    from varbench.harness.records import RunEntry, pair_config
+
+    try:
+        rec_a = RunEntry.from_dir(row["path"]).read(verify=False)
+        rec_b = RunEntry.from_dir(base["path"]).read(verify=False)
+        a, b = pair_config(rec_a), pair_config(rec_b)
+    except Exception:  # noqa: BLE001 - no files (an in-memory frame): the hashes are all we can name
+        a = b = None
+    if a is None or b is None:
+        return f"pair_key ({row.get('pair_key')!r} vs baseline {base.get('pair_key')!r})"
+
+    def flat(tree, prefix=""):
+        if isinstance(tree, dict) and tree:
+            return {k: v for key, val in tree.items() for k, v in flat(val, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: tree}
+
+    fa, fb = flat(a), flat(b)
+    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+    parts = [f"config {k} ({fa.get(k, '<absent>')!r} vs baseline {fb.get(k, '<absent>')!r})" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"... {len(keys) - limit} more config keys")
+    parts += _files_diff(rec_a, rec_b)   # retrained weights: name the file, as a config key is named
+    return ", ".join(parts) or f"pair_key ({row.get('pair_key')!r} vs baseline {base.get('pair_key')!r})"
+
+
+def _describe(row, base, what: Sequence[str]) -> str:
+    parts = []
+    for k in what:
+        if k == "pair_key":
+            parts.append(_config_diff(row, base))
+        else:
+            parts.append(f"{k} ({row.get(k)!r} vs baseline {base.get(k)!r})")
+    return ", ".join(parts)
+
+
+def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool = False,
+                       keys: Sequence[str] = PAIR_KEYS):
+    """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x, flops_x_e2e and
+    ``<metric>_delta`` columns (see module docstring). Raises AggregationError on mismatch."""
+    import pandas as pd
+
+    if frame.empty:
+        raise AggregationError("no finished records (entries with DONE) to aggregate")
+    frame = frame.reset_index(drop=True)
+    for col in ("pair_key", "device_name", "timing_bs", "path"):
+        if col not in frame.columns:
+            frame[col] = None
+    metrics = metric_columns(frame)
+    delta_metrics = [m for m in metrics if not relative_to_baseline(m.split("/", 1)[0])]
+    bases = frame[frame["method"] == baseline]
+    if bases.empty:
+        methods = sorted(str(m) for m in frame["method"].dropna().unique())
+        raise AggregationError(f"no record with method == {baseline!r} among {len(frame)} records "
+                               f"(methods present: {methods}); run the baseline (method={baseline} with the same "
+                               f"experiment_name and settings), or compare against another method family with "
+                               f"`python -m varbench.analysis.aggregate STORE/EXPERIMENT --baseline NAME`")
+    records = frame.to_dict("records")
+    base_rows = bases.to_dict("records")
+    added = []
+    problems = []
+    unknown_device: dict[str, set] = {}
+    ambiguous: dict[tuple, tuple[list, list]] = {}
+    for row in records:
+        out = {"baseline_entry": None, "is_baseline": row.get("method") == baseline,
+               "speedup": float("nan"), "e2e_speedup": float("nan"),
+               "flops_x": float("nan"), "flops_x_e2e": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
+        diffs = [(b, _differs(row, b, keys)) for b in base_rows]
+        match = [b for b, d in diffs if not d]
+        who = f"{row.get('method_label')!r} (entry {row.get('entry_id')})"
+        if len(match) > 1:
+            ids = tuple(str(b.get("entry_id")) for b in match)
+            if ids not in ambiguous:
+                ambiguous[ids] = (match, [])
+            ambiguous[ids][1].append(who)
+            added.append(out)
+            continue
+        if not match:
+            nearest, what = min(diffs, key=lambda bd: len(bd[1]))
+            msg = (f"no matching {baseline!r} record for {who}; the nearest baseline (entry "
+                   f"{nearest.get('entry_id')}) differs in: {_describe(row, nearest, what)}")
+            if not allow_unpaired:
+                problems.append(msg)
+            else:
+                warnings.warn(msg + " (kept unpaired)", stacklevel=2)
+            added.append(out)
+            continue
+        base = match[0]
+        unknown = [str(r.get("entry_id")) for r in (row, base) if _unflagged(r.get("device_known"))]
+        if unknown:
+            unknown_device.setdefault(str(row.get("device")), set()).update(unknown)
+        if _missing(row.get("pair_key")) or _missing(base.get("pair_key")):
+            without = list(dict.fromkeys(str(r.get("entry_id")) for r in (row, base) if _missing(r.get("pair_key"))))
+            warnings.warn(f"{who} paired with baseline entry {base.get('entry_id')} on {', '.join(keys)} only: "
+                          f"entr{'y' if len(without) == 1 else 'ies'} {', '.join(without)} "
+                          "hold no config, so sampling settings (cfg, tau, top_k, top_p, negative prompt, "
+                          "schedule) were not checked", stacklevel=2)
+        for col in [c for c in frame.columns if c.startswith("version/")]:
+            a, b = row.get(col), base.get(col)
+            if isinstance(a, str) and isinstance(b, str) and a != b:
+                raise AggregationError(
+                    f"evaluator {col.split('/', 1)[1]!r} differs between {row.get('method_label')!r} "
+                    f"(entry {row.get('entry_id')}, version_info {a}) and its baseline (entry "
+                    f"{base.get('entry_id')}, version_info {b}); re-score both with the same evaluator version")
+        out["baseline_entry"] = base.get("entry_id")
+        out["speedup"] = _ratio(base.get("ar_ms"), row.get("ar_ms"))
+        out["e2e_speedup"] = _ratio(base.get("total_ms"), row.get("total_ms"))
+        out["flops_x"] = _ratio(base.get("flops_total"), row.get("flops_total"))
+        out["flops_x_e2e"] = _ratio(base.get("flops_e2e"), row.get("flops_e2e"))
+        for m in delta_metrics:
+            a, b = row.get(m), base.get(m)
+            if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
+                out[f"{m}_delta"] = a - b
+        added.append(out)
+    for label, ids in unknown_device.items():
+        warnings.warn(f"entries {', '.join(sorted(ids))} were paired on the device label {label!r}, which names no "
+                      "CPU model (recorded before varbench recorded it): rows from different machines of the same "
+                      "kind cannot be told apart; the table flags them (re-run them to record the CPU model)", stacklevel=2)
+    unmatched = len(problems)
+    for match, rows in ambiguous.values():
+        cands = "".join(f"\n    entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"
+                        for b in match)
+        experiments = sorted({str(b.get("experiment")) for b in match})
+        fix = (f"they belong to different experiments ({', '.join(experiments)}): aggregate one experiment at a "
+               "time (python -m varbench.analysis.aggregate STORE/EXPERIMENT)" if len(experiments) > 1
+               else "move or delete the stale one(s)")
+        problems.append(f"{len(match)} {baseline!r} records have the same generation settings, so the baseline of "
+                        f"{', '.join(rows)} is ambiguous; {fix} (nothing is chosen silently):{cands}")
+    if problems:
+        raise AggregationError("refusing to compare mismatched runs:\n  " + "\n  ".join(problems)
+                               + ("\n(run the matching baseline, or pass --allow-unpaired to keep rows that have "
+                                  "no matching baseline without ratios)" if unmatched else ""))
+    return pd.concat([frame, pd.DataFrame(added, columns=list(out))], axis=1)
+
+
+def _order(paired, baseline: str):
+    """Rows grouped by model/resolution/benchmark/device and by the baseline they pair with,
+    the baseline first in each, then by preset name."""
+    group = [k for k in GROUP_KEYS if k in paired.columns]
+    extra = [k for k in ("prompts_sha256", "n_images", "baseline_entry") if k in paired.columns]
+    name = "method_preset" if "method_preset" in paired.columns else "method_label"
+    paired = paired.assign(_is_base=(paired["method"] != baseline).astype(int))
+    return paired.sort_values(group + extra + ["_is_base", name, "method_label"], kind="stable",
+                              na_position="last").drop(columns="_is_base")
+
+
+#: identification and timing columns of ``table.csv``, in order (the metrics follow)
+WIDE_COLUMNS: tuple[str, ...] = (
+    "method", "method_preset", "method_label", "entry_id", "baseline_entry", "is_baseline", "prompts_sha256",
+    "n_images", "n_prompts_timed", "repeats_per_prompt", "n_repeats", "ar_ms", "ar_ms_p10", "ar_ms_p90", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
+    "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
+    "paired_ci_kind", "speedup_reliable", "unreliable_reason", "timing_tries", "speedup", "e2e_speedup", "flops_x",
+    "flops_x_e2e", "identical_images", "method_effect", "method_effect_reason", "unchanged_images", "skipped_metrics")
+
+
+def wide_table(paired, baseline: str = "baseline"):
+    """The numeric wide table (``table.csv``): group keys, :data:`WIDE_COLUMNS`, then per metric
+    ``<metric>``, ``<metric>_err``, ``<metric>_delta``. ``speedup``/``e2e_speedup`` are the unpaired
+    ratios (separate jobs); the paired ones and their intervals are the ``paired_*`` columns."""
+    metrics = metric_columns(paired)
+    cols = [k for k in GROUP_KEYS if k in paired.columns] + list(WIDE_COLUMNS)
+    for m in metrics:
+        cols += [m, f"{m}_err", f"{m}_delta"]
+    return _order(paired, baseline)[[c for c in cols if c in paired.columns]].reset_index(drop=True)
+
+
+def _ordered_with_all(paired, baseline: str):
+    return _order(paired, baseline).reset_index(drop=True)
+
+
+def markdown_table(paired, baseline: str = "baseline", extra_notes: Sequence[str] = ()) -> str:
+    """Formatted table (``table.md``; :mod:`varbench.analysis.tables`): one section per baseline."""
+    from varbench.analysis.tables import build_sections, footnotes, render_markdown
+
+    table = _ordered_with_all(paired, baseline)
+    return render_markdown(build_sections(table, baseline), footnotes(table, baseline) + list(extra_notes))
+
+
+def latex_table(paired, baseline: str = "baseline", extra_notes: Sequence[str] = ()) -> str:
+    """The same tables in LaTeX (``table.tex``; booktabs)."""
+    from varbench.analysis.tables import build_sections, footnotes, render_latex
+
+    table = _ordered_with_all(paired, baseline)
+    return render_latex(build_sections(table, baseline), footnotes(table, baseline) + list(extra_notes))
+
+
+def incompleteness_notes(failed: Sequence[Mapping] = (), unfinished: Sequence[Path] = ()) -> list[str]:
+    """Table notes for what the table lacks, so a pasted table never hides it: the sweep's failed
+    jobs (``{"overrides", "error"}`` rows of ``failed_jobs.jsonl``) and entries without DONE
+    (running, killed or failed)."""
+    def shown(override: str) -> bool:          # machine-local paths do not belong in a pasted table
+        return not (override.lstrip("+~").startswith(("paths.", "hydra.")) or "=/" in override)
+
+    notes = []
+    if failed:
+        jobs = [f"{' '.join(o for o in f['overrides'] if shown(o))} ({str(f['error']).split(':', 1)[0]})" for f in failed]
+        notes.append(f"Not in this table: {len(failed)} job(s) of the sweep failed: {'; '.join(jobs)}.")
+    if unfinished:
+        names = ", ".join(p.name for p in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
+        notes.append(f"Not in this table: {len(unfinished)} unfinished store entr{'y' if len(unfinished) == 1 else 'ies'} "
+                     f"(no DONE: still running, killed or failed): {names}.")
+    return notes
+
+
+def unfinished_entries(path: str | Path) -> list[Path]:
+    """Entry folders under ``path`` (``entries/<hash>/``) that have no DONE yet."""
+    return sorted(p for p in Path(path).rglob("*") if p.is_dir() and p.parent.name == "entries"
+                  and not (p / "DONE").exists())
+
+
+def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", allow_unpaired: bool = False,
+              figures: bool = True, failed: Sequence[Mapping] = ()):
+    """Find records under ``path``, pair them, write tables (and figures) into ``out``; returns
+    the paired frame. ``failed``: the sweep's failed jobs, named in the tables' notes with the
+    entries under ``path`` that have no DONE (:func:`incompleteness_notes`)."""
+    if not Path(path).is_dir():
+        raise AggregationError(f"{path} is not a folder; records live in the store, one folder per experiment "
+                               "(paths.store_dir/<experiment_name>, e.g. store/nova_sweep)")
+    entries = find_entries(path)
+    if not entries:
+        hint = (" (that is a results folder: the records are in the store, e.g. store/<experiment_name>)"
+                if (Path(path) / "table.md").is_file() else "")
+        raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}{hint}")
+    frame = records_to_frame(entries)
+    frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
+    bad = frame[frame["status"].fillna("ok") != "ok"]
+    if not bad.empty:
+        warnings.warn(f"skipping {len(bad)} finished record(s) whose status is not 'ok': "
+                      f"{sorted(bad['entry_id'])}", stacklevel=2)
+        frame = frame[frame["status"].fillna("ok") == "ok"].reset_index(drop=True)
+    paired = pair_with_baseline(frame, baseline=baseline, allow_unpaired=allow_unpaired)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    from varbench.harness.store import atomic_write_bytes   # a killed aggregate never leaves half a table behind
+
+    missing = incompleteness_notes(failed, unfinished_entries(path))
+    for name, text in (("tidy.csv", paired.to_csv(index=False)), ("table.csv", wide_table(paired, baseline).to_csv(index=False)),
+                       ("table.md", markdown_table(paired, baseline, missing)),
+                       ("table.tex", latex_table(paired, baseline, missing))):
+        atomic_write_bytes(out / name, text.encode("utf-8"))
+    if figures:
+        from varbench.analysis.plots import write_figures  # the figures live with the plotting code
+
+        write_figures(paired, out)
+    return paired
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m varbench.analysis.aggregate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("path", help="folder to search (recursively) for finished entries")
+    ap.add_argument("--out", default=None, help="output folder (default: results/<name of PATH>)")
+    ap.add_argument("--baseline", default="baseline", help="method name of the reference rows")
+    ap.add_argument("--allow-unpaired", action="store_true", help="keep rows without a matching baseline")
+    ap.add_argument("--no-figures", action="store_true", help="tables only")
+    args = ap.parse_args(argv)
+    out = Path(args.out) if args.out else Path("results") / Path(args.path).resolve().name
+    from varbench.harness.job import assemble_ready_shards
+
+    for entry in assemble_ready_shards(args.path):   # sharded entries whose last shard died after its part
+        print(f"assembled the record of sharded entry {entry}")
+    try:
+        paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
+                           figures=not args.no_figures)
+    except FixableError as e:  # unpaired rows, a broken or legacy-sealed entry, a garbled file: one message, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print((out / "table.md").read_text(encoding="utf-8"))   # its notes name unfinished entries
+    print(f"wrote {out}/table.md, table.tex, table.csv, tidy.csv ({len(paired)} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,753 @@
+"""Figures for aggregated results (matplotlib, Agg canvas, PNG files).
+
+Usage::
+
+    from varbench.analysis.plots import write_figures, speed_quality_figure, pareto_front, keep_ratio_heatmap
+    write_figures(paired, "results/toy_table")        # everything below, for a paired frame
+    speed_quality_scatter(paired, "results/nova_sweep")                 # one PNG per metric (and group)
+    keep_ratio_heatmap(entry.read_traces(), "keep_fastvar.png", title="fastvar")
+    entropy_curves({"baseline": base_traces, "nova": nova_traces}, "entropy_vs_scale.png")
+    wandb_figures(paired, out)     # {"figures/<name>": Path}: the PNGs keyed for W&B logging
+
+Speed vs quality (``speed_vs_<metric>[__<group>].png``, one per metric and model/resolution/
+benchmark/device group): x is the speed-up over the baseline (``paired_speedup``, the in-job
+interleaved ratio, when the frame has it, else ``speedup``), with the 95% interval from
+``<speed>_ci_low``/``<speed>_ci_high`` as horizontal error bars when present; a row with
+``speedup_reliable == False`` is drawn hollow. y is the metric with ``<metric>_err`` (standard
+error) as vertical bars. The baseline is a black star at 1.0x (for metrics that compare with the
+baseline's own image, e.g. PSNR, only the 1.0x line: its self-comparison is no data point).
+The dashed line joins the Pareto frontier (:func:`pareto_front`: no other point is at least as
+fast and at least as good, better in one). Labels are placed by a greedy repel (candidate
+offsets around the point, first one that overlaps no label, marker, error bar or axes edge);
+when one does not fit, every point is numbered and the names move to a key beside the axes.
+
+Trace rows follow ``varbench.harness.records`` (``scales[*].keep_frac`` per layer, ``ran``,
+``entropy_mean``). Conventions for :func:`keep_matrix` (scales x layers, mean over images):
+a scale that ran with ``keep_frac: null`` kept everything (1.0 on every layer); a scale that
+did not run (``ran: false``) kept nothing (0.0). The heatmap uses :func:`keep_summary` instead,
+which averages over the images where the scale ran and reports how often it was skipped: a
+scale skipped in every image is drawn grey and hatched ("skipped"), never as a colour of the
+scale. Rows are labelled by scale index and token grid (``3: 8×8``), columns by layer
+(``stats.layer_labels`` when the traces carry them). Figures are drawn on
+``matplotlib.figure.Figure`` with the Agg canvas, so no display or global backend switch is needed.
+"""
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+#: Metric column -> (words, unit) for axis titles; others get "<evaluator> <metric>".
+METRIC_WORDS: dict[str, tuple[str, str]] = {
+    "geneval/overall": ("GenEval overall score", "fraction of prompts correct"),
+    "toy_geneval/overall": ("Toy GenEval overall score", "fraction of prompts correct"),
+    "hpsv2/score": ("HPSv2.1 human-preference score", ""),
+    "imagereward/score": ("ImageReward score", ""),
+    "fidelity/psnr": ("PSNR against the baseline's image", "dB"),
+    "fidelity/ssim": ("SSIM against the baseline's image", "0 to 1"),
+    "fidelity/lpips": ("LPIPS distance to the baseline's image", "0 to 1"),
+}
+_LOWER_IS_BETTER = ("lpips", "fid", "kid", "mse", "mae", "distance", "error", "loss")
+GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
+
+
+def _figure(w: float = 6.0, h: float = 4.0, dpi: int = 120):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, out_path: str | Path) -> Path:
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, format="png")
+    return out_path
+
+
+def slug(text: str) -> str:
+    """File-name-safe version of a label."""
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", str(text)).strip("_") or "x"
+
+
+def _nan(v) -> bool:
+    """None, or a float/numpy NaN (strings and other objects are values)."""
+    if v is None:
+        return True
+    try:
+        return isinstance(v, (float, np.floating)) and math.isnan(v)
+    except TypeError:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# metric vocabulary
+
+def higher_is_better(metric: str) -> bool:
+    """Direction of a ``<evaluator>/<metric>`` column: the evaluator class's ``higher_is_better``
+    when it names the metric, else False for distance-like names (LPIPS, FID, MSE, ...)."""
+    ev, _, name = metric.partition("/")
+    try:
+        from varbench.evaluators import REGISTRY
+        from varbench.core.registry import resolve
+
+        if ev in REGISTRY:
+            table = getattr(resolve(REGISTRY, ev, "evaluator"), "higher_is_better", {}) or {}
+            if name in table:
+                return bool(table[name])
+    except Exception:  # noqa: BLE001 - an evaluator that cannot be imported here: fall back to the name
+        pass
+    return not any(k in metric.lower() for k in _LOWER_IS_BETTER)
+
+
+def relative_metric(metric: str) -> bool:
+    """True if the metric already compares with the baseline's image (fidelity): the baseline's
+    own value is a self-comparison (e.g. a 100 dB PSNR cap), not a point to plot."""
+    try:
+        from varbench.analysis.aggregate import relative_to_baseline
+
+        return bool(relative_to_baseline(metric.split("/", 1)[0]))
+    except Exception:  # noqa: BLE001
+        return metric.split("/", 1)[0] == "fidelity"
+
+
+def metric_words(metric: str) -> str:
+    """Axis title for a metric: words, unit, direction, and what the bars are."""
+    words, unit = METRIC_WORDS.get(metric, (None, None))
+    if words is None:
+        ev, _, name = metric.partition("/")
+        words, unit = f"{ev} {name.replace('_', ' ')}".strip(), ""
+    arrow = "higher is better" if higher_is_better(metric) else "lower is better"
+    return f"{words}\n({unit + '; ' if unit else ''}{arrow}; mean ± s.e.)"
+
+
+def plot_metrics(frame) -> list[str]:
+    """Quality columns worth a figure: not counts (``n_*``), and for an evaluator with an
+    ``overall`` metric only that one (its parts stay in the tables)."""
+    from varbench.harness.records import metric_columns
+
+    ms = [m for m in metric_columns(frame) if not m.rsplit("/", 1)[-1].startswith("n_")
+          and frame[m].notna().any()]
+    with_overall = {m.split("/", 1)[0] for m in ms if m.endswith("/overall")}
+    return [m for m in ms if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
+
+
+def primary_metric(frame) -> str | None:
+    """The metric a one-line summary shows: the first ``*/overall``, else the first quality metric
+    (absolute metrics before ones relative to the baseline)."""
+    ms = plot_metrics(frame)
+    overall = [m for m in ms if m.endswith("/overall")]
+    if overall:
+        return overall[0]
+    absolute = [m for m in ms if not relative_metric(m)]
+    return (absolute or ms or [None])[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# speed columns
+
+def baseline_mask(frame, baseline: str = "baseline"):
+    """Boolean Series: rows that are the baseline (``is_baseline`` when present, or ``method``)."""
+    import pandas as pd
+
+    mask = frame["method"].astype(str).eq(baseline) if "method" in frame.columns else pd.Series(False, index=frame.index)
+    if "is_baseline" in frame.columns:
+        mask = mask | frame["is_baseline"].map(lambda v: bool(v) if not _nan(v) else False).astype(bool)
+    return mask
+
+
+def speed_column(frame, baseline: str = "baseline") -> str:
+    """``paired_speedup`` when any non-baseline row has it, else ``speedup``."""
+    if "paired_speedup" in frame.columns:
+        other = frame.loc[~baseline_mask(frame, baseline), "paired_speedup"]
+        if other.notna().any():
+            return "paired_speedup"
+    return "speedup"
+
+
+def speed_values(frame, baseline: str = "baseline", col: str | None = None):
+    """``(x, lo, hi, reliable, col)`` arrays for the frame's rows: the speed-up (baseline rows 1.0),
+    its 95% interval (NaN where absent) and the reliability flag (True where absent)."""
+    col = col or speed_column(frame, baseline)
+    base = baseline_mask(frame, baseline).to_numpy()
+    n = len(frame)
+    x = frame[col].astype(float).to_numpy() if col in frame.columns else np.full(n, np.nan)
+    x = np.where(base, 1.0, x)
+    lo = frame[f"{col}_ci_low"].astype(float).to_numpy() if f"{col}_ci_low" in frame.columns else np.full(n, np.nan)
+    hi = frame[f"{col}_ci_high"].astype(float).to_numpy() if f"{col}_ci_high" in frame.columns else np.full(n, np.nan)
+    lo, hi = np.where(base, np.nan, lo), np.where(base, np.nan, hi)
+    if "speedup_reliable" in frame.columns:
+        reliable = np.array([True if _nan(v) else bool(v) for v in frame["speedup_reliable"]])
+    else:
+        reliable = np.ones(n, dtype=bool)
+    reliable = reliable | base
+    return x, lo, hi, reliable, col
+
+
+def speed_words(col: str, has_ci: bool) -> str:
+    what = "AR loop, paired in-job, summed over the timed prompts" if col == "paired_speedup" else (
+        "end to end, median" if col == "e2e_speedup" else "AR loop, median of separate jobs")
+    return f"Speed-up over baseline (×, {what}{' with 95% CI' if has_ci else ''})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pareto frontier
+
+def pareto_front(x: Sequence[float], y: Sequence[float], higher_is_better: bool = True) -> list[int]:
+    """Indices of the non-dominated points, sorted by x: point i is dominated when another point
+    is at least as fast (x) and at least as good (y, in the metric's direction) and strictly
+    better in one. Points with a NaN coordinate are never on the front."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float) * (1.0 if higher_is_better else -1.0)
+    ok = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    front = []
+    for i in ok:
+        dominated = any((x[j] >= x[i] and y[j] >= y[i]) and (x[j] > x[i] or y[j] > y[i]) for j in ok if j != i)
+        if not dominated:
+            front.append(int(i))
+    return sorted(front, key=lambda i: (x[i], y[i]))
+
+
+# ---------------------------------------------------------------------------------------------
+# label placement
+
+def _overlap(a, b, pad: float = 1.0) -> bool:
+    return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
+
+
+def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], obstacles=(),
+                 fontsize: float = 7.0, colors: Sequence | None = None) -> list | None:
+    """Annotate each data point ``xy[i]`` with ``texts[i]`` at the first candidate offset (rings of
+    16 directions, growing radius; a leader line from the second ring on) whose text box overlaps
+    no placed label, no point marker, no ``obstacles`` (display-space Bboxes) and stays inside
+    the axes, and whose leader line crosses no placed label and no other marker. Returns the
+    annotations, or None (nothing drawn) when some label does not fit."""
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    pts = ax.transData.transform(np.asarray(xy, dtype=float)) if len(xy) else np.zeros((0, 2))
+    axbox = ax.get_window_extent(renderer)
+    markers = [Bbox.from_bounds(px - 5, py - 5, 10, 10) for px, py in pts]
+    taken = markers + list(obstacles)   # what a label's text may not cover
+    boxes: list = []                    # placed label texts: what a leader line may not cross either
+    # 16 directions (diagonals first: the text then sits clear of the marker), growing radius
+    angles = [45, -45, 135, -135, 0, 180, 90, -90, 22.5, -22.5, 157.5, -157.5, 67.5, -67.5, 112.5, -112.5]
+    dirs = [(round(math.cos(math.radians(a)), 3), round(math.sin(math.radians(a)), 3)) for a in angles]
+    placed = []
+    for i, (text, (px, py)) in enumerate(zip(texts, pts)):
+        done = False
+        for ring, r in enumerate((7, 16, 28, 42, 58, 76, 96, 120)):
+            for dx, dy in dirs:
+                ha = "left" if dx > 0.3 else ("right" if dx < -0.3 else "center")
+                va = "bottom" if dy > 0.3 else ("top" if dy < -0.3 else "center")
+                off = (dx * r, dy * r)
+                ann = ax.annotate(text, xy[i], xytext=off, textcoords="offset pixels", fontsize=fontsize,
+                                  ha=ha, va=va, color=(colors[i] if colors is not None else "black"),
+                                  arrowprops=(dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3)
+                                              if ring >= 1 else None))
+                ann.update_positions(renderer)
+                box = Text.get_window_extent(ann, renderer)   # the text only, not its leader line
+                inside = (box.x0 >= axbox.x0 + 2 and box.x1 <= axbox.x1 - 2
+                          and box.y0 >= axbox.y0 + 2 and box.y1 <= axbox.y1 - 2)
+                # the leader line, as points every few pixels from the marker's edge to the text
+                lead = []
+                if ring >= 1:
+                    n = max(2, int(r / 4))
+                    lead = [(px + dx * r * t, py + dy * r * t) for t in np.linspace(7.0 / r, 1.0, n)]
+                if (inside and not any(_overlap(box, t) for t in taken)
+                        and not any(t.contains(qx, qy) for t in boxes + markers[:i] + markers[i + 1:]
+                                    for qx, qy in lead)):
+                    boxes.append(box)
+                    taken.append(box)
+                    taken += [Bbox.from_bounds(qx - 1, qy - 1, 2, 2) for qx, qy in lead]
+                    placed.append(ann)
+                    done = True
+                    break
+                ann.remove()
+            if done:
+                break
+        if not done:
+            for a in placed:
+                a.remove()
+            return None
+    return placed
+
+
+# ---------------------------------------------------------------------------------------------
+# speed vs quality
+
+def _groups(frame, keys: Sequence[str] = GROUP_KEYS):
+    keys = [k for k in keys if k in frame.columns and frame[k].notna().any()]
+    if not keys:
+        return [((), frame)]
+    return [((k if isinstance(k, tuple) else (k,)), g) for k, g in frame.groupby(keys, dropna=False, sort=True)]
+
+
+_WIDE = (0.125, 0.22, 0.85, 0.68)      # axes rect; the legend sits below it
+_NARROW = (0.125, 0.22, 0.62, 0.68)    # when the names go to a numbered key on the right
+
+
+def _obstacles(ax) -> list:
+    """Display-space boxes labels must not cover: markers, error-bar caps and error bars (not the
+    frontier or the full-height/width reference lines)."""
+    from matplotlib.transforms import Bbox
+
+    fig = ax.figure
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    out = []
+    axw = ax.get_window_extent(renderer)
+    for line in ax.get_lines():
+        if line.get_gid() == "pareto":   # the frontier: small boxes every few pixels along it
+            d = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float))
+            for a, b in zip(d[:-1], d[1:]):
+                n = max(2, int(np.hypot(*(b - a)) / 4))
+                out += [Bbox.from_bounds(qx - 1.5, qy - 1.5, 3, 3) for qx, qy in np.linspace(a, b, n)]
+            continue
+        bb = line.get_window_extent(renderer)
+        if np.isfinite([bb.x0, bb.x1, bb.y0, bb.y1]).all() and bb.width < 0.9 * axw.width and bb.height < 0.9 * axw.height:
+            out.append(Bbox.from_extents(bb.x0 - 1, bb.y0 - 1, bb.x1 + 1, bb.y1 + 1))
+    for coll in ax.collections:   # error bars: one box per segment
+        for seg in getattr(coll, "get_segments", lambda: [])():
+            d = ax.transData.transform(np.asarray(seg, dtype=float))
+            if np.isfinite(d).all():
+                out.append(Bbox.from_extents(d[:, 0].min() - 1.5, d[:, 1].min() - 1.5,
+                                             d[:, 0].max() + 1.5, d[:, 1].max() + 1.5))
+    return out
+
+
+def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_col: str | None = None,
+                         title: str = "", max_labels: int = 14):
+    """The speed-vs-quality Figure for one metric over ``frame``'s rows (one group). Artists carry
+    gids: ``"baseline"`` (the star), ``"pareto"`` (the frontier line, its data = the frontier
+    points), ``"label"`` (each name annotation) / ``"label-number"`` and ``"label-key"`` when
+    the names are numbered into a key. ``fig.varbench_front`` lists the frontier rows' labels."""
+    from matplotlib.lines import Line2D
+
+    frame = frame.reset_index(drop=True)
+    x, lo, hi, reliable, col = speed_values(frame, baseline, speed_col)
+    y = frame[metric].astype(float).to_numpy()
+    yerr = frame[f"{metric}_err"].astype(float).to_numpy() if f"{metric}_err" in frame.columns else np.full(len(frame), np.nan)
+    base = baseline_mask(frame, baseline).to_numpy()
+    relative = relative_metric(metric)
+    up = higher_is_better(metric)
+    keep = np.isfinite(x) & np.isfinite(y) & ~(base & relative)
+    labels = [str(v) for v in frame.get("method_label", frame.get("method", frame.index)).tolist()]
+    if "method_effect" in frame.columns:   # a method that changed nothing is not a result (varbench.engine.effect)
+        labels = [f"{lab} (no effect)" if eff == "none" else lab for lab, eff in zip(labels, frame["method_effect"])]
+    methods = [str(v) for v in frame.get("method", frame.get("method_label", frame.index)).tolist()]
+    has_ci = bool(np.isfinite(lo[keep]).any() or np.isfinite(hi[keep]).any())
+
+    fig = _figure(8.0, 5.4)
+    ax = fig.add_axes(_WIDE)
+    families = list(dict.fromkeys(m for m, k, b in zip(methods, keep, base) if k and not b))
+    cmap = __import__("matplotlib").colormaps["tab10"]
+    colour = {m: cmap(i % 10) for i, m in enumerate(families)}
+    idx = np.flatnonzero(keep)
+    colours = {}
+    for i in idx:
+        if base[i]:
+            colours[i] = "black"
+            ax.errorbar([x[i]], [y[i]], yerr=None if _nan(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
+                        ecolor="black", elinewidth=0.9, capsize=3, zorder=4)
+            ax.plot([x[i]], [y[i]], marker="*", ms=15, color="black", mec="white", mew=0.6, ls="none",
+                    zorder=5, gid="baseline")
+            continue
+        c = colour[methods[i]]
+        colours[i] = c
+        xe = None
+        if np.isfinite(lo[i]) and np.isfinite(hi[i]):
+            xe = [[max(x[i] - lo[i], 0.0)], [max(hi[i] - x[i], 0.0)]]
+        ax.errorbar([x[i]], [y[i]], xerr=xe, yerr=None if _nan(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
+                    ecolor=c, elinewidth=0.9, capsize=2.5, alpha=0.85, zorder=3)
+        ax.plot([x[i]], [y[i]], marker="o", ms=7, ls="none", color=c, mec=c, mew=1.4,
+                mfc=(c if reliable[i] else "white"), zorder=4, gid=f"point:{labels[i]}")
+    ax.axvline(1.0, color="0.45", lw=0.8, ls=":", zorder=1)
+    if base.any() and not relative:
+        by = y[base & np.isfinite(y)]
+        if by.size:
+            ax.axhline(float(by[0]), color="0.45", lw=0.8, ls=":", zorder=1)
+    front = pareto_front(np.where(keep, x, np.nan), np.where(keep, y, np.nan), up)
+    if len(front) >= 2:
+        ax.plot(x[front], y[front], ls="--", lw=1.3, color="0.25", marker="none", zorder=2, gid="pareto")
+    fig.varbench_front = [labels[i] for i in front]
+
+    # limits with room for labels, 1.0x always in view
+    xs = np.concatenate([x[keep], lo[keep][np.isfinite(lo[keep])], hi[keep][np.isfinite(hi[keep])], [1.0]])
+    ylo = y[keep] - np.nan_to_num(yerr[keep])
+    yhi = y[keep] + np.nan_to_num(yerr[keep])
+    if xs.size:
+        span = max(xs.max() - xs.min(), 0.1)
+        ax.set_xlim(xs.min() - 0.18 * span, xs.max() + 0.30 * span)
+    if ylo.size:
+        span = max(float(yhi.max() - ylo.min()), 1e-3 * max(abs(float(yhi.max())), 1e-6), 1e-9)
+        ax.set_ylim(ylo.min() - 0.22 * span, yhi.max() + 0.22 * span)
+    ax.set_xlabel(speed_words(col, has_ci))
+    ax.set_ylabel(metric_words(metric), fontsize=8.5)
+    ax.grid(alpha=0.25)
+    ax.set_title(title or f"Speed vs {METRIC_WORDS.get(metric, (metric, ''))[0]}", fontsize=10)
+
+    # legend below the axes
+    handles = []
+    if (base & keep).any():
+        handles.append(Line2D([], [], marker="*", ms=12, color="black", ls="none", label="baseline (1.0×)"))
+    elif base.any() and relative:
+        handles.append(Line2D([], [], color="0.45", ls=":", label="baseline (1.0×; self-comparison not plotted)"))
+    handles += [Line2D([], [], marker="o", ms=6, color=colour[m], ls="none", label=m) for m in families]
+    if len(front) >= 2:
+        handles.append(Line2D([], [], ls="--", color="0.25", label="Pareto frontier"))
+    if (~reliable & keep).any():
+        handles.append(Line2D([], [], marker="o", ms=6, color="0.3", mfc="white", ls="none",
+                              label="hollow: speed-up flagged unreliable"))
+    ncol = 4 if max((len(h.get_label()) for h in handles), default=0) <= 28 else 3
+    rows = -(-len(handles) // ncol)
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.005), ncol=ncol, fontsize=7.5,
+               frameon=False, columnspacing=1.2, handletextpad=0.4)
+    bottom = 0.13 + 0.034 * rows            # the legend's rows, then the x tick labels and title
+    ax.set_position((_WIDE[0], bottom, _WIDE[2], _WIDE[1] + _WIDE[3] - bottom))
+
+    # labels: repel (long names wrapped on two lines), else numbered points with a key on the right
+    pts = [(x[i], y[i]) for i in idx]
+    names = [labels[i] for i in idx]
+    cols = [colours[i] for i in idx]
+    wrapped = [textwrap.fill(n, 26, break_long_words=False) for n in names]
+    placed = place_labels(ax, pts, wrapped, _obstacles(ax), colors=cols) if len(idx) <= max_labels else None
+    if placed is not None:
+        for a in placed:
+            a.set_gid("label")
+    else:
+        fig.set_size_inches(10.0, fig.get_size_inches()[1])   # room for the key on the right
+        right = 0.125 + 0.62 * 8.0 / 10.0
+        ax.set_position((0.10, bottom, right - 0.10, _WIDE[1] + _WIDE[3] - bottom))
+        nums = [str(k + 1) for k in range(len(idx))]
+        placed = place_labels(ax, pts, nums, _obstacles(ax), fontsize=7, colors=cols)
+        if placed is None:  # even numbers do not fit: put them on the points, small
+            placed = [ax.annotate(n, p, xytext=(4, 4), textcoords="offset pixels", fontsize=6) for n, p in zip(nums, pts)]
+        for a in placed:
+            a.set_gid("label-number")
+        key = "\n".join(textwrap.fill(f"{n}  {name}", 40, subsequent_indent="     ") for n, name in zip(nums, names))
+        fig.text(right + 0.02, _WIDE[1] + _WIDE[3], key, va="top", ha="left", fontsize=6.5, gid="label-key")
+    return fig
+
+
+def speed_quality_scatter(frame, out_dir: str | Path, metrics: Sequence[str] | None = None,
+                          speed_col: str | None = None, baseline: str = "baseline") -> list[Path]:
+    """One PNG per metric and group (``speed_vs_<metric>.png``; ``__<group>`` appended when the
+    frame holds several model/resolution/benchmark/device groups); see the module docstring."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = list(metrics) if metrics is not None else plot_metrics(frame)
+    groups = _groups(frame)
+    paths = []
+    for key, g in groups:
+        col = speed_col or speed_column(g, baseline)
+        for m in metrics:
+            if m not in g.columns:
+                continue
+            x = speed_values(g, baseline, col)[0]
+            if not (np.isfinite(x) & g[m].astype(float).notna().to_numpy()).any():
+                continue
+            n = g["n_images"].dropna() if "n_images" in g.columns else []
+            sub = " · ".join(str(k) for k in key if not _nan(k) and str(k))
+            if len(n):
+                sub += f" · {int(n.iloc[0])} images"
+            words = METRIC_WORDS.get(m, (m, ""))[0]
+            fig = speed_quality_figure(g, m, baseline=baseline, speed_col=col,
+                                       title=f"Speed vs {words}" + (f"\n{sub}" if sub else ""))
+            name = f"speed_vs_{slug(m)}" + (f"__{slug('_'.join(str(k) for k in key))}" if len(groups) > 1 else "")
+            paths.append(_save(fig, out_dir / f"{name}.png"))
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------
+# keep ratios and entropy
+
+def keep_matrix(traces: Iterable[Mapping]) -> np.ndarray:
+    """Mean keep fraction, shape (n_scales, n_layers), over all trace rows (see conventions)."""
+    traces = list(traces)
+    n_scales, n_layers = 0, 0
+    for t in traces:
+        for s in t.get("scales", []):
+            n_scales = max(n_scales, int(s["si"]) + 1)
+            if s.get("keep_frac"):
+                n_layers = max(n_layers, len(s["keep_frac"]))
+    n_layers = max(n_layers, 1)
+    total = np.zeros((n_scales, n_layers))
+    count = np.zeros((n_scales, 1))
+    for t in traces:
+        for s in t.get("scales", []):
+            si = int(s["si"])
+            if not s.get("ran", True):
+                row = np.zeros(n_layers)
+            elif s.get("keep_frac") is None:
+                row = np.ones(n_layers)
+            else:
+                kf = np.asarray(s["keep_frac"], dtype=float)
+                row = np.ones(n_layers)
+                row[: len(kf)] = kf
+            total[si] += row
+            count[si] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def keep_summary(traces: Iterable[Mapping]) -> dict:
+    """What the heatmap draws: ``keep`` (n_scales, n_layers): mean keep fraction over the images
+    where the scale ran (NaN where it never ran); ``skipped`` (n_scales,): fraction of images in
+    which the scale did not run; ``sizes``: ``(h, w)`` per scale (None if unknown);
+    ``layer_labels``; ``pruned``: True if any layer kept less than everything."""
+    traces = list(traces)
+    n_scales, n_layers = 0, 0
+    labels = None
+    for t in traces:
+        labels = labels or (t.get("stats") or {}).get("layer_labels")
+        for s in t.get("scales", []):
+            n_scales = max(n_scales, int(s["si"]) + 1)
+            if s.get("keep_frac"):
+                n_layers = max(n_layers, len(s["keep_frac"]))
+    if labels and n_layers in (0, len(labels)):
+        n_layers = len(labels)
+    else:
+        labels = None
+    n_layers = max(n_layers, 1)
+    total = np.zeros((n_scales, n_layers))
+    ran = np.zeros(n_scales)
+    seen = np.zeros(n_scales)
+    sizes: list = [None] * n_scales
+    for t in traces:
+        for s in t.get("scales", []):
+            si = int(s["si"])
+            seen[si] += 1
+            if sizes[si] is None and s.get("h") is not None and s.get("w") is not None:
+                sizes[si] = (int(s["h"]), int(s["w"]))
+            if not s.get("ran", True):
+                continue
+            ran[si] += 1
+            row = np.ones(n_layers)
+            if s.get("keep_frac") is not None:
+                kf = np.asarray(s["keep_frac"], dtype=float)
+                row[: len(kf)] = kf
+            total[si] += row
+    with np.errstate(invalid="ignore", divide="ignore"):
+        keep = np.where(ran[:, None] > 0, total / np.maximum(ran, 1)[:, None], np.nan)
+        skipped = np.where(seen > 0, 1.0 - ran / np.maximum(seen, 1), np.nan)
+    return {"keep": keep, "skipped": skipped, "sizes": sizes, "layer_labels": labels,
+            "pruned": bool(np.nanmin(keep, initial=1.0) < 1.0) if keep.size else False}
+
+
+def scale_labels(summary: Mapping) -> list[str]:
+    """Row labels ``"<si>: <h>×<w>"`` plus ``" (skipped in N%)"`` for partly skipped scales."""
+    out = []
+    for si, (size, sk) in enumerate(zip(summary["sizes"], summary["skipped"])):
+        text = f"{si}: {size[0]}×{size[1]}" if size else f"{si}"
+        if np.isfinite(sk) and 0.0 < sk < 1.0:
+            text += f" (skipped in {100 * sk:.0f}%)"
+        out.append(text)
+    return out
+
+
+def keep_ratio_heatmap(traces: Iterable[Mapping], out_path: str | Path, title: str = "",
+                       layer_labels: Sequence[str] | None = None) -> Path:
+    """Heatmap of :func:`keep_summary` (rows: scale ``si: h×w``, columns: layer); scales skipped
+    in every image are grey and hatched, with a legend entry; a method that never prunes a layer
+    shows one column "all layers"."""
+    fig = keep_ratio_figure(traces, title=title, layer_labels=layer_labels)
+    return _save(fig, out_path)
+
+
+def keep_ratio_figure(traces: Iterable[Mapping], title: str = "", layer_labels: Sequence[str] | None = None):
+    """The Figure behind :func:`keep_ratio_heatmap`; ``fig.varbench_skipped`` lists the scale
+    indices drawn as skipped, ``fig.varbench_keep`` the matrix drawn."""
+    from matplotlib.patches import Patch, Rectangle
+
+    summ = keep_summary(traces)
+    keep, skipped = summ["keep"], summ["skipped"]
+    labels = list(layer_labels) if layer_labels is not None and len(layer_labels) == keep.shape[1] else summ["layer_labels"]
+    n_s, n_l = keep.shape
+    all_full = n_l == 1 and labels is None
+    fig = _figure(max(4.8, 0.2 * n_l + 3.6), max(3.2, 0.32 * n_s + 1.9))
+    ax = fig.add_subplot(1, 1, 1)
+    cmap = __import__("matplotlib").colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
+    im = ax.imshow(np.ma.masked_invalid(keep), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto",
+                   interpolation="nearest")
+    if n_l <= 24 and n_s <= 24:   # the value in every cell that kept less than everything
+        for si, li in zip(*np.nonzero(np.nan_to_num(keep, nan=1.0) < 0.995)):
+            v = keep[si, li]
+            ax.text(li, si, f"{v:.2f}", ha="center", va="center", fontsize=6.5,
+                    color="white" if v < 0.6 else "black")
+    full_skip = [si for si in range(n_s) if np.isfinite(skipped[si]) and skipped[si] >= 1.0]
+    never = [si for si in range(n_s) if not np.isfinite(skipped[si])]
+    for si in full_skip:
+        ax.add_patch(Rectangle((-0.5, si - 0.5), n_l, 1.0, facecolor="0.82", edgecolor="0.45", hatch="///",
+                               lw=0.0, gid="skipped"))
+    partial = [si for si in range(n_s) if np.isfinite(skipped[si]) and 0.0 < skipped[si] < 1.0]
+    for si in partial:   # ran in some images only: the mean over those, under a light hatch
+        ax.add_patch(Rectangle((-0.5, si - 0.5), n_l, 1.0, facecolor="none", edgecolor="0.35", hatch="\\\\",
+                               lw=0.0, alpha=0.7, gid="partly-skipped"))
+    for si in never:
+        ax.add_patch(Rectangle((-0.5, si - 0.5), n_l, 1.0, facecolor="white", edgecolor="0.6", hatch="..",
+                               lw=0.0, gid="no-trace"))
+    ax.set_yticks(range(n_s), labels=scale_labels(summ), fontsize=7)
+    ax.set_ylabel("scale (index: token grid h×w)")
+    if all_full:
+        ax.set_xticks([0], labels=["all layers"])
+        ax.set_xlabel("layer (no layer prunes tokens)")
+    else:
+        if labels is not None:
+            long = max(len(str(v)) for v in labels) > 3
+            ax.set_xticks(range(n_l), labels=[str(v) for v in labels], rotation=90 if long else 0,
+                          fontsize=6 if long else 7)
+        else:
+            step = max(1, n_l // 16)
+            ax.set_xticks(range(0, n_l, step))
+        ax.set_xlabel("layer (transformer block)")
+    ax.set_title(textwrap.fill(f"Fraction of tokens kept{(' · ' + title) if title else ''}", 46) + "\n"
+                 "(per layer; mean over the images in which the scale ran)", fontsize=9)
+    fig.colorbar(im, ax=ax, label="kept token fraction", fraction=0.06)
+    handles = []
+    if full_skip:
+        handles.append(Patch(facecolor="0.82", edgecolor="0.45", hatch="///", label="scale skipped (not run)"))
+    if partial:
+        handles.append(Patch(facecolor="none", edgecolor="0.35", hatch="\\\\",
+                             label="scale skipped in some images (share in its row label)"))
+    if never:
+        handles.append(Patch(facecolor="white", edgecolor="0.6", hatch="..", label="no trace for this scale"))
+    if handles:
+        fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.01, 0.0), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.01 + 0.05 * len(handles) if handles else 0, 1, 1))
+    fig.varbench_skipped = full_skip
+    fig.varbench_keep = keep
+    return fig
+
+
+def entropy_by_scale(traces: Iterable[Mapping]) -> np.ndarray:
+    """Mean of ``entropy_mean`` per scale over trace rows (NaN where never reported)."""
+    sums: dict[int, list[float]] = {}
+    for t in traces:
+        for s in t.get("scales", []):
+            e = s.get("entropy_mean")
+            if e is not None and not (isinstance(e, float) and math.isnan(e)):
+                sums.setdefault(int(s["si"]), []).append(float(e))
+    if not sums:
+        return np.zeros(0)
+    out = np.full(max(sums) + 1, np.nan)
+    for si, vals in sums.items():
+        out[si] = float(np.mean(vals))
+    return out
+
+
+def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path, title: str = "") -> Path:
+    """Mean predictive entropy vs scale, one line per label (x ticks: ``si`` and ``h×w``)."""
+    fig = _figure(9.0, 4.6)
+    ax = fig.add_subplot(1, 1, 1)
+    sizes: dict[int, tuple] = {}
+    n = 0
+    for label, traces in series.items():
+        traces = list(traces)
+        for t in traces:
+            for s in t.get("scales", []):
+                if s.get("h") is not None:
+                    sizes.setdefault(int(s["si"]), (s["h"], s["w"]))
+        curve = entropy_by_scale(traces)
+        if curve.size:
+            n = max(n, curve.size)
+            ax.plot(np.arange(curve.size), curve, marker="o", ms=3, lw=1.1, label=str(label))
+    if n:
+        ax.set_xticks(range(n), labels=[f"{i}\n{sizes[i][0]}×{sizes[i][1]}" if i in sizes else str(i)
+                                        for i in range(n)], fontsize=7 if n <= 10 else 6)
+    ax.set_xlabel("scale (index, token grid h×w)")
+    ax.set_ylabel("mean predictive entropy (nats)")
+    ax.set_title(f"Predictive entropy per scale{(' · ' + title) if title else ''}", fontsize=9)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, out_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# everything for a paired frame
+
+def write_figures(paired, out: Path, baseline: str = "baseline", image_grids: bool = True,
+                  grid_rows: int = 4, grid_diff: bool = True) -> list[Path]:
+    """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces; the
+    qualitative image grid per group (:func:`varbench.analysis.image_grid.write_image_grids`, skipped with a
+    warning when the images cannot be read). Figures an earlier call wrote into ``out`` that this
+    one did not (a group or method no longer in the records) are removed, so the folder shows only
+    what the current table shows; files varbench did not write are never touched."""
+    out = Path(out)
+    written = _all_figures(paired, out, baseline, image_grids, grid_rows, grid_diff)
+    _forget_stale_figures(out, written)
+    return written
+
+
+FIGURES_MANIFEST = ".figures.json"
+
+
+def _forget_stale_figures(out: Path, written: list[Path]) -> None:
+    """Delete the files the previous call listed in ``out/.figures.json`` that ``written`` lacks,
+    then list ``written`` there."""
+    import json
+
+    from varbench.harness.store import atomic_write_bytes
+
+    manifest = out / FIGURES_MANIFEST
+    try:
+        before = set(json.loads(manifest.read_text())) if manifest.is_file() else set()
+    except (OSError, ValueError):
+        before = set()
+    now = {Path(p).name for p in written if p}
+    for name in sorted(before - now):
+        if "/" not in name and not name.startswith("."):   # only plain files of this folder
+            (out / name).unlink(missing_ok=True)
+    atomic_write_bytes(manifest, json.dumps(sorted(now), indent=1).encode())
+
+
+def _all_figures(paired, out: Path, baseline: str, image_grids: bool, grid_rows: int, grid_diff: bool) -> list[Path]:
+    from varbench.harness.records import RunEntry
+
+    written = speed_quality_scatter(paired, out, baseline=baseline)
+    group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
+    for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
+        key = key if isinstance(key, tuple) else (key,)
+        series = {}
+        for _, r in g.iterrows():
+            if not isinstance(r.get("path"), str) or not r.get("path"):
+                continue
+            traces = RunEntry.from_dir(r["path"]).read_traces()
+            if not traces:
+                continue
+            label = str(r["method_label"])
+            series[label if label not in series else f"{label} [{str(r['entry_id'])[:6]}]"] = traces
+            summ = keep_summary(traces)
+            if summ["keep"].size and (summ["pruned"] or np.nanmax(summ["skipped"], initial=0.0) > 0):
+                written.append(keep_ratio_heatmap(
+                    traces, out / f"keep_{slug(label)}_{str(r['entry_id'])[:8]}.png", title=label))
+        if any(entropy_by_scale(t).size for t in series.values()):
+            name = slug("_".join(str(k) for k in key)) if key else "all"
+            written.append(entropy_curves(series, out / f"entropy_vs_scale_{name}.png",
+                                          title=" · ".join(str(k) for k in key)))
+    if image_grids:
+        from varbench.analysis.image_grid import write_image_grids
+
+        try:
+            written += write_image_grids(paired, out, baseline=baseline, n_rows=grid_rows, diff=grid_diff)
+        except Exception as e:  # noqa: BLE001 - a figure must not sink the table; say why it is missing
+            warnings.warn(f"qualitative image grid not written: {type(e).__name__}: {e}", stacklevel=2)
+    return written
+
+
+def wandb_figures(paired, out: Path, baseline: str = "baseline", **kw) -> dict[str, Path]:
+    """Write every figure (:func:`write_figures`) and return them keyed for W&B logging:
+    ``{"figures/<file stem>": path}`` (e.g. ``figures/speed_vs_hpsv2_score``,
+    ``figures/image_grid``); log each with ``wandb.Image(str(path))``."""
+    return {f"figures/{p.stem}": p for p in write_figures(paired, out, baseline=baseline, **kw)}

@@ -1,0 +1,144 @@
+"""Hydra callbacks: aggregate a whole sweep into one table when the multirun ends."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+def failures_path(sweep_dir: str | Path) -> Path:
+    """Where the jobs of a sweep note their failures (one JSON line each): `<hydra.sweep.dir>/failed_jobs.jsonl`.
+    A job reads the folder from `HydraConfig.get().sweep.dir` (its task config has no `hydra` node)."""
+    return Path(sweep_dir) / "failed_jobs.jsonl"
+
+
+def read_failures(sweep_dir: str | Path) -> list[dict]:
+    """The failed jobs noted in the sweep's folder: ``{"overrides": [...], "error": str}`` each."""
+    path = failures_path(sweep_dir)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def report_failures(sweep_dir: str | Path, failed: list[dict] | None = None) -> int:
+    """Print the failed jobs of the sweep, one line per distinct error (a missing weight file fails
+    every job the same way: one line names them all by the overrides that differ); the number failed.
+    ``failed``: :func:`read_failures` of ``sweep_dir`` when the caller has read it already."""
+    failed = read_failures(sweep_dir) if failed is None else failed
+    if failed:
+        where = (f" (tracebacks in the job logs under {sweep_dir})" if any(f.get("traceback_logged", True) for f in failed)
+                 else "")
+        print(f"[varbench] {len(failed)} job(s) of this sweep failed{where}:")
+        by_error: dict[str, list[list[str]]] = {}
+        for f in failed:
+            by_error.setdefault(f["error"], []).append(list(f["overrides"]))
+        for error, jobs in by_error.items():
+            if len(jobs) == 1:
+                print(f"  FAILED {' '.join(jobs[0])}: {error}")
+                continue
+            shared = set.intersection(*(set(o) for o in jobs))
+            names = [" ".join(o for o in overrides if o not in shared) or "(same overrides)" for overrides in jobs]
+            print(f"  FAILED {len(jobs)} jobs ({', '.join(names)}; all with {' '.join(o for o in jobs[0] if o in shared)}): "
+                  f"{error}")
+    return len(failed)
+
+
+def _wandb_sink(cfg: DictConfig):
+    """The W&B sink of `cfg.logger` when it logs the sweep run (`logger=wandb`, `logger.log_sweep`), else None.
+    A bad logger setting is printed here (the jobs already reported it) and means no sweep run."""
+    from varbench.loggers.publish import sink_from_cfg
+
+    try:
+        sink = sink_from_cfg(cfg.get("logger"))
+    except Exception as e:  # noqa: BLE001 - the table matters more than its W&B copy
+        print(f"[varbench] W&B sweep run not logged: {e}")
+        return None
+    return sink if sink is not None and sink.log_sweep else None
+
+
+def aggregate_experiment(cfg: DictConfig, failed: list[dict] | None = None) -> Path | None:
+    """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/;
+    with `logger=wandb`, also the sweep-level W&B run (varbench.loggers.publish.log_sweep: the table,
+    table.md, figures and image grids), whose failure is printed and never fails the sweep.
+    `failed`: the sweep's failed jobs (:func:`read_failures`), named in the table's notes."""
+    from varbench.analysis.aggregate import aggregate
+    from varbench.core.errors import FixableError
+
+    src = Path(cfg.paths.store_dir) / str(cfg.experiment_name)
+    out = Path(cfg.paths.results_dir) / str(cfg.experiment_name)
+    sink = _wandb_sink(cfg)
+    try:
+        paired = aggregate(src, out, figures=sink is None, failed=failed or ())   # with W&B the figures are rendered once, below
+    except FixableError as e:   # unpaired rows, a broken seal, a garbled file, a read-only results folder
+        print(f"[varbench] no table written: {e}")
+        return None
+    if sink is not None:
+        from varbench.loggers.publish import log_sweep, sweep_figures
+
+        figures = sweep_figures(paired, out)
+        log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(paired))
+    print((out / "table.md").read_text(encoding="utf-8"))
+    print(f"[varbench] tables and figures: {out}")
+    return out
+
+
+def _announce_sweep_size(config: DictConfig) -> None:
+    """Count the sweep's jobs for their "job k/N" lines (:mod:`varbench.cli.report`); the count goes
+    into the environment, which launchers hand on to the jobs' processes."""
+    import os
+
+    from omegaconf import OmegaConf
+
+    from varbench.cli.report import ENV_SWEEP_JOBS, sweep_size
+
+    try:
+        params = config.hydra.sweeper.get("params")
+        params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+        n = sweep_size(list(config.hydra.overrides.task), params)
+    except Exception:  # noqa: BLE001 - the count is a courtesy; the line then says "job k"
+        n = None
+    if n is not None:
+        os.environ[ENV_SWEEP_JOBS] = str(n)
+    else:
+        os.environ.pop(ENV_SWEEP_JOBS, None)
+
+
+class AggregateOnMultirunEnd(Callback):
+    """Clears the sweep's failure notes at the start; at the end, aggregates the finished records,
+    reports the failed jobs and exits non-zero if any failed."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        failures_path(config.hydra.sweep.dir).unlink(missing_ok=True)  # a relaunch into the same folder
+        _announce_sweep_size(config)
+        if not str(config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
+            from varbench.core.interrupt import set_immediate
+
+            # the jobs run in other processes: Ctrl-C here only stops waiting for them
+            store = Path(config.paths.store_dir) / str(config.experiment_name)
+            set_immediate(True, farewell=(
+                "[varbench] stopped waiting; the submitted jobs keep running (scancel them to stop them). "
+                f"Once they finish: python -m varbench.analysis.aggregate {store} --out "
+                f"{Path(config.paths.results_dir) / str(config.experiment_name)}"))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        import os
+
+        from varbench.cli.report import ENV_SWEEP_JOBS
+
+        failed = read_failures(config.hydra.sweep.dir)
+        n_jobs = os.environ.get(ENV_SWEEP_JOBS)
+        try:
+            if n_jobs is not None and failed and len(failed) >= int(n_jobs):
+                # the table could only show earlier runs' records: reprinting it would look like success
+                out = Path(config.paths.results_dir) / str(config.experiment_name)
+                print(f"[varbench] no job of this sweep finished: no table written"
+                      + (f" ({out / 'table.md'} is from an earlier run)" if (out / "table.md").is_file() else ""))
+            elif config.get("aggregate", True):
+                aggregate_experiment(config, failed)
+        finally:
+            n_failed = report_failures(config.hydra.sweep.dir, failed)
+        if n_failed:
+            raise SystemExit(1)

@@ -1,0 +1,96 @@
+"""Build the runtime (model, VAE, text encoder) and the policy from a resolved config."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from varbench.engine.models.checkpoints import load_infinity_weights, require_file
+from varbench.engine.models.infinity import PRESETS, Infinity
+from varbench.engine.runtime import InfinityRuntime
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        from varbench.harness.config import ConfigError
+
+        raise ConfigError(f"runtime.device={name} but CUDA is not available here; use runtime.device=cpu (or auto)")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if name not in table:
+        from varbench.harness.config import ConfigError
+
+        raise ConfigError(f"runtime.dtype={name!r}; use auto, float32 or bfloat16")
+    return table[name]
+
+
+def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype) -> InfinityRuntime:
+    """Model presets with released weights, random weights, or the shipped toy model."""
+    if model_cfg.preset == "toy":
+        from varbench.engine.models.toy import load_toy_runtime
+
+        return load_toy_runtime(device=str(device))
+    from varbench.engine.models.bsq_vae import BSQVAE, load_vae
+    from varbench.engine.models.text import T5TextEncoder, WordTextEncoder
+
+    cfg = PRESETS[model_cfg.preset]
+    if model_cfg.random_weights:
+        torch.manual_seed(int(model_cfg.get("seed", 0) or 0))
+        with torch.device(device):
+            model = Infinity(cfg)
+            vae = BSQVAE(model_cfg.vae_preset)
+    else:
+        with torch.device("meta"):
+            model = Infinity(cfg)
+        model = model.to_empty(device="cpu")
+        load_infinity_weights(model, model_cfg.weights)
+        vae = load_vae(require_file(model_cfg.vae, "VAE weights"), model_cfg.vae_preset)
+    if model_cfg.text_encoder == "t5":
+        if model_cfg.random_weights:
+            raise ValueError("model.random_weights=true needs a text encoder without weights; set model.text_encoder=word")
+        text = T5TextEncoder(model_cfg.text_encoder_path)
+    elif model_cfg.text_encoder == "word":
+        text = WordTextEncoder(dim=cfg.text_channels, max_len=min(cfg.text_maxlen, 64))
+    else:
+        raise ValueError(f"model.text_encoder={model_cfg.text_encoder!r}; use t5 or word")
+    return InfinityRuntime(model, vae, text, device=device, dtype=dtype)
+
+
+def configure_runtime(rt: InfinityRuntime, runtime_cfg: Any) -> InfinityRuntime:
+    """Apply `runtime.cuda_graphs` (auto | true | false) and `runtime.fused_entropy` to a built runtime."""
+    graphs = str(runtime_cfg.get("cuda_graphs", "auto")).lower()
+    if graphs not in ("auto", "true", "false"):
+        raise ValueError(f"runtime.cuda_graphs={graphs!r}; use auto, true or false")
+    if graphs == "true" and rt.device.type != "cuda":
+        raise ValueError(f"runtime.cuda_graphs=true needs a CUDA device, but the runtime is on {rt.device}; "
+                         "use runtime.cuda_graphs=auto (or false)")
+    rt.cuda_graphs = rt.device.type == "cuda" if graphs == "auto" else graphs == "true"
+    rt.fused_entropy = bool(runtime_cfg.get("fused_entropy", True))
+    return rt
+
+
+def build_policy_from_cfg(method_cfg: Any):
+    from omegaconf import OmegaConf
+
+    from varbench.policies import build_policy
+
+    knobs = method_cfg.get("knobs")
+    knobs = OmegaConf.to_container(knobs, resolve=True) if knobs is not None else {}
+    return build_policy(method_cfg.name, **knobs)
+
+
+def generation_resolution(rt: InfinityRuntime, h_div_w: float, pn: str, schedule=None) -> list[int]:
+    from varbench.engine.models.schedules import scale_schedule
+
+    h, w = (schedule or scale_schedule(h_div_w, pn))[-1]
+    stride = rt.vae.cfg.patch_size * (2 if rt.cfg.patchify else 1) if hasattr(rt.vae, "cfg") else 16
+    return [h * stride, w * stride]
+

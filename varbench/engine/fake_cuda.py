@@ -1,0 +1,532 @@
+"""Run the CUDA code path of `InfinityRuntime.generate` without a GPU, at the real shapes.
+
+    with FakeCuda() as fc:
+        rt = fc.runtime("infinity_2b")                 # built on meta, materialised as fake CUDA
+        out = fc.generate(rt, policy, batch=8)         # cfg 4, 1024², bf16, cuda_graphs off
+    fc.report                                          # peak bytes, ops per scale, attention backends
+
+Everything runs under `torch._subclasses.fake_tensor.FakeTensorMode`: tensors have real shapes,
+dtypes, strides and devices (`cuda:0`) but no data and no memory, so a device mismatch, a wrong
+dtype or a shape error fails here as it would on the GPU. What the mode cannot do is stood in, and
+each stand-in is stated:
+
+- Host reads *inside a scale step* (`_GenState._run_core`) are errors: `_local_scalar_dense`
+  (`.item()`, `int(t)`, `.tolist()`) raises under fake tensors, ops with value-dependent output
+  shapes (`nonzero`, boolean indexing) raise, and the ops `tests/engine/test_cuda_graphs.py` lists as host
+  reads (`HOST_READS`, e.g. `torch.tensor(<host data>)` inside a step) raise `HostReadInStep`.
+- Host reads *between steps* are allowed, as on the GPU. Small tensors made outside steps from host
+  data (the text mask, `torch.ones`, ...) carry a real CPU "shadow" computed alongside (at most
+  `SHADOW_NUMEL` elements), so the runtime's one-off reads before the loop (text lengths) get their
+  true values. Policies see stand-ins: `StandInPolicy` hands `observe` real CPU tensors of the
+  signals' shapes and dtypes filled with seeded random values (entropies uniform in [0, ln 2] for
+  tokens and [0, ln(keys)] for attention, logits N(0, 1), query positions evenly spaced over the
+  scale) and runs `reset`/`plan`/`observe` on the CPU (`ctx.device="cpu"`); the plan's kept
+  indices reach the step as fake CPU tensors and the runtime moves them to the device as it does
+  for any host plan. An entropy-driven method's *decisions* depend on the weights anyway: the dry
+  run checks that its machinery runs at the real shapes, not which plan a trained model would get.
+  SkipVAR's intermediate decode runs the real VAE on fake tensors (its memory counts) and gives
+  the features random pixels of the decoded shape.
+- Attention: SDPA on fake tensors would fall back to the math kernel (no device to ask), which
+  materialises the L x Lk scores. The dry run chooses as CUDA's dispatcher does for these inputs
+  (`torch._C._get_sdp_priority_order()`; flash-attn for bf16/fp16 without a mask and head dim
+  <= 256 % 8, memory-efficient for fp32 or a mask, else math) and calls that kernel's meta
+  function. Every call's backend and dtypes are recorded (`report["attention"]`).
+- The Triton entropy kernel is not launched: its wrapper runs (casts, output allocation, strides)
+  and the launch is replaced by a check that every argument tensor is on the CUDA device.
+- CUDA events and `torch.cuda.synchronize` are no-ops; a per-image generator is a CPU generator
+  tagged with the CUDA device (no generator can be made without a driver), and every sampling call
+  checks that its generator's device matches its input's (the device check CUDA makes).
+
+Memory: every storage an op creates under the mode is counted from creation until its last tensor
+is freed (weakref finalisers), rounded up to the CUDA caching allocator's 512-byte blocks, as
+`torch.cuda.max_memory_allocated` counts. `peak_bytes` is the high-water mark of that count since
+`reset_peak()`: weights, KV cache and live activations; tests check it against
+`torch.distributed._tools.mem_tracker.MemTracker`. Allocator fragmentation, cuBLAS workspaces and
+the CUDA context are not in it (they are not in `max_memory_allocated` either, except workspaces).
+
+Ops per scale: the aten ops a scale step dispatches that launch device work (views, metadata and
+allocation-only ops excluded), about the kernel launches an eager step makes; a stood-in Triton
+kernel counts one.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import weakref
+from collections import defaultdict
+from typing import Any, Optional
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from varbench.engine.plan import ScaleSignals
+
+#: ops that read device values on the host or copy host data in (the list of tests/engine/test_cuda_graphs.py)
+HOST_READS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "_unique",
+              "_unique2", "unique_dim", "unique_consecutive", "repeat_interleave", "bincount", "histc",
+              "lift_fresh", "lift_fresh_copy"}
+#: ops that launch no device work (allocation, metadata)
+NO_LAUNCH = {"empty", "empty_like", "empty_strided", "empty_permuted", "_local_scalar_dense", "lift_fresh",
+             "detach", "alias", "_unsafe_view", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
+             "is_same_size", "_has_compatible_shallow_copy_type", "set_", "resize_"}
+SHADOW_NUMEL = 1 << 16
+BLOCK = 512   # CUDACachingAllocator's smallest block: every allocation is rounded up to it
+DEVICE = torch.device("cuda", 0)
+
+
+class HostReadInStep(RuntimeError):
+    """A scale step read a device value on the host (a sync on the GPU, a failure in graph capture)."""
+
+
+class DeviceMismatch(RuntimeError):
+    """A tensor or generator on another device than the op's inputs."""
+
+
+# ----------------------------------------------------------------------------------- memory + ops
+class _Ledger:
+    """Bytes of live fake storages, their high-water mark, and per-scale op counts."""
+
+    def __init__(self):
+        self.seen = WeakIdKeyDictionary()      # live storages (weakly held) -> their rounded bytes
+        self.now = self.peak = 0
+        self.step: Optional[int] = None         # scale of the step being run, None between steps
+        self.ops: dict[int, int] = defaultdict(int)
+        self.op_names: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count t's storage from now until it is freed (a weakref on the storage, as MemTracker
+        does: tensors themselves must stay free of weakrefs, `Module.to` swaps them)."""
+        if not isinstance(t, FakeTensor) or t.device.type != "cuda":
+            return
+        st = t.untyped_storage()
+        if st in self.seen:
+            return
+        nbytes = -(-st.nbytes() // BLOCK) * BLOCK
+        self.seen[st] = nbytes
+        self.now += nbytes
+        self.peak = max(self.peak, self.now)
+        weakref.finalize(st, self._release, nbytes)
+
+    def _release(self, nbytes: int) -> None:
+        self.now -= nbytes
+
+    def reset_peak(self) -> None:
+        self.peak = self.now
+
+
+def _to_cpu_device(v):
+    if isinstance(v, torch.device) and v.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(v, str) and v.startswith("cuda"):
+        return "cpu"
+    return v
+
+
+class _DryRunMode(TorchDispatchMode):
+    """Counts storages and ops, refuses host reads inside steps, keeps CPU shadows of small host data."""
+
+    def __init__(self, ledger: _Ledger):
+        super().__init__()
+        self.ledger = ledger
+        self.shadows = WeakIdKeyDictionary()   # fake tensor -> its real CPU shadow
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        led = self.ledger
+        if led.step is not None:
+            bool_index = name == "index" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                                 for i in (args[1] if len(args) > 1 else []) if i is not None)
+            if name in HOST_READS or bool_index:
+                raise HostReadInStep(f"scale step {led.step}: {func} reads a device value on the host (or copies "
+                                     "host data in); move it before the loop or into policy.observe")
+            if name not in NO_LAUNCH and not func.is_view and func.namespace == "aten":
+                led.ops[led.step] += 1
+                led.op_names[led.step][name] += 1
+        elif name in ("_local_scalar_dense", "item") and args[0] in self.shadows:
+            with unset_fake_temporarily():
+                return self.shadows[args[0]].item()
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                led.track(t)
+        if led.step is None:
+            self._shadow(func, args, kwargs, out)
+        return out
+
+    def _shadow(self, func, args, kwargs, out) -> None:
+        """Outside steps: compute `func` on the CPU shadows too when every tensor input has one."""
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs or any(not isinstance(t, FakeTensor) or t.numel() > SHADOW_NUMEL for t in outs):
+            return
+        flat_in = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if any(a not in self.shadows for a in flat_in):
+            return
+        if not flat_in and func.overloadpacket.__name__.startswith("empty"):
+            return  # uninitialised memory: nothing to shadow
+        real_args, real_kwargs = tree_map(lambda a: self.shadows[a] if isinstance(a, torch.Tensor) else _to_cpu_device(a),
+                                          (args, kwargs))
+        try:
+            with unset_fake_temporarily():
+                res = func(*real_args, **real_kwargs)
+        except Exception:  # noqa: BLE001 - a shadow is a convenience; without one a read raises as usual
+            return
+        for f, r in zip(outs, [r for r in tree_flatten(res)[0] if isinstance(r, torch.Tensor)]):
+            if f is not None and r.shape == f.shape:
+                self.shadows[f] = r
+
+
+# ----------------------------------------------------------------------------------- attention
+def cuda_sdpa_backend(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False) -> str:
+    """The SDPA backend CUDA (sm80+) picks for these inputs: the enabled backends in the dispatcher's
+    priority order, each with the input conditions of `sdp_utils.cpp` that matter here."""
+    same = q.dtype == k.dtype == v.dtype
+    c, cv = q.shape[-1], v.shape[-1]
+    last_dense = all(t.stride(-1) == 1 for t in (q, k, v))
+    names = {1: "flash", 2: "efficient", 0: "math"}
+    for b in torch._C._get_sdp_priority_order():
+        name = names.get(int(b))
+        if name == "flash" and torch.backends.cuda.flash_sdp_enabled() and same and attn_mask is None \
+                and q.dtype in (torch.float16, torch.bfloat16) and c == cv and c % 8 == 0 and c <= 256 and last_dense:
+            return "flash"
+        if name == "efficient" and torch.backends.cuda.mem_efficient_sdp_enabled() and same and last_dense \
+                and q.dtype in (torch.float16, torch.bfloat16, torch.float32) and c % (8 if q.dtype != torch.float32 else 4) == 0:
+            return "efficient"
+        if name == "math" and torch.backends.cuda.math_sdp_enabled():
+            return "math"
+    return "math"
+
+
+class _CudaSdpa(TorchFunctionMode):
+    """Routes SDPA on fake CUDA tensors to the kernel CUDA would pick; records every call."""
+
+    def __init__(self, calls: list):
+        super().__init__()
+        self.calls = calls
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            if q.device.type == "cuda":
+                if not (q.device == k.device == v.device):
+                    raise DeviceMismatch(f"attention inputs on {q.device}, {k.device}, {v.device}")
+                mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+                scale = kwargs.get("scale")
+                backend = cuda_sdpa_backend(q, k, v, mask)
+                self.calls.append({"backend": backend, "dtype": str(q.dtype).replace("torch.", ""),
+                                   "kv_dtype": str(k.dtype).replace("torch.", ""), "q": tuple(q.shape), "k": tuple(k.shape)})
+                if backend == "flash":
+                    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, scale=scale)[0]
+                if backend == "efficient":
+                    bias = None
+                    if mask is not None:
+                        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf")) \
+                            if mask.dtype == torch.bool else mask
+                        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+                    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, scale=scale)[0]
+        return func(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------- stand-ins
+class _NoEvent:
+    def __init__(self, *a, **k):
+        pass
+
+    def record(self, *a, **k):
+        pass
+
+    def elapsed_time(self, other) -> float:
+        return 0.0
+
+
+_GEN_DEVICE = WeakIdKeyDictionary()   # stand-in generator -> the device it stands in for
+
+
+def _tagged_generator(device, seed):
+    g = torch.Generator()
+    g.manual_seed(int(seed))
+    _GEN_DEVICE[g] = torch.device(device)
+    return g
+
+
+class _StandInKernel:
+    """`flash_entropy._kernel(...)`: `[grid](*args)` checks the launch's tensors instead of running it."""
+
+    def __init__(self, ledger: _Ledger):
+        self.ledger = ledger
+
+    def __call__(self, interpret):
+        return self
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            devs = {a.device for a in args if isinstance(a, torch.Tensor)}
+            if devs != {DEVICE}:
+                raise DeviceMismatch(f"Triton entropy kernel launched with tensors on {sorted(map(str, devs))}")
+            if self.ledger.step is not None:
+                self.ledger.ops[self.ledger.step] += 1
+                self.ledger.op_names[self.ledger.step]["triton_flash_entropy"] += 1
+        return launch
+
+
+class StandInPolicy:
+    """Wraps a policy: its reset/plan/observe run on the CPU on stand-in signals (see the top)."""
+
+    def __init__(self, inner, fc: "FakeCuda", seed: int = 0):
+        self.inner, self.fc = inner, fc
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self.gen = torch.Generator().manual_seed(seed)
+
+    @property
+    def per_image_decisions(self) -> bool:
+        return self.inner.per_image_decisions
+
+    def fork(self) -> "StandInPolicy":
+        """One stand-in per image (per-image decisions, `varbench.engine.batch_split`), each with its own
+        stand-in draws, so the images of a batch diverge and the batch splits as it may on a GPU."""
+        self._forks = getattr(self, "_forks", 0) + 1
+        return StandInPolicy(self.inner.fork(), self.fc, int(self.gen.initial_seed()) + self._forks)
+
+    def no_effect_reason(self):
+        return self.inner.no_effect_reason()
+
+    def reset(self, ctx):
+        with unset_fake_temporarily():
+            self.inner.reset(dataclasses.replace(ctx, device="cpu"))
+
+    def plan(self, si):
+        with unset_fake_temporarily():
+            plan = self.inner.plan(si)
+        blocks = {bi: (bp if bp.keep is None else dataclasses.replace(bp, keep=self.fc.mode.from_tensor(bp.keep)))
+                  for bi, bp in plan.blocks.items()}
+        return dataclasses.replace(plan, blocks=blocks)
+
+    def _standin(self, t: Optional[torch.Tensor], hi: float, n: Optional[int] = None) -> Optional[torch.Tensor]:
+        if t is None:
+            return None
+        with unset_fake_temporarily():
+            if not t.dtype.is_floating_point:   # query positions: evenly spaced over the scale's n tokens
+                rows, k = t.shape
+                return torch.linspace(0, n - 1, k).round().long().expand(rows, k).clone()
+            if hi < 0:
+                return torch.randn(t.shape, generator=self.gen).to(t.dtype)
+            return (torch.rand(t.shape, generator=self.gen) * hi).to(t.dtype)
+
+    def observe(self, si, sig: ScaleSignals):
+        n = sig.h * sig.w
+        kv_len = max(n, 2)   # at least this scale's tokens are keys: ln(n) bounds a stand-in entropy
+        stand = dataclasses.replace(
+            sig, token_entropy=self._standin(sig.token_entropy, math.log(2)),
+            logits=self._standin(sig.logits, -1), cond_logits=self._standin(sig.cond_logits, -1),
+            attention_entropy={bi: self._standin(e, math.log(kv_len)) for bi, e in sig.attention_entropy.items()},
+            attention_query_index={bi: self._standin(i, 0, n) for bi, i in sig.attention_query_index.items()},
+            summed_codes=self._standin(sig.summed_codes, -1),
+            decode=None if sig.decode is None else _StandInDecoder(self.fc, sig.decode.__self__).decode)
+        with unset_fake_temporarily():
+            self.inner.observe(si, stand)
+
+    def stats(self):
+        with unset_fake_temporarily():
+            return self.inner.stats()
+
+
+class _StandInDecoder:
+    """`ScaleSignals.decode` for a stand-in policy: the real VAE on fake tensors, random pixels back."""
+
+    def __init__(self, fc: "FakeCuda", rt):
+        self.fc, self.rt = fc, rt
+        self.vae = self  # SkipVAR's float_decoder looks for `decode.__self__.vae.decode`
+
+    def _fake(self, codes):
+        with self.fc.mode:
+            return torch.empty(codes.shape, dtype=codes.dtype, device=DEVICE)
+
+    def decode(self, codes):
+        fake = self._fake(codes)
+        if fake.ndim == 4:  # the VAE's own decode (float path)
+            out = self.rt.vae.decode(fake)
+        else:
+            out = self.rt.decode(fake)
+        with unset_fake_temporarily():
+            lo = torch.rand(out.shape) * 2 - 1
+            return lo if out.dtype.is_floating_point else ((lo + 1) * 127.5).to(out.dtype)
+
+
+class _MemoFullBlock:
+    """`_GenState._full_block` for the dry run: a full block's fake computation depends only on
+    (scale, input shape and dtype, rows, this block's KV length and whether its KV buffer exists),
+    so after two real runs with the same key agree on their transient peak and op count, further
+    blocks with that key are stood in by what a real block leaves behind (its K/V appended to the
+    cache through the runtime's own `_KVCache.append`, a new residual stream tensor) with the
+    measured transient peak added to the ledger and the measured ops counted. Blocks under a plan
+    (`_block`) always run for real."""
+
+    def __init__(self, real, ledger: _Ledger):
+        self.real, self.led = real, ledger
+        self.memo: dict = {}
+
+    def __get__(self, state, owner=None):
+        return lambda si, bi, x: self(state, si, bi, x)
+
+    def __call__(self, state, si, bi, x):
+        led = self.led
+        key = (si, tuple(x.shape), x.dtype, state.rows, state.kv.len[bi], state.kv.kv[bi] is None)
+        seen = self.memo.get(key)
+        if seen is None or seen[0] < 2:
+            now0, outer_peak, ops0 = led.now, led.peak, led.ops[si]
+            names0 = dict(led.op_names[si])
+            led.peak = now0
+            out = self.real(state, si, bi, x)
+            delta = (led.peak - now0, led.ops[si] - ops0,
+                     {k: v - names0.get(k, 0) for k, v in led.op_names[si].items() if v != names0.get(k, 0)})
+            led.peak = max(outer_peak, led.peak)
+            if seen is None:
+                self.memo[key] = (1, delta)
+            elif seen[1] == delta:
+                self.memo[key] = (2, delta)
+            return out
+        transient, ops, names = seen[1]
+        now0, ops0, names0 = led.now, led.ops[si], dict(led.op_names[si])
+        bc = state.consts[bi]
+        rows, n, c = x.shape
+        kv = torch.empty((2, rows, bc.heads, n, c // bc.heads), dtype=torch.float32, device=x.device)
+        state.kv.append(bi, kv, state.kv_dtype)
+        del kv
+        out = torch.empty_like(x)
+        led.peak = max(led.peak, now0 + transient)
+        led.ops[si] = ops0 + ops
+        led.op_names[si] = defaultdict(int, names0)
+        for k, v in names.items():
+            led.op_names[si][k] += v
+        return out
+
+
+def _checked_noop_to(module: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
+    """`Module.to` for fake parameters (which `Module._apply` cannot swap in torch 2.14): the
+    runtime's `.to(device)` / `.to(dtype)` calls must be no-ops on a model materialised on the
+    device in the runtime's dtypes; a call that would move or cast something is refused."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if (device is not None and t.device != torch.device(device) and not
+                (torch.device(device).type == t.device.type == "cuda" and torch.device(device).index is None)) or \
+                (dtype is not None and t.is_floating_point() and t.dtype != dtype):
+            raise RuntimeError(f"dry run: {type(module).__name__}.to({device}, {dtype}) would change {name} "
+                               f"({t.device}, {t.dtype}); materialise it so in FakeCuda.runtime")
+    return module
+
+
+# ----------------------------------------------------------------------------------- the session
+class FakeCuda:
+    """A fake-CUDA session: the modes, the stand-ins and the ledger (see the module docstring)."""
+
+    def __init__(self, memo_blocks: bool = True):
+        """`memo_blocks`: run each (scale, input shape) full block twice for real and stand in the
+        rest by their effect (see `_MemoFullBlock`): the same peak and op counts (a test checks it
+        against memo_blocks=False) in about 2/depth of the time."""
+        self.memo_blocks = memo_blocks
+        self.ledger = _Ledger()
+        self.attention: list[dict] = []
+        self.mode = FakeTensorMode(allow_non_fake_inputs=False)
+        self._stack: Optional[contextlib.ExitStack] = None
+
+    def __enter__(self) -> "FakeCuda":
+        from varbench.engine import runtime
+        from varbench.engine.kernels import flash_entropy
+
+        from varbench.engine.models import schedules
+
+        s = self._stack = contextlib.ExitStack()
+        # a module-level cache of CPU tensors: real ones must not enter the fake mode, fake ones must
+        # not outlive it (a later real run in this process would get them)
+        schedules._freqs_grid.cache_clear()
+        s.callback(schedules._freqs_grid.cache_clear)
+        s.enter_context(mock.patch.object(torch.cuda, "Event", _NoEvent))
+        s.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
+        s.enter_context(mock.patch.object(runtime, "new_generator", _tagged_generator))
+        s.enter_context(mock.patch.object(flash_entropy, "_kernel", _StandInKernel(self.ledger)))
+        s.enter_context(mock.patch.object(torch, "multinomial", self._multinomial))
+        led = self.ledger
+        run_core = runtime._GenState._run_core
+
+        def stepped(state, si, *a, **k):
+            led.step = si
+            try:
+                return run_core(state, si, *a, **k)
+            finally:
+                led.step = None
+
+        s.enter_context(mock.patch.object(runtime._GenState, "_run_core", stepped))
+        if self.memo_blocks:
+            s.enter_context(mock.patch.object(runtime._GenState, "_full_block",
+                                              _MemoFullBlock(runtime._GenState._full_block, led)))
+        s.enter_context(self.mode)
+        self.dispatch = _DryRunMode(self.ledger)
+        s.enter_context(self.dispatch)
+        s.enter_context(_CudaSdpa(self.attention))
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+    _real_multinomial = staticmethod(torch.multinomial)
+
+    def _multinomial(self, input, *args, generator=None, **kwargs):
+        if generator is not None:
+            gdev = _GEN_DEVICE.get(generator, generator.device)
+            if gdev != input.device:
+                raise DeviceMismatch(f"multinomial on {input.device} with a generator on {gdev}")
+            generator = None  # the fake kernel draws nothing; a CPU generator would be refused by it
+        return FakeCuda._real_multinomial(input, *args, generator=generator, **kwargs)
+
+    # ------------------------------------------------------------------ building
+    def runtime(self, preset: str | Any, *, depth: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
+                fused_entropy: bool = True):
+        """Infinity (a PRESETS name or an InfinityConfig, optionally with `depth` blocks) + its VAE,
+        built on meta and materialised as fake CUDA tensors, blocks cast to `dtype` before
+        materialising (as `experiments.device_bench` builds them), cuda_graphs off."""
+        from varbench.engine.models.bsq_vae import BSQVAE
+        from varbench.engine.models.infinity import PRESETS, Infinity
+        from varbench.engine.runtime import InfinityRuntime
+
+        cfg = PRESETS[preset] if isinstance(preset, str) else preset
+        if depth is not None:
+            cfg = dataclasses.replace(cfg, depth=depth, block_chunks=math.gcd(depth, cfg.block_chunks))
+        with unset_fake_temporarily(), torch.device("meta"):
+            model, vae = Infinity(cfg), BSQVAE(cfg.vae)
+            if dtype != torch.float32:
+                for b in model.blocks:
+                    b.to(dtype)
+        # `to_empty`, with the meta tensors' shapes and dtypes given to the fake mode as plain numbers
+        fresh = lambda t: torch.empty(t.shape, dtype=t.dtype, device=DEVICE)  # noqa: E731
+        model, vae = model._apply(fresh), vae._apply(fresh)
+        with mock.patch.object(torch.nn.Module, "to", _checked_noop_to):
+            return InfinityRuntime(model, vae, None, device=DEVICE, dtype=dtype, ca_bf16=True, cuda_graphs=False,
+                                   fused_entropy=fused_entropy)
+
+    def text(self, cfg, batch: int, length: int = 30):
+        """Pre-encoded text as `experiments.device_bench` uses: `length` real tokens per prompt."""
+        from varbench.engine.models.text import TextBatch
+
+        length = min(length, cfg.text_maxlen)
+        return TextBatch(torch.empty(batch, length, cfg.text_channels, device=DEVICE),
+                         torch.ones(batch, length, dtype=torch.bool, device=DEVICE), [length] * batch)
+
+    def generate(self, rt, policy, batch: int, *, pn: str = "1M", cfg: float = 4.0, text_len: int = 30, seed: int = 0):
+        """One generation of `batch` images under a stand-in of `policy`; the ledger's peak is reset
+        first, so `self.ledger.peak` afterwards is that generation's peak (weights included)."""
+        text = self.text(rt.cfg, batch, text_len)
+        self.ledger.reset_peak()
+        self.ledger.ops.clear()
+        self.ledger.op_names.clear()
+        self.attention.clear()
+        return rt.generate([""] * batch, list(range(batch)), StandInPolicy(policy, self, seed), pn=pn, cfg=cfg,
+                           text=text, decode=True)

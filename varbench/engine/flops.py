@@ -1,0 +1,162 @@
+"""Analytic FLOPs from what the runtime executed (a multiply-add counts 2).
+
+Counted per scale from its trace entry (rows = 2B with CFG, executed tokens per block/sublayer):
+  self-attention  qkv projection 2*rows*n_qkv*C*3C, scores and weighted sum 2*2*rows*n_q*n_kv*C,
+                  output projection 2*rows*n_q*C^2
+  cross-attention q projection 2*rows*n_q*C^2, scores and sum 2*2*n_q*(text tokens over rows)*C,
+                  output projection 2*rows*n_q*C^2
+  FFN             2*2*rows*n_q*C*hidden
+  head            2*rows*L*C*(2d)      next-scale word embedding 2*B*L*d*C
+  entropy signal  2*rows*n_ent*n_kv*C (the extra score pass for requested attention entropies)
+Per generation (`text_flops`): the pooled SOS, the text projection for cross-attention and each
+block's text K/V projection (computed once per generation by this runtime). Norms, RoPE,
+softmax exponentials and AdaLN vectors are not counted: they are O(L*C), not O(L*C^2).
+These are hardware-independent numbers CI can gate on.
+
+All of the above is the **transformer only** (``flops.total``; the "text" part is the transformer's
+own text-side projections, not the T5 encoder). The stages around it, the text encoder and the VAE
+decoder, are counted in :mod:`varbench.engine.stage_flops`; :func:`with_end_to_end` adds them to an
+image's work and ``flops.end_to_end`` = transformer + text encoder + VAE decode. The decoder is
+~8.6% of the 2B baseline at 1024², so a method's end-to-end ratio is lower than its transformer one.
+"""
+from __future__ import annotations
+
+
+def scale_flops(cfg, tr: dict) -> float:
+    """FLOPs of one scale from its trace entry (0 for a skipped scale)."""
+    if not tr.get("ran"):
+        return 0.0
+    c, hid, d = cfg.embed_dim, cfg.ffn_hidden, cfg.codebook_dim
+    rows, n = tr["rows"], tr["tokens"]
+    text = tr["text_tokens"]
+    total = 0.0
+    for b in tr["blocks"]:
+        if b["mode"] == "skip":
+            continue
+        total += 2 * rows * b["qkv"] * c * 3 * c
+        total += 4 * rows * b["sa"] * b["kv"] * c
+        total += 2 * rows * b["sa"] * c * c
+        total += 2 * rows * b["ca"] * c * c * 2 + 4 * b["ca"] * text * c
+        total += 4 * rows * b["ffn"] * c * hid
+        total += 2 * rows * b.get("ent_q", 0) * b["kv"] * c
+    total += 2 * rows * n * c * 2 * d
+    if tr["si"] > 0:
+        total += 2 * tr["batch"] * n * d * c
+    return float(total)
+
+
+def text_flops(cfg, text_tokens: int, rows: int) -> float:
+    """Per-generation text-side FLOPs over `text_tokens` tokens summed over the rows."""
+    c, ct5 = cfg.embed_dim, cfg.text_channels
+    pool = 2 * text_tokens * ct5 * 2 * c + 2 * rows * c * c
+    proj = 2 * text_tokens * (ct5 * c + c * c)
+    per_block_kv = 2 * text_tokens * c * 2 * c * cfg.depth
+    return float(pool + proj + per_block_kv)
+
+
+def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tokens: dict[int, int]) -> list[dict]:
+    """The trace the runtime records for `plans`, derived from the plans alone (no model run).
+
+    Valid for plans whose shapes do not depend on signals (static `n_keep`); lets CI count the
+    FLOPs of a 2B/8B configuration without running it. `text_tokens` maps a row count to the text
+    tokens summed over those rows. `tests/engine/test_runtime.py` checks it against real runtime traces.
+    """
+    from varbench.policies.common import is_neutral
+
+    rows_full = 2 * batch if cfg_rows else batch
+    rows = rows_full
+    kv = [0] * depth
+    out = []
+    for si, ((h, w), plan) in enumerate(zip(schedule, plans)):
+        n = h * w
+        if not plan.run:
+            out.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": batch, "tokens": n, "blocks": [],
+                        "neutral": False})
+            continue
+        if plan.drop_uncond and cfg_rows:
+            rows = batch
+        blocks = []
+        for bi in range(depth):
+            bp = plan.blocks.get(bi)
+            mode = bp.mode if bp else "full"
+            c = {"mode": mode, "sa": 0, "kv": kv[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
+            if mode != "skip":
+                k = {sub: (bp.n_keep if (mode == "prune" and sub in bp.sublayers) else n) for sub in ("sa", "ca", "ffn")}
+                c.update(k)
+                c["qkv"] = k["sa"] if (mode == "prune" and bp.prune_kv) else n
+                kv[bi] += c["qkv"]
+                c["kv"] = kv[bi]
+                if bi in plan.attention_entropy_for:
+                    q = c["sa"]
+                    c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
+            blocks.append(c)
+        out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
+                    "text_tokens": text_tokens[rows], "blocks": blocks, "neutral": is_neutral(plan)})
+    return out
+
+
+def image_work(flops: dict, trace: list[dict]) -> dict:
+    """One image's work, for its trace row: its FLOPs (`GenerationOutput.image_flops`: each scale's
+    count divided by the images of the (sub-)batch that ran it, text tokens averaged over the batch;
+    exact per image with per-image plans or ``runtime.batch_size=1``), executed token-layers (per
+    block the mean over its sublayers of the tokens it ran, summed over blocks and run scales) and
+    the dense count a full forward would execute."""
+    executed = sum((b["sa"] + b["ca"] + b["ffn"]) / 3 for tr in trace if tr["ran"]
+                   for b in tr["blocks"] if b["mode"] != "skip")
+    depth = max((len(tr["blocks"]) for tr in trace if tr["ran"]), default=0)
+    dense = sum(tr["tokens"] for tr in trace) * depth
+    return {"flops": {"total": flops["total"], "text": flops["text"], "per_scale": list(flops["per_scale"])},
+            "executed_tokens": float(executed), "dense_tokens": int(dense)}
+
+
+def with_end_to_end(work: dict, text_encoder: float | None, vae_decode: float | None) -> dict:
+    """``work`` (from :func:`image_work`) with its ``flops`` block extended by the stages around the
+    transformer (:mod:`varbench.engine.stage_flops`, per image): ``text_encoder``, ``vae_decode`` and
+    ``end_to_end`` = transformer total + both (None when either is not countable)."""
+    f = work["flops"]
+    f["text_encoder"], f["vae_decode"] = text_encoder, vae_decode
+    f["end_to_end"] = None if text_encoder is None or vae_decode is None else f["total"] + text_encoder + vae_decode
+    return work
+
+
+def end_to_end_summary(rows: list[dict]) -> dict:
+    """Means over trace rows' ``work.flops`` of ``text_encoder``, ``vae_decode`` and ``end_to_end``
+    (None when any row lacks one: rows stored before these counts existed, or an uncountable
+    stage), and the spread of per-image ``end_to_end``."""
+    out = {}
+    for key in ("text_encoder", "vae_decode", "end_to_end"):
+        vals = [r["work"]["flops"].get(key) for r in rows]
+        out[key] = None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
+    e2e = [r["work"]["flops"]["end_to_end"] for r in rows] if out["end_to_end"] is not None else []
+    out["end_to_end_per_image"] = _spread(e2e)
+    return out
+
+
+def _spread(values: list[float]) -> dict:
+    import statistics
+
+    if not values:
+        return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values), "max": max(values)}
+
+
+def work_summary(rows: list[dict]) -> dict:
+    """The record's ``flops`` and ``work`` blocks from per-image trace rows (see
+    :func:`image_work`): means over the images, with the spread (n, mean, std, min, max) of
+    per-image FLOPs, executed token-layers and keep fraction. Adaptive methods (NOVA, ToProVAR,
+    SkipVAR) do different work per prompt; the spread says how much."""
+    rows = [r for r in rows if r.get("work")]
+    if not rows:
+        return {"flops": None, "work": None}
+    totals = [r["work"]["flops"]["total"] for r in rows]
+    texts = [r["work"]["flops"]["text"] for r in rows]
+    per_scale = [sum(col) / len(rows) for col in zip(*[r["work"]["flops"]["per_scale"] for r in rows])]
+    executed = [r["work"]["executed_tokens"] for r in rows]
+    keep = [r["work"]["executed_tokens"] / r["work"]["dense_tokens"] for r in rows if r["work"]["dense_tokens"]]
+    flops = {"total": sum(totals) / len(rows), "text": sum(texts) / len(rows), "ar": sum(per_scale),
+             "per_scale": per_scale, "per_image": _spread(totals)}
+    flops.update(end_to_end_summary(rows))   # + text encoder, VAE decode, end to end
+    work = {"executed_tokens": _spread(executed), "dense_tokens": rows[0]["work"]["dense_tokens"],
+            "keep_fraction": _spread(keep)}
+    return {"flops": flops, "work": work}

@@ -1,0 +1,68 @@
+"""The policy interface every acceleration method implements.
+
+A policy is a small object with per-generation state:
+
+    policy.reset(ctx)                # at every generation start (no stale state between images)
+    plan = policy.plan(si)           # before scale si runs
+    policy.observe(si, signals)      # after scale si is sampled
+    policy.stats()                   # JSON-able summary of what it did to this generation
+    policy.no_effect_reason()        # optional: why the last generation's plans were all neutral
+
+Batches: a policy whose decisions are per image (`per_image_decisions`, an adaptive method with
+`batch_rule: per_image`) is forked once per image at batch > 1 and each copy is reset for a batch
+of one; the runtime groups images whose plans agree into sub-batches (`varbench.engine.batch_split`).
+Other policies see the whole batch and emit one plan for it.
+
+Methods that only reshape plans (FastVAR, skip baselines) ignore `observe`; entropy-driven methods
+(NOVA, ToProVAR) decide later scales from earlier signals. `observe` may read GPU tensors to the
+host: it runs between scale steps, never inside one.
+"""
+from __future__ import annotations
+
+import abc
+import copy
+from typing import Any, Optional
+
+from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals
+
+
+class Policy(abc.ABC):
+    #: registry name, e.g. "fastvar"
+    name: str = "policy"
+    #: True when the plan depends on observed signals, so the work varies by prompt (the timed pass
+    #: then times ``timing.prompts`` prompts instead of ``timing.prompts_static``)
+    adaptive: bool = False
+
+    #: decisions are made per image: at batch > 1 the runtime runs one fork per image (see above)
+    per_image_decisions: bool = False
+
+    def reset(self, ctx: GenerationContext) -> None:
+        self.ctx = ctx
+
+    def fork(self) -> "Policy":
+        """An independent copy for one image of a batch. Shallow: configuration is shared, and
+        `reset` must rebind (never mutate in place) every piece of per-generation state."""
+        return copy.copy(self)
+
+    @abc.abstractmethod
+    def plan(self, si: int) -> ScalePlan:
+        """The plan for scale `si` (called once per scale, in order)."""
+
+    def observe(self, si: int, signals: ScaleSignals) -> None:
+        """Signals measured at scale `si` (after sampling)."""
+
+    def stats(self) -> dict[str, Any]:
+        """What this policy did to the last generation (goes into the per-image trace)."""
+        return {}
+
+    def no_effect_reason(self) -> Optional[str]:
+        """Why this policy's plans for the last generation changed nothing, in one line that names
+        the policy (e.g. ``"fastvar: no schedule width in 32/40/48/64 at h/w 1.25 (1M)"``); None
+        when it did change something or has no specific reason (the job then says "every plan was
+        neutral"). Called only after a generation whose every plan was neutral
+        (:func:`varbench.policies.common.is_neutral`), so it may read per-generation state."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        """The policy's configuration, for the run record."""
+        return {"name": self.name}

@@ -1,0 +1,145 @@
+"""Analytic FLOPs of the two stages around the transformer: the text encoder and the VAE decoder.
+
+`varbench/engine/flops.py` counts the transformer (the AR loop and its text-side projections): the part
+acceleration methods change. A user waits for the whole pipeline, so records and tables also
+carry an end-to-end count (transformer + text encoder + VAE decode). Same convention as flops.py
+and as ``torch.utils.flop_counter.FlopCounterMode``: a multiply-add counts 2; convolutions and
+matrix products only (norms, activations, residual adds, upsampling copies, softmax and biases
+are O(elements), not counted). The tests check each count against FlopCounterMode exactly.
+
+What runs, and so what is counted:
+  VAE decoder   once per image, on the final latent grid, whatever the method did: a skipped scale
+                only adds no codes, the summed codes (and the decode) stay at the full grid
+                (``runtime._GenState.latent_size`` is the schedule's last grid). Every convolution
+                of :class:`varbench.engine.models.bsq_vae.Decoder` (conv_in, mid and up ResNet blocks,
+                1x1 shortcuts, upsampling convs, conv_out); the decoder has no attention (the
+                released checkpoints hold no attention weights).
+  T5 encoder    flan-t5-xl over the *padded* sequence: the released pipeline and this runtime
+                tokenise with ``padding="max_length"`` (512) and the encoder computes every
+                position; the attention mask only hides pads. So a prompt costs the same whatever
+                its length (~1.24 TFLOPs on flan-t5-xl). A negative prompt is one more encode per
+                generation (encoded even with CFG off), shared by the batch's images.
+  word encoder  the tiny/toy encoder's transformer layers over the batch's padded length (the
+                embedding lookup is free); 0 with no layers.
+Not counted: SkipVAR's two small feature decodes at its decision scale (policy-side work), the
+image -> uint8 conversion.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+#: google/flan-t5-xl's encoder as published (config.json): what the released models condition on.
+FLAN_T5_XL = {"d_model": 2048, "d_ff": 5120, "d_kv": 64, "num_heads": 32, "num_layers": 24, "gated": True}
+#: the tokenizer's padded length in the released pipeline (and :class:`varbench.engine.models.text.T5TextEncoder`)
+T5_MAX_LENGTH = 512
+
+
+# -- VAE decoder ------------------------------------------------------------------------------
+def _conv(c_in: int, c_out: int, k: int, h: int, w: int) -> int:
+    return 2 * c_in * c_out * k * k * h * w
+
+
+def _resblock(c_in: int, c_out: int, h: int, w: int) -> int:
+    f = _conv(c_in, c_out, 3, h, w) + _conv(c_out, c_out, 3, h, w)
+    return f + (_conv(c_in, c_out, 1, h, w) if c_in != c_out else 0)
+
+
+def decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
+    """FLOPs of one image's decode: :class:`~varbench.engine.models.bsq_vae.Decoder` built from
+    :class:`~varbench.engine.models.bsq_vae.VAEConfig` ``cfg`` on a (h, w) latent grid (the VAE's grid:
+    for the 8B patchify VAE twice the transformer's last grid). Mirrors the decoder's layer walk."""
+    h, w = (int(v) for v in latent_hw)
+    if h < 1 or w < 1:
+        raise ValueError(f"decoder_flops: latent grid {tuple(latent_hw)} must be positive (h, w)")
+    ch, mult, n = cfg.base_ch, tuple(cfg.ch_mult), len(cfg.ch_mult)
+    c = ch * mult[-1]
+    total = _conv(cfg.codebook_dim, c, 3, h, w) + 2 * _resblock(c, c, h, w)   # conv_in, mid
+    for level in reversed(range(n)):                   # coarsest level first, as Decoder.forward
+        c_out = ch * mult[level]
+        for _ in range(cfg.num_res_blocks + 1):
+            total += _resblock(c, c_out, h, w)
+            c = c_out
+        if 1 <= level <= cfg.num_down:                 # nearest 2x, then a 3x3 conv at the new size
+            h, w = 2 * h, 2 * w
+            total += _conv(c, c, 3, h, w)
+    return float(total + _conv(c, cfg.in_channels, 3, h, w))   # conv_out
+
+
+# -- text encoders ----------------------------------------------------------------------------
+def t5_encoder_flops(config: Mapping[str, Any] | Any, tokens: int) -> float:
+    """FLOPs of one T5 encoder pass over ``tokens`` positions. ``config``: a mapping like
+    :data:`FLAN_T5_XL` or a Hugging Face ``T5Config`` (``d_model``, ``d_ff``, ``d_kv``,
+    ``num_heads``, ``num_layers``, gated from ``is_gated_act``). Per layer: q, k, v, o projections,
+    scores and weighted sum, FFN (two input projections when gated: gated-gelu). No biases in T5;
+    the relative position bias is a lookup."""
+    get = config.get if isinstance(config, Mapping) else (lambda k, d=None: getattr(config, k, d))
+    d, ff, inner, layers = get("d_model"), get("d_ff"), get("d_kv") * get("num_heads"), get("num_layers")
+    gated = get("gated") if get("gated") is not None else bool(get("is_gated_act", False))
+    n = int(tokens)
+    per_layer = 4 * 2 * n * d * inner + 2 * 2 * n * n * inner + (3 if gated else 2) * 2 * n * d * ff
+    return float(layers * per_layer)
+
+
+def word_encoder_flops(dim: int, layers: int, ffn: int, tokens: int) -> float:
+    """FLOPs of :class:`~varbench.engine.models.text.WordTextEncoder`'s ``layers`` transformer layers over
+    ``tokens`` positions (fused q/k/v and output projections, scores and weighted sum, FFN)."""
+    n = int(tokens)
+    per_layer = 2 * n * dim * 3 * dim + 2 * n * dim * dim + 2 * 2 * n * n * dim + 2 * 2 * n * dim * ffn
+    return float(layers * per_layer)
+
+
+def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optional[str] = None) -> Optional[list[float]]:
+    """Each image's share of the text encoder's FLOPs for one generation of ``prompts`` (its own
+    prompt, plus an equal share of the negative prompt's encode when one is given: the runtime
+    encodes it once per generation, even with CFG off). None for an encoder this module does not
+    know (the end-to-end count is then None rather than wrong)."""
+    from varbench.engine.models.text import T5TextEncoder, WordTextEncoder
+
+    if encoder is None:                 # pre-encoded text: no encoder ran
+        return [0.0] * len(prompts)
+    if isinstance(encoder, T5TextEncoder):
+        one = t5_encoder_flops(encoder.encoder.config, encoder.max_length)
+        own = [one] * len(prompts)
+        neg = one if negative_prompt else 0.0
+    elif isinstance(encoder, WordTextEncoder):
+        if not encoder.context:
+            return [0.0] * len(prompts)
+        lay = encoder.context[0]
+        cost = lambda n: word_encoder_flops(encoder.embed.embedding_dim, len(encoder.context),  # noqa: E731
+                                            lay.linear1.out_features, n)
+        lmax = max(len(encoder.ids(p)) for p in prompts)      # the batch is padded to its longest prompt
+        own = [cost(lmax)] * len(prompts)
+        neg = cost(len(encoder.ids(negative_prompt))) if negative_prompt else 0.0
+    else:
+        return None
+    return [f + neg / len(prompts) for f in own]
+
+
+def vae_decode_flops(vae, latent_hw: Sequence[int]) -> Optional[float]:
+    """One image's decode on ``latent_hw`` with the runtime's VAE (None without a ``cfg``)."""
+    cfg = getattr(vae, "cfg", None)
+    return None if cfg is None else decoder_flops(cfg, latent_hw)
+
+
+def stage_flops(rt, prompts: Sequence[str], latent_hw: Sequence[int],
+                negative_prompt: Optional[str] = None) -> list[dict]:
+    """Per image of one generation: ``{"text_encoder", "vae_decode"}`` FLOPs (None where not
+    countable) for the runtime ``rt``'s encoder and VAE; ``latent_hw`` is the decoded grid
+    (``out.summed_codes.shape[-2:]``)."""
+    text = text_encoder_flops(rt.text_encoder, prompts, negative_prompt)
+    dec = vae_decode_flops(rt.vae, latent_hw) if rt.vae is not None else None
+    return [{"text_encoder": None if text is None else text[i], "vae_decode": dec} for i in range(len(prompts))]
+
+
+def preset_stage_flops(model_preset: str, text_tokens: int = T5_MAX_LENGTH) -> dict:
+    """For a released model preset at its schedule's last grid, without building anything:
+    ``{"text_encoder": flan-t5-xl over text_tokens, "vae_decode": callable(token_grid) -> FLOPs}``.
+    Used by experiments/flops_table.py."""
+    from varbench.engine.models.bsq_vae import VAE_PRESETS
+    from varbench.engine.models.infinity import PRESETS
+
+    cfg = PRESETS[model_preset]
+    vae = VAE_PRESETS[cfg.vae]
+    p = 2 if cfg.patchify else 1
+    return {"text_encoder": t5_encoder_flops(FLAN_T5_XL, text_tokens),
+            "vae_decode": lambda grid: decoder_flops(vae, (grid[0] * p, grid[1] * p))}

@@ -1,0 +1,87 @@
+"""Tiny random models for CPU tests: the same classes and code paths as the released presets.
+
+    rt = tiny_runtime(seed=0)            # Infinity 'tiny' + VAE 'toy' + word-level text encoder
+    out = rt.generate(["a red circle"], seeds=[0], pn="0.25M")
+
+Random weights are perturbed where the released init is constant (ada_gss, biases, cfg_uncond,
+scale_mul, text_norm), so a test is sensitive to every parameter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from varbench.engine.models.bsq_vae import BSQVAE
+from varbench.engine.models.infinity import PRESETS, Infinity, InfinityConfig
+from varbench.engine.models.text import WordTextEncoder
+from varbench.engine.runtime import InfinityRuntime
+
+def perturb_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * std)
+
+
+def tiny_runtime(seed: int = 0, **overrides) -> InfinityRuntime:
+    """A runtime with a tiny random Infinity (`overrides` change InfinityConfig fields)."""
+    cfg: InfinityConfig = dataclasses.replace(PRESETS["tiny"], **overrides)
+    torch.manual_seed(seed)
+    model = Infinity(cfg)
+    perturb_(model, seed + 1)
+    vae = BSQVAE(cfg.vae)
+    text = WordTextEncoder(dim=cfg.text_channels, max_len=cfg.text_maxlen)
+    return InfinityRuntime(model, vae, text)
+
+
+def job_config(root, *overrides: str):
+    """The job config ``python -m varbench +experiment=smoke <overrides>`` composes, with the store and
+    results under ``root`` (what the job tests run; later overrides win)."""
+    from hydra import compose, initialize_config_dir
+
+    from varbench.core.resources import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            "+experiment=smoke", f"paths.store_dir={root}/store", f"paths.results_dir={root}/results", *overrides])
+
+
+def cpu_fingerprint() -> dict:
+    """What decides the CPU's float kernels: model, ISA flags, torch's dispatch level, threads, and the
+    environment variables that move MKL/oneDNN/ATen onto other code paths.
+
+    Written into fixtures next to numbers they hold (the same fp32 computation differs by ulps across
+    these, so an exact comparison only holds where they match), and printed by strict parity tests."""
+    import platform
+
+    model, flags = platform.processor() or "unknown", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, val = line.partition(":")
+                if key.strip() == "model name":
+                    model = val.strip()
+                elif key.strip() == "flags":
+                    flags = set(val.split())
+                    break
+    except OSError:   # not Linux: the model from platform, no flags
+        pass
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16") if f in flags]
+    env = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS",
+                                      "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OMP_NUM_THREADS") if k in os.environ}
+    return {"cpu": model, "isa": isa, "torch": str(torch.__version__),
+            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "torch_threads": torch.get_num_threads(), "env": env}
+
+
+def strict_parity() -> bool:
+    """VARBENCH_STRICT_PARITY=1: tests that compare against fixtures written on another machine compare
+    exactly, as on the CPU that wrote them; unset or 0: within tolerances measured across CPU kernel
+    paths (ISA levels, thread counts), so the suite passes on any CPU."""
+    v = os.environ.get("VARBENCH_STRICT_PARITY", "0").strip()
+    if v not in ("0", "1", ""):
+        raise ValueError(f"VARBENCH_STRICT_PARITY={v!r}: set it to 1 (exact comparison, the fixture writer's CPU) "
+                         "or 0 / unset (portable tolerances)")
+    return v == "1"

@@ -1,0 +1,322 @@
+"""Check a composed job config before any compute (no weights loaded, no images generated).
+
+`validate_config(cfg)` raises :class:`ConfigError` naming the setting (``runtime.batch_size``,
+``method.knobs.q_sub``, ...) for anything the config alone decides: types and ranges of the
+runtime / timing / generation / benchmark fields, the method name (with the registry's closest
+names), each knob against its method's dataclass in :mod:`varbench.policies.knobs` (known name, type,
+range or choices, scale indices against the generation's schedule; a method without one: the
+policy constructor's signature and annotations), the knobs' cross-checks (the constructor runs), and
+FastVAR schedule indices against the generation's schedule.
+"""
+from __future__ import annotations
+
+import collections.abc as cabc
+import inspect
+import logging
+import typing
+from typing import Any, Mapping
+
+log = logging.getLogger("varbench")
+
+
+from varbench.core.errors import FixableError, names_its_fix  # noqa: F401 - names_its_fix: re-exported for callers
+
+
+class ConfigError(FixableError, ValueError):
+    """A config value that cannot work; the message names the setting."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _get(node: Any, key: str, default: Any = None) -> Any:
+    if node is None:
+        return default
+    if isinstance(node, Mapping):
+        return node.get(key, default)
+    return node.get(key, default) if hasattr(node, "get") else getattr(node, key, default)
+
+
+def _int(section: str, node: Any, key: str, lo: int | None = None, *, required: bool = True, null: bool = False) -> None:
+    v = _get(node, key)
+    if v is None and (null or not required):
+        return
+    if not _is_int(v):
+        raise ConfigError(f"{section}.{key} must be an integer{' or null' if null else ''}, got {v!r}")
+    if lo is not None and v < lo:
+        raise ConfigError(f"{section}.{key} must be >= {lo}, got {v}")
+
+
+def _bool(section: str, node: Any, key: str) -> None:
+    v = _get(node, key)
+    if v is not None and not isinstance(v, bool):
+        raise ConfigError(f"{section}.{key} must be true or false, got {v!r}")
+
+
+def _num_or_list(section: str, node: Any, key: str, lo: float | None = None) -> None:
+    v = _get(node, key)
+    vals = list(v) if isinstance(v, (list, tuple)) else [v]
+    if not vals or not all(_is_num(x) for x in vals):
+        raise ConfigError(f"{section}.{key} must be a number or a list of numbers, got {v!r}")
+    if lo is not None and any(x < lo for x in vals):
+        raise ConfigError(f"{section}.{key} must be >= {lo}, got {v!r}")
+
+
+def _check_runtime(rt: Any) -> None:
+    _int("runtime", rt, "batch_size", 1)
+    dev = _get(rt, "device", "auto")
+    if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
+        raise ConfigError(f"runtime.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
+    dtype = _get(rt, "dtype", "auto")
+    if dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16"):
+        raise ConfigError(f"runtime.dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    graphs = _get(rt, "cuda_graphs", "auto")
+    if str(graphs).lower() not in ("auto", "true", "false"):
+        raise ConfigError(f"runtime.cuda_graphs must be auto, true or false, got {graphs!r}")
+    for key in ("fused_entropy", "force", "save_images", "progress"):
+        _bool("runtime", rt, key)
+    wait = _get(rt, "lock_wait_s")
+    if wait is not None and (not _is_num(wait) or (wait < 0 and wait != -1)):
+        raise ConfigError(f"runtime.lock_wait_s must be a number of seconds >= 0 (or -1: wait forever), got {wait!r}")
+
+
+def _check_timing(tm: Any) -> None:
+    _bool("timing", tm, "enabled")
+    _bool("timing", tm, "paired_baseline")
+    on = bool(_get(tm, "enabled", True))
+    _int("timing", tm, "warmup", 0)
+    _int("timing", tm, "repeats", 1 if on else 0)
+    if _get(tm, "prompt_index") is not None:
+        raise ConfigError("timing.prompt_index is gone: the pass times a sample of prompts; set timing.prompts "
+                          "(adaptive methods) and timing.prompts_static (others), e.g. timing.prompts=1")
+    for key in ("prompts", "prompts_static"):
+        _int("timing", tm, key, 1, required=False)
+    for key in ("prompt_seed", "bootstrap_seed", "retime_unreliable"):
+        _int("timing", tm, key, 0, required=False)
+    _int("timing", tm, "bootstrap_resamples", 1, required=False)
+    wpp = _get(tm, "warmup_per_prompt")
+    if wpp is not None and wpp != "auto" and not (_is_int(wpp) and wpp >= 0):
+        raise ConfigError(f"timing.warmup_per_prompt must be an integer >= 0 or auto, got {wpp!r}")
+    bs = _get(tm, "batch_sizes", [])
+    if not isinstance(bs, (list, tuple)) or not all(_is_int(b) and b >= 1 for b in bs):
+        raise ConfigError(f"timing.batch_sizes must be a list of integers >= 1, got {bs!r}")
+    if on and not bs:
+        raise ConfigError("timing.batch_sizes is empty but timing.enabled=true; give e.g. [1] (or timing=none)")
+
+
+def _schedule(model: Any, gen: Any) -> list[tuple[int, int]] | None:
+    from varbench.engine.models.schedules import RESOLUTION_PRESETS, scale_schedule
+
+    sched = _get(model, "schedule")
+    pn, hw = _get(gen, "pn"), _get(gen, "h_div_w")
+    if sched is not None:
+        try:
+            sched = [(int(h), int(w)) for h, w in sched]
+        except (TypeError, ValueError):
+            raise ConfigError(f"model.schedule must be a list of [h, w] integer pairs, got {sched!r}") from None
+        # a fixed schedule decides the resolution: a pn or aspect ratio set for this run would be
+        # recorded (and hashed) but not used, so two entries would hold the same images
+        (h, w), model_pn = sched[-1], _get(model, "pn")
+        if pn != model_pn or not _is_num(hw) or abs(float(hw) - h / w) > 1e-6:
+            raise ConfigError(
+                f"model={_get(model, 'name')} generates on its own fixed schedule (model.schedule, last grid {h}x{w}): "
+                f"generation.pn={pn!r} and generation.h_div_w={hw!r} cannot change it; leave them at the model's "
+                f"(pn {model_pn}, h_div_w {h / w:g}), or set model.schedule=null to use the released tables")
+        return sched
+    if pn not in RESOLUTION_PRESETS:
+        raise ConfigError(f"generation.pn must be one of {list(RESOLUTION_PRESETS)}, got {pn!r}")
+    return scale_schedule(float(hw), str(pn))
+
+
+def _check_generation(gen: Any) -> None:
+    seed = _get(gen, "seed")
+    if not _is_int(seed) or seed < 0:
+        raise ConfigError(f"generation.seed must be one non-negative integer (a sweep of seeds is "
+                          f"-m generation.seed=0,1), got {seed!r}")
+    hw = _get(gen, "h_div_w")
+    if not _is_num(hw) or hw <= 0:
+        raise ConfigError(f"generation.h_div_w must be a positive number, got {hw!r}")
+    _num_or_list("generation", gen, "cfg")
+    _num_or_list("generation", gen, "tau", 0)
+    if any(x == 0 for x in (_get(gen, "tau") if isinstance(_get(gen, "tau"), (list, tuple)) else [_get(gen, "tau")])):
+        raise ConfigError(f"generation.tau must be > 0 (it divides the logits), got {_get(gen, 'tau')!r}")
+    _int("generation", gen, "top_k", 0)
+    top_p = _get(gen, "top_p")
+    if not _is_num(top_p) or not 0 < top_p <= 1:
+        raise ConfigError(f"generation.top_p must be a number in (0, 1], got {top_p!r}")
+    neg = _get(gen, "negative_prompt")
+    if neg is not None and not isinstance(neg, str):
+        raise ConfigError(f"generation.negative_prompt must be text or null, got {neg!r}")
+
+
+def _check_benchmark(b: Any) -> None:
+    from varbench.harness.prompts import LOADERS
+
+    loader = _get(b, "loader")
+    if loader not in LOADERS:
+        import difflib
+
+        close = difflib.get_close_matches(str(loader), LOADERS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"benchmark.loader {loader!r} is unknown.{hint} Available: {sorted(LOADERS)}")
+    _int("benchmark", b, "limit", 1, null=True)
+    _int("benchmark", b, "limit_per_tag", 1, null=True)
+    _int("benchmark", b, "samples_per_prompt", 1, required=False)
+
+
+def _check_shard(spec: Any) -> None:
+    from varbench.harness.job import Shard
+
+    try:
+        Shard.parse(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+# -- knobs against the constructor's annotations ---------------------------------------------------
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether a YAML value fits annotation `tp`; lenient where the annotation says little."""
+    if tp is Any or tp is inspect.Parameter.empty:
+        return True
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        return any(_matches(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return _is_int(value)
+    if tp is float:
+        return _is_num(value)
+    if tp is str:
+        return isinstance(value, (str, int, float)) and not isinstance(value, bool)  # choices: the constructor's
+    if origin in (cabc.Sequence, list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        inner = args[0] if args else Any
+        return all(_matches(v, inner) for v in value)
+    if origin in (cabc.Mapping, dict) or tp is dict:
+        if not isinstance(value, Mapping):
+            return False
+        if len(args) == 2:
+            kt, vt = args
+            key_ok = (lambda k: _is_int(k) or (isinstance(k, str) and k.lstrip("-").isdigit())) if kt is int else (
+                lambda k: _matches(k, kt))
+            return all(key_ok(k) and _matches(v, vt) for k, v in value.items())
+        return True
+    return True
+
+
+def _describe(tp: Any) -> str:
+    s = str(tp).replace("typing.", "").replace("collections.abc.", "")
+    return s.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
+
+
+def check_knobs(name: str, cls: type, knobs: Mapping[str, Any]) -> None:
+    """Each knob is a parameter of `cls.__init__` and fits its annotation (methods without a dataclass
+    in varbench.policies.knobs)."""
+    sig = inspect.signature(cls.__init__)
+    params = {k: p for k, p in sig.parameters.items() if k != "self"}
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: name checks only
+        hints = {}
+    for key, value in knobs.items():
+        if key not in params:
+            import difflib
+
+            close = difflib.get_close_matches(key, params, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"method.knobs.{key}: {name} has no knob {key!r}.{hint} Knobs: {', '.join(params)}")
+        tp = hints.get(key, params[key].annotation)
+        if not _matches(value, tp):
+            raise ConfigError(f"method.knobs.{key}={value!r} does not fit {name}'s {key}: {_describe(tp)}")
+
+
+def _check_fastvar_schedule(policy: Any, sched: list[tuple[int, int]], where: str) -> None:
+    n = len(sched)
+    if getattr(policy, "addressing", None) == "index":
+        keys = [("prune", k) for k in policy.prune_spec] + [("skip", s) for s in policy.skip_spec]
+        if policy.cache_spec is not None:
+            keys.append(("cache_scale", policy.cache_spec))
+        for knob, k in keys:
+            try:
+                k = int(k)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{where}.{knob}: scale index {k!r} is not an integer") from None
+            if not -n <= k < n:
+                raise ConfigError(f"{where}.{knob}: scale index {k} is outside the {n}-scale schedule "
+                                  f"(valid: {-n}..{n - 1}, negative from the end); it would be silently ignored")
+    else:
+        widths = {w for _, w in sched}
+        absent = sorted({int(k) for k in [*policy.prune_spec, *policy.skip_spec] if int(k) not in widths})
+        if absent and len(absent) < len(policy.prune_spec) + len(policy.skip_spec):
+            log.warning("%s: widths %s are not on this %d-scale schedule (widths %s); the released rule ignores them",
+                        where, absent, n, sorted(widths))
+
+
+def validate_config(cfg: Any):
+    """Raise ConfigError for anything wrong that the config alone decides; return the built policy."""
+    from omegaconf import OmegaConf
+
+    from varbench.policies import REGISTRY
+    from varbench.core.registry import resolve
+
+    try:
+        for section in ("runtime", "timing", "generation", "benchmark", "method"):
+            if section not in cfg:
+                raise ConfigError(f"the config has no {section!r} section")
+        sec = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+               for k in ("runtime", "timing", "generation", "benchmark")}
+        _check_runtime(sec["runtime"])
+        _check_timing(sec["timing"])
+        _check_generation(sec["generation"])
+        _check_benchmark(sec["benchmark"])
+        _check_shard(cfg.get("shard"))
+        model = cfg.get("model")
+        model = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else (model or {})
+        sched = _schedule(model, sec["generation"])
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. a missing interpolation
+        raise ConfigError(f"config: {type(e).__name__}: {e}") from e
+
+    name = cfg.method.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"method.name must be a method name, got {name!r}")
+    if cfg.method.get("label") in (None, ""):  # every preset names itself; the knob schemas do not
+        raise ConfigError(f"method.label is not set: method={name}_schema (or a preset without a label) is the "
+                          f"knob schema behind {name}'s presets, not one of them; use method={name} or another "
+                          f"preset in conf/method/, or set method.label")
+    try:
+        cls = resolve(REGISTRY, name, "method")
+    except KeyError as e:
+        raise ConfigError(f"method.name: {e.args[0]}") from None
+    knobs = cfg.method.get("knobs")
+    knobs = OmegaConf.to_container(knobs, resolve=True) if knobs is not None else {}
+    if not isinstance(knobs, dict):
+        raise ConfigError(f"method.knobs must be a mapping, got {knobs!r}")
+    from varbench.policies.knobs import SCHEMAS, check_knobs as check_schema_knobs
+
+    if name in SCHEMAS:
+        check_schema_knobs(name, knobs, len(sched) if sched is not None else None)
+    else:
+        check_knobs(name, cls, knobs)
+    try:
+        policy = cls(**knobs)
+    except (ValueError, TypeError, KeyError) as e:
+        msg = e.args[0] if e.args else str(e)
+        raise ConfigError(f"method={name} knobs: {msg}") from e
+    members = getattr(policy, "members", None) or [policy]
+    for i, p in enumerate(members):
+        if type(p).__name__ == "FastVAR":
+            _check_fastvar_schedule(p, sched, "method.knobs" if p is policy else f"method.knobs.policies[{i}].knobs")
+    return policy

@@ -1,0 +1,748 @@
+"""One job: generate (or reuse) a benchmark's images under a method, score them, time them, and
+write the run record. Every stage is resumable; nothing finished is lost on a crash or kill.
+
+Stages, each a function below, and what a relaunch does at each:
+
+1. :func:`prepare_job` (no compute): validate the config, pin ``auto`` device/dtype, load the
+   prompt set, hash the weights; the entry hash names ``store/<experiment>/entries/<hash>/``
+   (DONE: skip) and the generation hash names ``store/images/<hash>/``.
+2. :func:`generate_stage`: only the (prompt, sample) pairs missing from the image store are
+   generated; each batch's trace rows (with the image's FLOPs and executed tokens) are written
+   before its images are committed.
+3. :func:`reference_stage`: when an evaluator compares with the baseline (``needs_reference``),
+   the baseline's images under the same generation settings, generated once per generation hash.
+4. :func:`score_stage` (:mod:`varbench.harness.scoring`): per evaluator, rows appended per batch; a
+   relaunch scores only the images without a row.
+5. :func:`time_stage`: a separate timed pass over a fixed sample of the prompts (warm-up, repeats
+   interleaved with the baseline on the same prompt and seeds).
+6. :func:`assemble_record`: the record (schema: :mod:`varbench.harness.schema`), then ``DONE``; then
+   :class:`varbench.loggers.publish.JobRun` (opened once the job holds its lock, so W&B shows config,
+   progress and system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.
+
+Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
+(:mod:`varbench.harness.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
+scores them into ``entries/<hash>/shards/<i>-of-<n>/`` (shard 0 also times), and marks its shard
+done; whichever shard finishes last (or ``python -m varbench.harness.job assemble <entry folder>``, or ``python -m varbench.analysis.aggregate``)
+assembles the one record from all shards' rows. Scores equal those of the unsharded run bit for
+bit: metrics are always computed from every row sorted by (prompt, sample).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from varbench.engine.build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
+from varbench.core.errors import FixableError
+from varbench.engine.flops import image_work, with_end_to_end, work_summary
+from varbench.engine.stage_flops import stage_flops
+from varbench.core.interrupt import GracefulStop, uninterruptible
+from varbench.core.locks import DEFAULT_WAIT_S
+from varbench.harness.prompts import PromptSet, load_prompt_set
+from varbench.harness.provenance import collect_provenance, weight_hashes
+from varbench.cli.report import job_position, result_line
+from varbench.harness.records import SCHEMA_VERSION, RunEntry, append_jsonl, read_json, read_jsonl, utc_now, write_json
+from varbench.harness.scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, preflight, score_images, write_samples
+from varbench.core.seeds import SEED_RULE, image_seed
+from varbench.harness.sharding import Shard, batches, block_prompts, generation_batches, key_blocks
+from varbench.harness.store import ImageStore, entry_hash, generation_hash
+
+log = logging.getLogger("varbench")
+
+__all__ = ["run_job", "prepare_job", "image_seed", "SEED_RULE", "assemble_shards"]
+
+
+# -- the job's shared state ------------------------------------------------------------------
+@dataclasses.dataclass
+class Job:
+    """Everything the stages share, decided before any compute (see :func:`prepare_job`)."""
+
+    cfg: DictConfig
+    resolved: dict             # the resolved config, device/dtype pinned
+    device: torch.device
+    dtype: torch.dtype
+    prompt_set: PromptSet
+    weights: dict              # {file name: sha256}
+    entry: RunEntry
+    store: ImageStore
+    shard: Shard
+    preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
+    t0: float
+    wandb: Any = None          # the job's W&B run (:class:`varbench.loggers.publish.JobRun`), open once it holds its lock
+    method_files: dict = dataclasses.field(default_factory=dict)   # {name: sha256} of the files the method loads
+
+    @property
+    def prompts_per_block(self) -> int:
+        return block_prompts(self.prompt_set.samples_per_prompt, int(self.cfg.runtime.batch_size), SCORE_BATCH)
+
+    @property
+    def blocks(self) -> list[list]:
+        """This shard's blocks of ``[(PromptItem, sample_index)]`` (:mod:`varbench.harness.sharding`)."""
+        return self.shard.blocks(key_blocks(self.prompt_set.items, self.prompt_set.samples_per_prompt,
+                                            self.prompts_per_block))
+
+    @property
+    def keys(self) -> list:
+        """``[(PromptItem, sample_index)]`` of this job's shard."""
+        return [k for blk in self.blocks for k in blk]
+
+    @property
+    def all_keys(self) -> list:
+        return [(it, s) for it in self.prompt_set.items for s in range(self.prompt_set.samples_per_prompt)]
+
+    @property
+    def work_dir(self) -> Path:
+        """Where this job's scores go: the entry folder, or its shard's folder."""
+        if self.shard.count == 1:
+            return self.entry.dir
+        return self.entry.dir / "shards" / self.shard.name
+
+    @property
+    def lock_wait_s(self) -> float | None:
+        """How long to wait for another live job holding a lock this job needs (``runtime.lock_wait_s``)."""
+        v = self.cfg.runtime.get("lock_wait_s", DEFAULT_WAIT_S)
+        return None if v is None else float(v)
+
+    @property
+    def progress(self) -> bool:
+        return bool(self.cfg.runtime.progress)
+
+    def bar(self, total: int, desc: str):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=f"{desc} [{self.preset}]" if self.preset else desc, disable=not self.progress,
+                   leave=False, dynamic_ncols=True)
+        return self.wandb.wrap(bar, desc, total) if self.wandb is not None else bar   # live progress in W&B too
+
+
+def prepare_job(cfg: DictConfig) -> Job:
+    """Stage 1: everything decided by the config and the files, before any model is built."""
+    from varbench.harness.config import validate_config
+
+    t0 = time.perf_counter()
+    validate_config(cfg)  # before any compute: a bad setting fails here, named
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    device = resolve_device(str(cfg.runtime.device))
+    dtype = resolve_dtype(str(cfg.runtime.dtype), device)
+    _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
+    prompt_set = load_prompt_set(cfg.benchmark)
+    weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
+    mfiles = method_file_hashes(resolved.get("method") or {})   # e.g. SkipVAR's decision models, retrained in place
+    store_root = Path(cfg.paths.store_dir)
+    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
+                                                                       method_files=mfiles))
+    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
+    return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
+               method_preset(cfg), t0, method_files=mfiles)
+
+
+# -- stages ----------------------------------------------------------------------------------
+def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: DictConfig | None = None,
+                   method_name: str | None = None) -> int:
+    """Stage 2: generate and store every image of this job's shard that the store lacks, or whose
+    file no longer matches its recorded sha256 (said on stdout). Returns the count.
+
+    Per batch: the image files are written, then their trace rows appended (fsynced) to the
+    store's ``traces.jsonl``, and only then are the images committed to ``images.jsonl``; an image
+    counts as stored only once committed, so a kill or a full disk at any point leaves no stored
+    image without its trace row (an uncommitted image is regenerated on the next run)."""
+    from PIL import Image
+
+    store = store or job.store
+    cfg = cfg or job.cfg
+    method_name = method_name or str(cfg.method.name)
+    spp = job.prompt_set.samples_per_prompt
+    items = [it for it, s in job.keys if s == 0]
+    missing, bad = store.missing(items, spp), store.corrupt(items, spp)   # corrupt() hashes every stored image: once
+    if not missing and not bad:
+        return 0
+    # one generating job per (store, shard): a sweep's method jobs that all need the baseline's
+    # images wait for the job making them instead of making them again
+    part = job.shard.name if job.shard.count > 1 else None
+    with store.generation_lock(wait_s=job.lock_wait_s, part=part):
+        # the job waited for may have made the missing ones, or regenerated the corrupt ones
+        missing = store.missing(items, spp)
+        bad = store.corrupt(sorted({p for p, _ in bad}), spp) if bad else []
+        _announce_corrupt(store, bad)
+        todo = sorted(set(missing) | set(bad))
+        if not todo:
+            return 0
+        store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
+        kw = _gen_kwargs(cfg, rt)
+        ps = job.prompt_set
+        bar = job.bar(len(todo), f"generate {method_name}")
+        wanted = set(todo)
+        # whole batches of fixed members (varbench.harness.sharding): an image's bits do not depend on how
+        # the job was split, limited or resumed; companions already stored are computed, not written
+        for batch in generation_batches(job.blocks, ps.all_items or ps.items, ps.samples_per_prompt,
+                                        job.prompts_per_block, int(cfg.runtime.batch_size)):
+            chunk = [(it.index, s) for it, s in batch if (it.index, s) in wanted]
+            if not chunk:
+                continue
+            with uninterruptible():   # SIGTERM finishes and commits the batch in flight, then stops
+                out = rt.generate([it.prompt for it, _ in batch],
+                                  [image_seed(cfg.generation.seed, it.index, s) for it, s in batch], policy, **kw)
+                rows, written = [], []
+                stages = stage_flops(rt, [it.prompt for it, _ in batch], out.summed_codes.shape[-2:],
+                                     kw.get("negative_prompt"))   # text encoder + VAE decode per image
+                for b, (item, s) in enumerate(batch):
+                    if (item.index, s) not in wanted:
+                        continue
+                    _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
+                                                  metadata={**item.metadata, "prompt": item.prompt})
+                    rows.append(_trace_row(out, b, item.index, s, method_name, stages[b]))
+                    written.append((item.index, s, digest))
+                append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
+                store.commit(written)
+            bar.update(len(chunk))
+        bar.close()
+    return len(todo)
+
+
+def _announce_corrupt(store: ImageStore, bad: list[tuple[int, int]]) -> None:
+    if not bad:
+        return
+    shown = ", ".join(str(store.path(p, s)) for p, s in bad[:5]) + (" ..." if len(bad) > 5 else "")
+    log.warning("%d stored image(s) no longer match their sha256: %s", len(bad), shown)
+    print(f"[varbench] regenerating {len(bad)} stored image(s) whose file no longer matches the sha256 "
+          f"recorded when it was generated: {shown}")
+
+
+def reference_stage(job: Job, rt) -> ImageStore | None:
+    """Stage 3: the baseline's images under this job's generation settings, for evaluators that
+    compare with them; generated here only if no other job has made them."""
+    if not needs_reference(job.cfg.get("evaluator")):
+        return None
+    bcfg = _baseline_cfg(job.cfg)
+    bres = _pin_runtime(OmegaConf.to_container(bcfg, resolve=True), job.device, job.dtype)
+    ref = ImageStore(job.store.root, generation_hash(bres, job.weights, job.prompt_set.sha256))
+    if ref.dir == job.store.dir:
+        return ref                                         # this job is the baseline
+    from varbench.policies.baseline import Baseline
+
+    generate_stage(job, rt, Baseline(), store=ref, cfg=bcfg, method_name="baseline")
+    return ref
+
+
+def score_stage(job: Job, ref_store: ImageStore | None) -> None:
+    """Stage 4: every configured evaluator's per-sample rows for this job's images (resuming)."""
+    job.work_dir.mkdir(parents=True, exist_ok=True)
+    score_images(job.work_dir, job.cfg.get("evaluator"), batches(job.blocks, SCORE_BATCH), job.store.load,
+                 ref_store.load if ref_store is not None else None, str(job.device), job.bar)
+
+
+def time_stage(job: Job, rt, policy) -> dict | None:
+    """Stage 5: the timed pass (:mod:`varbench.harness.timing`) on a fixed sample of the benchmark's prompts
+    (:func:`varbench.harness.timing.timing_sample`): ``timing.prompts`` of them for a policy whose work
+    depends on what it observes (``policy.adaptive``), ``timing.prompts_static`` (the sample's
+    first ones) otherwise; each prompt with the seeds its images had. With
+    ``timing.retime_unreliable`` > 0 an unreliable paired pass is timed again, after the load
+    settles, up to that many more times; the last pass is the one recorded, every try is listed
+    in ``tries``. None if timing is off."""
+    cfg = job.cfg
+    tcfg = cfg.timing
+    if not tcfg.enabled:
+        return None
+    from varbench.policies.baseline import Baseline
+    from varbench.harness.timing import protocol_kwargs, timed_pass, timing_sample, wait_for_steady_load
+
+    kw = _gen_kwargs(cfg, rt)
+    adaptive = bool(getattr(policy, "adaptive", False))
+    n = int(tcfg.get("prompts", 1) if adaptive else tcfg.get("prompts_static", 1))
+    items = timing_sample(job.prompt_set.items, n, int(tcfg.get("prompt_seed", 0)))
+    wpp = tcfg.get("warmup_per_prompt", "auto")
+    wpp = (int(tcfg.warmup) if getattr(rt, "cuda_graphs", False) else 0) if wpp in (None, "auto") else int(wpp)
+
+    def run(p):
+        def gen(bs, k=0):
+            it = items[k]
+            return rt.generate([it.prompt] * bs, [image_seed(cfg.generation.seed, it.index, s) for s in range(bs)], p, **kw)
+        return gen
+
+    paired = tcfg.get("paired_baseline", True) and cfg.method.name != "baseline"
+    reference = run(Baseline()) if paired else None
+    max_tries = 1 + int(tcfg.get("retime_unreliable", 0) or 0)
+    tries = []
+    for attempt in range(max_tries):
+        wait = None
+        if attempt:
+            wait = wait_for_steady_load(float(tcfg.get("retime_max_wait_s", 120)),
+                                        max_change=float(tcfg.get("retime_settle_change", 0.25))) \
+                if job.device.type != "cuda" else {"waited_s": 0.0, "settled": None, "load": None}
+            print(f"[varbench] timing: re-timing an unreliable pass (try {attempt + 1} of {max_tries}; "
+                  f"waited {wait['waited_s']:.0f} s for the load to settle)")
+        bar = job.bar(int(tcfg.repeats) * len(items) * len(tcfg.batch_sizes), "timing")
+        by_batch = timed_pass(run(policy), list(tcfg.batch_sizes), int(tcfg.warmup), int(tcfg.repeats), job.device, bar,
+                              reference=reference, n_prompts=len(items), warmup_per_prompt=wpp,
+                              **protocol_kwargs(tcfg))
+        bar.close()
+        unreliable = {bs: b["paired"]["unreliable_reasons"] for bs, b in by_batch.items()
+                      if "paired" in b and not b["paired"]["reliable"]}
+        tries.append({"try": attempt + 1, "waited_s": None if wait is None else wait["waited_s"],
+                      "load_settled": None if wait is None else wait["settled"],
+                      "reliable": not unreliable if paired else None,
+                      "ar_speedup": {bs: b["paired"]["ar_speedup"] for bs, b in by_batch.items() if "paired" in b},
+                      "unreliable_reasons": unreliable})
+        if not unreliable:
+            break
+    return {"device": _device_name(job.device), "dtype": str(job.dtype).replace("torch.", ""),
+            "prompts": [{"index": it.index, "tag": it.metadata.get("tag")} for it in items],
+            "n_prompts": len(items), "adaptive": adaptive, "warmup": int(tcfg.warmup), "warmup_per_prompt": wpp,
+            "repeats": int(tcfg.repeats), "tries": tries, "by_batch": by_batch}
+
+
+def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -> dict:
+    """Stage 6: the run record (:class:`varbench.harness.schema.RunRecord`) from the stored traces, the
+    score rows under ``score_dirs`` and the timed pass; also copies the images' trace rows into
+    the entry (``traces.jsonl``)."""
+    cfg = job.cfg
+    scores = collect_scores(score_dirs, cfg.get("evaluator"), job.all_keys, str(job.device))
+    traces = _entry_traces(job)
+    work = work_summary(traces)
+    effect = _method_effect(job, traces, score_dirs)
+    first = traces[0] if traces else {}
+    resolution = first.get("resolution")              # [H, W] of the generated images
+    if resolution is None and rt is not None:
+        resolution = generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
+                                           _gen_kwargs(cfg, rt).get("schedule"))
+    return {
+        "schema_version": SCHEMA_VERSION, "entry_id": job.entry.entry_hash, "generation_id": job.store.generation_hash,
+        "created": utc_now(), "status": "ok",
+        "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": _overrides(),
+                       "job_num": _job_num(), "shards": job.shard.count},
+        "config": {**job.resolved, "shard": None},   # the whole job's record, whichever shard assembled it
+        "model": {"name": cfg.model.name, "preset": cfg.model.preset, "resolution": resolution,
+                  "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
+                  "weights": job.weights},
+        "method": {"name": cfg.method.name, "preset": job.preset, "label": cfg.method.get("label"),
+                   "config": OmegaConf.to_container(cfg.method, resolve=True), "files": job.method_files,
+                   "stats": first.get("stats") or {},   # the first image's; every image's are in traces.jsonl
+                   **effect},
+        "benchmark": {**job.prompt_set.describe(), "seeds": {"base": int(cfg.generation.seed), "rule": SEED_RULE}},
+        "evaluators": {k: v["version"] for k, v in scores.items()},
+        "metrics": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["metrics"].items()},
+        "uncertainty": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["uncertainty"].items()},
+        "higher_is_better": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["higher_is_better"].items()},
+        "timing": timing, "flops": work["flops"], "work": work["work"],
+        # GPU features that failed on this device and were turned off (runtime.fall_back): the
+        # timings then are eager ones; [] when nothing fell back, absent when no runtime was built here
+        "provenance": {**collect_provenance(str(job.device)),
+                       **({"runtime_fallbacks": list(rt.fallbacks)} if hasattr(rt, "fallbacks") else {})},
+        "wall_s": time.perf_counter() - job.t0,
+    }
+
+
+def _method_effect(job: Job, traces: list[dict], score_dirs: list[Path]) -> dict:
+    """The record's ``method.effect`` (:mod:`varbench.engine.effect`), said once on the console when the
+    method changed nothing for some or all images."""
+    from varbench.engine.effect import console_line, method_effect
+
+    psnr = {}
+    for folder in score_dirs:   # pixels identical to the baseline's, where fidelity was scored
+        path = Path(folder) / "samples_fidelity.jsonl"
+        for r in latest_rows(read_jsonl(path)) if path.exists() else []:
+            if r.get("psnr") is not None:
+                psnr[(r["prompt_index"], r["sample_index"])] = float(r["psnr"])
+    info = method_effect(traces, psnr, str(job.cfg.method.name))
+    line = console_line(job.preset or str(job.cfg.method.name), info, len(traces))
+    if line:
+        print(line)
+    return info
+
+
+# -- the job ---------------------------------------------------------------------------------
+def run_job(cfg: DictConfig) -> Path:
+    """Run (or skip, or resume) the job for ``cfg``; returns the entry folder.
+
+    SIGTERM/SIGINT (Slurm's time limit, preemption, Ctrl-C) finish the batch in flight, commit
+    it and exit with 128 + the signal's number (:mod:`varbench.core.interrupt`); the relaunch resumes.
+    A bad ``logger.mode`` fails at once; the W&B run (``logger=wandb``) opens once the job holds
+    its entry's (or shard's) lock and has work to do, before any model is built, so a missing
+    login fails then, naming the fix, and a job that finds its entry finished leaves no run. The
+    evaluators check their files and the prompts before anything is generated (`scoring.preflight`)."""
+    from varbench.loggers.publish import sink_from_cfg
+
+    job = prepare_job(cfg)
+    sink_from_cfg(job.cfg.get("logger"))              # a bad logger.mode fails now, naming the fix
+    with GracefulStop():
+        if _finished(job):
+            return job.entry.dir
+        preflight(job.cfg.get("evaluator"), [it.metadata for it in job.prompt_set.items], str(job.device))
+        try:
+            record = _run_shard(job) if job.shard.count > 1 else _run_whole(job)
+        except BaseException as e:
+            if job.wandb is not None:
+                job.wandb.fail(e)
+            raise
+        if job.wandb is not None:
+            job.wandb.finish(job, record)             # None: a shard that did not assemble the record
+        if record is not None:
+            print(result_line(record, job_position(_job_num())))
+    return job.entry.dir
+
+
+def _run_whole(job: Job) -> dict | None:
+    with _no_empty_folder(job.entry.dir), job.entry.lock(wait_s=job.lock_wait_s):
+        if _finished(job):                           # another job finished it while this one waited
+            return None
+        _open_wandb_run(job)
+        rt, policy = _build(job)
+        n_new = generate_stage(job, rt, policy)
+        print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
+        score_stage(job, reference_stage(job, rt))
+        record = assemble_record(job, rt, time_stage(job, rt, policy), [job.entry.dir])
+        with uninterruptible():
+            job.entry.write_record(record, force=bool(job.cfg.runtime.force))
+            job.entry.mark_done()
+    print(f"[varbench] record: {job.entry.record_path}")
+    return record
+
+
+def _open_wandb_run(job: Job) -> None:
+    """Open the job's W&B run (``logger=wandb``) once it holds its lock and knows it has work, so a
+    job that finds its entry finished by another one leaves no empty run. A missing login fails
+    here, before any model is built, naming the fix."""
+    from varbench.loggers.publish import JobRun
+
+    job.wandb = JobRun.open(job)
+
+
+def _finished(job: Job) -> bool:
+    """A finished entry (not forced) is skipped, after checking its seal and publishing it if its
+    W&B mirror failed last time (or ``logger=wandb`` was added since)."""
+    from varbench.loggers.publish import republish
+
+    if not job.entry.is_done() or job.cfg.runtime.force:
+        return False
+    job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
+    record = job.entry.read()
+    print(f"[varbench] skip (finished): {job.entry.dir} {_written_by(record)}")
+    republish(job, record)
+    print(result_line(record, job_position(_job_num())))
+    return True
+
+
+def _written_by(record: dict) -> str:
+    """``(written by commit <sha>)``, and when this code is another commit, says so and how to redo it:
+    a relaunch from newer code would otherwise keep an old record without a word."""
+    from varbench.harness.provenance import git_info
+    from varbench.harness.records import code_version
+
+    then, now = code_version(record), code_version({"provenance": {"git": git_info()}})
+    if then == now:
+        return f"(written by commit {then}, this code)"
+    return (f"(written by commit {then}; this code is {now}: the record is the older code's, rerun with "
+            f"runtime.force=true to redo it)")
+
+
+def _run_shard(job: Job) -> dict | None:
+    """This shard's images and scores; the record if this shard was the last and assembled it."""
+    sdir = job.work_dir
+    shard_entry = RunEntry.from_dir(sdir)
+    with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
+        _open_wandb_run(job)
+        if not (sdir / "SHARD_DONE").exists():
+            if not job.keys:
+                print(f"[varbench] shard {job.shard.name}: no prompts for this shard (the benchmark's "
+                      f"{len(job.prompt_set.items)} prompts make fewer blocks than {job.shard.count} shards; "
+                      f"a block holds a whole batch, see varbench/harness/sharding.py); use fewer shards")
+            rt, policy = _build(job) if job.keys or job.shard.index == 0 else (None, None)  # shard 0 also times
+            n_new = generate_stage(job, rt, policy)
+            print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")
+            score_stage(job, reference_stage(job, rt))
+            if job.shard.index == 0:                  # one shard times; the others only generate and score
+                write_json(sdir / "timing.json", time_stage(job, rt, policy))
+            # what `python -m varbench.harness.job assemble` needs to rebuild this job without Hydra
+            write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
+            write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
+    return job.entry.read() if assemble_shards(job) else None
+
+
+def assemble_shards(job: Job) -> bool:
+    """Assemble the record from every shard once all are done; False while some are missing.
+    Called by each shard when it finishes (the last one wins the entry lock and assembles)."""
+    shards = [job.entry.dir / "shards" / Shard(i, job.shard.count).name for i in range(job.shard.count)]
+    missing = [s.name for s in shards if not (s / "SHARD_DONE").exists()]
+    if missing:
+        print(f"[varbench] shard {job.shard.name} done; waiting for shard(s) {', '.join(missing)} to assemble the record")
+        return False
+    with job.entry.lock(wait_s=job.lock_wait_s), uninterruptible():
+        if job.entry.is_done():
+            return True
+        for name in (job.cfg.get("evaluator") or {}):       # the entry's own sample files, from every shard
+            rows = [r for s in shards if (s / f"samples_{name}.jsonl").exists() for r in read_jsonl(s / f"samples_{name}.jsonl")]
+            write_samples(job.entry.dir, name, latest_rows(rows))
+        versions = {}
+        for s in shards:
+            if (s / "versions.json").exists():
+                versions = {**read_json(s / "versions.json"), **versions}
+        write_json(job.entry.dir / "versions.json", versions)
+        timing_path = shards[0] / "timing.json"
+        timing = read_json(timing_path) if timing_path.exists() else None
+        record = assemble_record(job, None, timing, [job.entry.dir])
+        job.entry.write_record(record, force=bool(job.cfg.runtime.force))
+        job.entry.mark_done()
+    print(f"[varbench] record (assembled from {job.shard.count} shards): {job.entry.record_path}")
+    return True
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def method_preset(cfg: DictConfig) -> str | None:
+    """The method preset chosen on the command line (``method=nova_fast`` -> ``nova_fast``)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        choice = HydraConfig.get().runtime.choices.get("method")
+        if choice:
+            return str(choice)
+    except Exception:  # noqa: BLE001 - outside a Hydra app (tests, scripts)
+        pass
+    return cfg.method.get("preset") or cfg.method.get("name")
+
+
+def _build(job: Job):
+    rt = configure_runtime(build_runtime(job.cfg.model, job.device, job.dtype), job.cfg.runtime)
+    return rt, build_policy_from_cfg(job.cfg.method)
+
+
+class _no_empty_folder:
+    """On failure, remove ``folder`` if the job left it empty (no entry folders with nothing in them)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.existed = self.folder.exists()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is not None and not self.existed and self.folder.is_dir():
+            # bottom-up rmdir: only empty folders go, never a file another job wrote meanwhile
+            for d in sorted((p for p in self.folder.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()
+        return False
+
+
+def _entry_traces(job: Job) -> list[dict]:
+    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl.
+
+    The copy is one atomic write, redone whenever the entry's file differs (a copy cut short by an
+    older varbench, a kill or a full disk is replaced, never kept), and the store must hold a row
+    for every image: short of that, :class:`TraceCountError` stops the job before DONE (keep-ratio
+    heatmaps, entropy figures and the W&B per-scale table would silently read fewer images)."""
+    path = job.store.dir / "traces.jsonl"
+    wanted = {(it.index, s) for it, s in job.all_keys}
+    latest = {}
+    for row in (read_jsonl(path) if path.exists() else []):
+        k = (row["prompt_index"], row["sample_index"])
+        if k in wanted:
+            latest[k] = row
+    rows = [latest[k] for k in sorted(latest)]
+    if len(rows) != len(wanted):
+        lacking = sorted(wanted - set(latest))
+        shown = ", ".join(f"prompt {p} sample {s}" for p, s in lacking[:5]) + (" ..." if len(lacking) > 5 else "")
+        raise TraceCountError(
+            f"{path} holds trace rows for {len(rows)} of the {len(wanted)} images of this entry (none for {shown}); "
+            f"the entry is not marked done. Fix: delete those images' lines from {job.store.index_path} (a relaunch "
+            f"regenerates them with their traces), or the store folder {job.store.dir}")
+    if rows:
+        current = read_jsonl(job.entry.traces_path) if job.entry.traces_path.exists() else None
+        if current != rows:
+            job.entry.write_traces(rows, force=bool(job.cfg.runtime.force))
+        if len(read_jsonl(job.entry.traces_path)) != len(rows):  # read back: what DONE will seal
+            raise TraceCountError(f"{job.entry.traces_path} does not hold the {len(rows)} rows just written; "
+                                  "relaunch the job (the copy is redone)")
+    return rows
+
+
+class TraceCountError(FixableError):
+    """The trace rows of an entry do not cover every one of its images."""
+
+
+def _gen_kwargs(cfg: DictConfig, rt) -> dict:
+    g = cfg.generation
+    kw = dict(h_div_w=float(g.h_div_w), pn=str(g.pn), top_k=int(g.top_k), top_p=float(g.top_p),
+              cfg=OmegaConf.to_object(g.cfg) if OmegaConf.is_list(g.cfg) else float(g.cfg),
+              tau=OmegaConf.to_object(g.tau) if OmegaConf.is_list(g.tau) else float(g.tau),
+              negative_prompt=g.negative_prompt)
+    schedule = cfg.model.get("schedule")
+    if schedule is not None:
+        kw["schedule"] = [tuple(hw) for hw in schedule]
+    return kw
+
+
+def _trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = None) -> dict:
+    """Image b's trace row: per scale what its (sub-)batch ran, whether its plan was neutral, its
+    entropy, and its own FLOPs and policy stats (per-image decisions give every image its own);
+    ``stages``: its text-encoder and VAE-decode FLOPs (:func:`varbench.engine.stage_flops.stage_flops`) for
+    the end-to-end count; ``no_effect_reason``: why its policy changed nothing, when every plan was
+    neutral (:mod:`varbench.engine.effect`)."""
+    scales = []
+    for si, tr in enumerate(out.image_traces[b]):
+        keep = None
+        if tr["ran"] and any(blk["mode"] != "full" for blk in tr["blocks"]):
+            n = tr["tokens"]
+            keep = [0.0 if blk["mode"] == "skip" else (blk["sa"] + blk["ca"] + blk["ffn"]) / (3 * n) for blk in tr["blocks"]]
+        ent = out.token_entropy[si]
+        scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
+                       "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms"),
+                       "plan_neutral": tr.get("neutral")})
+    return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
+            "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
+            # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
+            "work": with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
+                                    (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
+            "stats": _jsonable(out.image_stats[b]), "no_effect_reason": out.no_effect_reasons[b]}
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
+
+
+def _baseline_cfg(cfg: DictConfig) -> DictConfig:
+    base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    base.method = {"name": "baseline", "label": "Baseline", "knobs": {}}
+    return base
+
+
+def _pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
+    """Replace ``runtime.device``/``runtime.dtype`` ``auto`` in a resolved config by what they
+    resolved to here (in place; returned): ``auto`` and its resolution make the same pixels."""
+    rt = tree.get("runtime")
+    if isinstance(rt, dict):
+        if str(rt.get("device")) == "auto":
+            rt["device"] = device.type
+        if str(rt.get("dtype")) == "auto":
+            rt["dtype"] = str(dtype).replace("torch.", "")
+    return tree
+
+
+def _weight_files(model_cfg) -> dict:
+    """``{name: path}`` of every file or folder the model loads weights from (none for random init)."""
+    if model_cfg.get("preset") == "toy":
+        from varbench.engine.models.toy import FILES, WEIGHTS_DIR
+
+        return {name: WEIGHTS_DIR / name for name in FILES.values()}
+    if model_cfg.get("random_weights"):
+        return {}
+    out = {}
+    paths = [model_cfg.get("weights"), model_cfg.get("vae")]
+    if model_cfg.get("text_encoder") == "t5":
+        paths.append(model_cfg.get("text_encoder_path"))
+    for p in paths:
+        if p:
+            out[Path(str(p)).name] = str(p)
+    return out
+
+
+def method_file_hashes(method: dict) -> dict:
+    """``{name: sha256}`` of the files a method loads besides the model's weights: SkipVAR's four
+    decision-model files (``decision_models/<file>``; a ``compose`` member's as
+    ``policies[i].decision_models/<file>``). They are hashed into the generation and entry keys, as
+    the weights are: retraining a decision-model folder in place (``experiments.skipvar_train`` into
+    the same ``--out``) makes new images and a new record. Files that are absent contribute nothing
+    (the policy reports them, naming the folder, when it loads)."""
+    from varbench.policies.skipvar_features import decision_model_paths
+
+    knobs = method.get("knobs") or {}
+    members = [("", method.get("name"), knobs)]
+    if method.get("name") == "compose":
+        members = [(f"policies[{i}].", m.get("name"), m.get("knobs") or {})
+                   for i, m in enumerate(knobs.get("policies") or []) if isinstance(m, dict)]
+    named = {}
+    for prefix, name, kn in members:
+        if name == "skipvar":
+            paths = decision_model_paths(kn.get("decision_models"), kn.get("classifier") or "Logistic_Regression")
+            named.update({f"{prefix}decision_models/{n}": p for n, p in paths.items()})
+    return weight_hashes(named)
+
+
+def _weight_hashes(model_cfg) -> dict:
+    """``{file name: sha256}`` of the model's weights (folders: ``<folder>/<file>``); no paths."""
+    return weight_hashes(_weight_files(model_cfg))
+
+
+def _device_name(device: torch.device) -> str:
+    """The timing block's device label (:func:`varbench.harness.provenance.device_label`: CPU model, and on
+    CUDA the GPU, driver, torch, CUDA and cuDNN versions), the same string provenance records."""
+    from varbench.harness.provenance import device_label
+
+    return device_label(str(device))
+
+
+def _overrides() -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except Exception:
+        return []
+
+
+def _job_num():
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().job.get("num")
+    except Exception:
+        return None
+
+
+def assemble_cli(entry_dir: str | Path) -> int:
+    """``python -m varbench.harness.job assemble <entry folder>``: assemble a sharded entry whose shards
+    are all done (e.g. when the last shard was killed after finishing its part)."""
+    entry_dir = Path(entry_dir)
+    metas = sorted((entry_dir / "shards").glob("*/job.json"))
+    if not metas:
+        print(f"error: {entry_dir} has no finished shards (shards/*/job.json)", file=sys.stderr)
+        return 2
+    meta = read_json(metas[0])
+    job = prepare_job(OmegaConf.create(meta["config"]))
+    job.preset = meta.get("preset") or job.preset
+    if job.entry.dir.resolve() != entry_dir.resolve():
+        print(f"error: the shards' config hashes to {job.entry.dir}, not {entry_dir}: were files moved?", file=sys.stderr)
+        return 2
+    if not assemble_shards(job):
+        return 1
+    from varbench.loggers.publish import republish
+
+    republish(job, job.entry.read())
+    return 0
+
+
+def assemble_ready_shards(path: str | Path) -> list[Path]:
+    """Assemble every sharded entry under ``path`` whose shards are all done but whose record is
+    missing (its last shard was killed after finishing its part); returns the entries assembled.
+    ``python -m varbench.analysis.aggregate`` calls this first."""
+    done = []
+    for shards_dir in sorted(Path(path).rglob("shards")):
+        entry = shards_dir.parent
+        names = [d.name for d in shards_dir.iterdir() if d.is_dir()]
+        counts = {int(n.rsplit("-of-", 1)[1]) for n in names if "-of-" in n}
+        if (entry / "DONE").exists() or len(counts) != 1:
+            continue
+        n = counts.pop()
+        if all((shards_dir / f"{i}-of-{n}" / "SHARD_DONE").exists() for i in range(n)) and assemble_cli(entry) == 0:
+            done.append(entry)
+    return done
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m varbench.harness.job", description="Job utilities.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("assemble", help="assemble the record of a sharded entry").add_argument("entry")
+    args = ap.parse_args()
+    sys.exit(assemble_cli(args.entry))

@@ -1,0 +1,200 @@
+"""The run record (``record.json``), documented in one place.
+
+One record per job (``store/<experiment>/entries/<entry_id>/record.json``), written by
+:func:`varbench.harness.job.assemble_record` and sealed by ``DONE``. Beside it: ``samples_<evaluator>.jsonl``
+(one row per image and evaluator: ``prompt_index``, ``sample_index`` and the evaluator's fields)
+and ``traces.jsonl`` (one row per image: per-scale trace, FLOPs and executed tokens, method stats).
+``varbench.harness.records.records_to_frame`` flattens records into one pandas row each.
+
+The types below are the schema (``TypedDict``: every key listed is written; ``None`` where a value
+does not apply). :func:`check_record` compares a record with them; the job's tests run it on real
+records, so a key added to the record without a line here fails the suite.
+
+Spreads (:class:`Spread`) summarise a per-image quantity over the record's images; adaptive
+methods (NOVA, ToProVAR, SkipVAR) do different work per prompt, and the spread says how much.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, TypedDict, get_type_hints
+
+from varbench.harness.records import SCHEMA_VERSION  # noqa: F401 - the version this schema describes
+
+
+class Spread(TypedDict):
+    """A per-image quantity over the record's images."""
+
+    n: int
+    mean: Optional[float]
+    std: Optional[float]     # sample standard deviation (0 for one image)
+    min: Optional[float]
+    max: Optional[float]
+
+
+class Experiment(TypedDict):
+    name: str                # experiment_name
+    tags: list               # the config's tags
+    overrides: list          # Hydra's task overrides of this job (empty outside Hydra)
+    job_num: Optional[int]   # Hydra's 0-based job number in a sweep
+    shards: int              # 1, or n of shard=i/n (the record assembled from n shards)
+
+
+class Model(TypedDict):
+    name: str
+    preset: str              # infinity_2b, infinity_8b, toy, tiny
+    resolution: Optional[list]   # [H, W] of the generated images
+    h_div_w: float
+    dtype: str               # as resolved (auto -> bfloat16 on CUDA)
+    weights: dict            # {file name: sha256} of every weight file loaded; {} for random weights
+
+
+class Method(TypedDict):
+    name: str                # the registered policy (nova, fastvar, ...)
+    preset: Optional[str]    # the preset chosen (method=nova_fast); tables show it
+    label: Optional[str]
+    config: dict             # the composed method node (name, label, knobs)
+    stats: dict              # the first image's policy stats; every image's are in traces.jsonl
+    files: dict              # {name: sha256} of the files the method loads (SkipVAR's decision models); {} if none
+    # did the method change anything (varbench/engine/effect.py)? An image is unchanged when every plan its
+    # batch ran under was neutral (traces' plan_neutral) or its pixels equal the baseline's (fidelity)
+    effect: Optional[str]    # "none" (no image changed: tables mark the row) | "partial" | "some";
+                             # None for the baseline, or when some image's trace predates plan_neutral
+    effect_reason: Optional[str]     # why, e.g. "fastvar: no schedule width in 32/40/48/64 at h/w 1.25 (1M)";
+                                     # "every plan was neutral" when the policy gives no reason of its own
+    unchanged_images: Optional[int]  # images the method left unchanged (None for the baseline)
+
+
+class Seeds(TypedDict):
+    base: int                # generation.seed
+    rule: str                # varbench.core.seeds.SEED_RULE
+
+
+class Benchmark(TypedDict):
+    """:meth:`varbench.harness.prompts.PromptSet.describe` plus the seeds."""
+
+    name: str
+    loader: str
+    source: Optional[str]    # the published location
+    source_path: Optional[str]
+    sha256: str              # of the prompt file(s) as read
+    sha256_expected: Optional[str]   # the pinned official hash
+    sha256_matches: Optional[bool]
+    files: dict              # {file: sha256}
+    items_sha256: str        # of the selected prompts (after limit / limit_per_tag)
+    n_prompts: int
+    full_size: int           # prompts before the selection
+    samples_per_prompt: int
+    selection: dict          # {"limit", "limit_per_tag"}
+    seeds: Seeds
+
+
+class TimingBlock(TypedDict, total=False):
+    """One batch size of the timed pass (:func:`varbench.harness.timing.timed_pass`); ms blocks are
+    ``{"median", "p10", "p90"}`` over the timed prompts' latencies (each prompt's median repeat);
+    ``paired`` only when the baseline was timed interleaved."""
+
+    text_ms: dict
+    ar_ms: dict
+    decode_ms: dict
+    total_ms: dict
+    per_prompt: dict         # {"ar_ms": [...], "total_ms": [...]}: one latency per timed prompt, in sample order
+    ar_repeat_spread: Optional[float]   # the method's own repeats: p90 - p10 over their prompt's median, pooled
+    images_per_s: Optional[float]
+    peak_mem_bytes: Optional[int]   # CUDA only
+    per_scale_ms: list
+    n_prompts: int           # prompts timed
+    n_repeats: int           # timed generations of the method (prompts x repeats)
+    repeats_ms: dict         # {"ar": [[...], ...], "total": [[...], ...]}: every repeat, per prompt
+    paired: dict             # ar_speedup, ar_ci_low/high, e2e_*, ci_level, ci_kind, per-prompt repeats, reliable, ... (timing.py)
+
+
+class Timing(TypedDict):
+    device: str              # varbench.harness.provenance.device_label: "cpu (<CPU model>, <arch>, <threads> threads)" or
+                             # "<GPU> (driver, torch, CUDA, cuDNN; host <CPU model>)"
+    dtype: str
+    prompts: list            # [{"index", "tag"}] of the timed prompts (varbench.harness.timing.timing_sample), in timing order
+    n_prompts: int           # len(prompts): timing.prompts for adaptive methods, timing.prompts_static otherwise
+    adaptive: bool           # the policy's plan depends on observed signals (Policy.adaptive)
+    warmup: int              # untimed generations on the first prompt
+    warmup_per_prompt: int   # untimed pairs before each further prompt (auto resolved)
+    repeats: int             # timed pairs per prompt
+    tries: list              # one row per pass run (timing.retime_unreliable re-times): try, waited_s, load_settled, reliable, ar_speedup, unreliable_reasons
+    by_batch: dict           # {str(batch size): TimingBlock} of the last pass
+
+
+class Flops(TypedDict):
+    """Analytic FLOPs per image, means over the record's images (a multiply-add = 2).
+
+    ``total``, ``text``, ``ar``, ``per_scale`` and ``per_image`` are the **transformer only**
+    (varbench/engine/flops.py; what CI gates on and the "FLOPs × (transformer)" column). The stages around
+    it (varbench/engine/stage_flops.py) are separate: ``text_encoder`` (flan-t5-xl over its 512 padded
+    tokens, or the word encoder), ``vae_decode`` (the decoder at the generated resolution, once per
+    image whatever the method skipped) and ``end_to_end`` = total + text_encoder + vae_decode
+    (the "FLOPs × (end to end)" column). The three are None for records whose traces predate them
+    or whose encoder/VAE the count does not know."""
+
+    total: float             # transformer only: its text-side projections + the AR loop
+    text: float              # the transformer's text-side projections (pooled SOS, cross-attention K/V), not T5
+    ar: float                # sum of per_scale (the next-scale loop)
+    per_scale: list
+    per_image: Spread        # of per-image transformer totals
+    text_encoder: Optional[float]   # T5 / word encoder, this image's share of its generation's encodes
+    vae_decode: Optional[float]     # VAE decoder, one decode at the final latent grid
+    end_to_end: Optional[float]     # total + text_encoder + vae_decode
+    end_to_end_per_image: Spread    # of per-image end_to_end (n = 0 when end_to_end is None)
+
+
+class Work(TypedDict):
+    executed_tokens: Spread  # token-layers executed per image (mean over sublayers, summed over blocks and scales)
+    dense_tokens: int        # what the dense forward executes
+    keep_fraction: Spread    # executed / dense per image
+
+
+class RunRecord(TypedDict):
+    schema_version: int      # SCHEMA_VERSION
+    entry_id: str            # the entry hash (config minus varbench.harness.store.ENTRY_EXCLUDE, + sha256s)
+    generation_id: str       # the image store's hash (varbench.harness.store.GENERATION_KEYS, + sha256s)
+    created: str             # UTC, ISO 8601
+    status: str              # "ok"
+    experiment: Experiment
+    config: dict             # the resolved config, auto device/dtype pinned
+    model: Model
+    method: Method
+    benchmark: Benchmark
+    evaluators: dict         # {evaluator: version info (weights' sha256, backend, ...)}
+    metrics: dict            # {"<evaluator>/<metric>": value}
+    uncertainty: dict        # {"<evaluator>/<metric>": standard error} (see the evaluator)
+    higher_is_better: dict   # {"<evaluator>/<metric>": bool}
+    timing: Optional[Timing]     # None with timing=none
+    flops: Optional[Flops]
+    work: Optional[Work]
+    provenance: dict         # git commit, packages, torch/CUDA, host (varbench/harness/provenance.py)
+    wall_s: float            # the job's wall time
+
+
+def check_record(record: Mapping[str, Any], kind: type = RunRecord, where: str = "") -> list[str]:
+    """Differences between ``record`` and the schema: missing keys (of total types), keys the
+    schema does not list, and nested typed blocks checked the same way. Empty when it conforms."""
+    hints = get_type_hints(kind)
+    problems = []
+    required = kind.__required_keys__
+    for key in sorted(required - set(record)):
+        problems.append(f"{where}{key}: missing")
+    for key in sorted(set(record) - set(hints)):
+        problems.append(f"{where}{key}: not in varbench.harness.schema.{kind.__name__}")
+    for key, tp in hints.items():
+        sub = _typed_dict(tp)
+        value = record.get(key)
+        if sub is not None and isinstance(value, Mapping):
+            problems += check_record(value, sub, f"{where}{key}.")
+    if kind is Timing and isinstance(record.get("by_batch"), Mapping):
+        for bs, block in record["by_batch"].items():
+            problems += check_record(block, TimingBlock, f"{where}by_batch.{bs}.")
+    return problems
+
+
+def _typed_dict(tp: Any) -> type | None:
+    """The TypedDict in ``tp`` (``X`` or ``Optional[X]``), else None."""
+    for t in (tp, *getattr(tp, "__args__", ())):
+        if isinstance(t, type) and issubclass(t, dict) and hasattr(t, "__required_keys__"):
+            return t
+    return None

@@ -1,0 +1,418 @@
+"""Image store keyed by generation hash, in GenEval's folder layout; config hashing.
+
+Usage::
+
+    from varbench.harness.store import ImageStore, generation_hash, entry_hash
+    gen = generation_hash(resolved_cfg, weights, prompt_set.sha256)   # GENERATION_KEYS + sha256s
+    store = ImageStore("results", gen)            # -> results/images/<gen>/
+    store.write_manifest(resolved_cfg)            # once: what made these images (generation.json)
+    for p, s in store.missing(prompt_set.items, prompt_set.samples_per_prompt):
+        store.save(p, s, pil_image, metadata=item.metadata | {"prompt": item.prompt})
+    img = store.load(0, 0)
+
+Layout (GenEval's ``evaluate_images.py`` reads ``images/<gen>/`` directly)::
+
+    <root>/images/<generation_hash>/
+        generation.json                        # the hashed config (write_manifest)
+        images.jsonl                           # one row per committed image: prompt_index,
+                                               #   sample_index, file, sha256 (later rows win)
+        traces.jsonl                           # per-image traces (written by varbench.harness.job)
+        <prompt_index:05d>/metadata.jsonl      # one line: the prompt's metadata incl. "prompt"
+        <prompt_index:05d>/samples/<sample_index:04d>.png
+
+Every file is written to a temporary name in the same folder, fsynced, and moved into place with
+``os.replace``, so a killed job leaves either the whole file or none. An image counts as stored
+only once its row (with the file's sha256) is in ``images.jsonl``: ``write_image()`` writes the
+file, ``commit()`` appends the rows (flush + fsync) -- ``save()`` does both. A caller with more
+to keep per image (the job's traces) writes that between the two, so a kill at any point leaves
+no stored image without it. ``missing()`` lists what a relaunch still has to generate (no file,
+or no row: images written by older code without ``images.jsonl`` are regenerated);
+``corrupt()`` lists stored images whose file no longer matches its sha256, and ``load()``
+refuses such a file (:class:`ImageHashError`).
+
+Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the canonical JSON
+(sorted keys, no whitespace, UTF-8, NaN refused) of a config *minus* the dotted key paths in
+``exclude``. The two keys built on it:
+
+* :func:`generation_hash` (the image store's key) hashes an explicit list, ``GENERATION_KEYS``:
+  only what changes pixels (the model's preset/VAE/text encoder/random-init seed/schedule, every
+  ``generation.*`` setting, ``method.name`` and ``method.knobs``, the prompt set's loader/seed/
+  size/rewriter, ``runtime.device`` as a device *type* and ``runtime.dtype``, both resolved
+  (``auto`` must be resolved by the caller: :func:`varbench.harness.job.run_job` pins them),
+  ``runtime.fused_entropy``, ``runtime.batch_size``: batched matmuls round differently with other
+  batch companions, see :mod:`varbench.harness.sharding`), plus the sha256 of every weight file
+  (``weights``, from :func:`varbench.harness.provenance.weight_hashes`; never their paths), of the prompt
+  file(s) (``benchmark_sha256``) and of the files the method loads (``method_files``: SkipVAR's
+  decision models; absent for methods without files, so their hashes are unchanged). A key not in the list (labels, evaluators, timing, progress
+  bars, ``runtime.cuda_graphs``: graphed bits equal eager; limits: prompt indices are stable
+  across subsets and each image is generated with the batch companions it has in the full set)
+  never regenerates images.
+* :func:`entry_hash` (the run record's key) hashes the config minus ``ENTRY_EXCLUDE`` (where files
+  go, mirroring, and switches that change no number of the record), with weight/prompt-file paths
+  replaced by the same sha256 values.
+* :func:`pair_key` (aggregation): the generation key minus the method, read back from a record
+  (``config`` + ``model.weights`` + ``benchmark.sha256``).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from varbench.core.errors import FixableError, writing
+from varbench.core.locks import DEFAULT_WAIT_S, FileLock, clean_stray_tmp, file_mode
+
+#: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
+#: ``benchmark_sha256``): a path differs between machines, the bytes do not.
+PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_path", "benchmark.path")
+
+#: Left out of the entry hash: where files go, result mirroring, and switches that change no number
+#: of the record (every name here exists in varbench/conf/).
+ENTRY_EXCLUDE: tuple[str, ...] = (
+    "paths", "logger", "hydra", "aggregate", "shard",
+    "runtime.force", "runtime.progress", "runtime.save_images", "runtime.lock_wait_s",
+) + PATH_KEYS
+
+#: Everything that changes a generated pixel (dotted paths into the resolved config; a path names
+#: its whole subtree). Anything else is left out of the image store's key.
+GENERATION_KEYS: tuple[str, ...] = (
+    "model.preset", "model.vae_preset", "model.text_encoder", "model.random_weights", "model.seed",
+    "model.schedule",
+    "generation.h_div_w", "generation.pn", "generation.cfg", "generation.tau", "generation.top_k",
+    "generation.top_p", "generation.negative_prompt", "generation.seed",
+    "method.name", "method.knobs",
+    "benchmark.loader", "benchmark.seed", "benchmark.n_prompts", "benchmark.rewriter",
+    "runtime.device", "runtime.dtype", "runtime.fused_entropy",
+    "runtime.batch_size",   # an image's bits depend on its batch companions (varbench/harness/sharding.py)
+)
+#: The pairing key: the generation key without the method.
+PAIR_KEYS: tuple[str, ...] = tuple(k for k in GENERATION_KEYS if not k.startswith("method."))
+
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+def _to_plain(cfg: Any) -> Any:
+    """OmegaConf nodes -> plain containers (resolved); anything else is returned as is."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        return cfg
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def _canon(obj: Any, where: str = "") -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _canon(v, f"{where}.{k}" if where else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_canon(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise ValueError(f"config value at {where!r} is {obj}; not hashable as canonical JSON")
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    raise TypeError(f"config value at {where!r} has type {type(obj).__name__}; only JSON types can be hashed")
+
+
+def _drop(tree: dict, dotted: str) -> None:
+    parts = dotted.split(".")
+    node: Any = tree
+    for p in parts[:-1]:
+        if not isinstance(node, dict) or p not in node:
+            return
+        node = node[p]
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+def canonical_json(cfg: Any, exclude: Iterable[str] = ()) -> str:
+    """The exact text that :func:`config_hash` hashes (useful to diff two configs)."""
+    tree = _canon(_to_plain(cfg))
+    if not isinstance(tree, dict):
+        raise TypeError("config_hash expects a mapping at the top level")
+    for key in exclude:
+        _drop(tree, key)
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def config_hash(cfg: Any, exclude: Iterable[str] = ()) -> str:
+    """First 16 hex digits of sha256(canonical JSON of ``cfg`` minus dotted ``exclude`` paths)."""
+    return hashlib.sha256(canonical_json(cfg, exclude).encode("utf-8")).hexdigest()[:16]
+
+
+def _select(tree: Mapping, dotted: str) -> tuple[bool, Any]:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _normalise(key: str, value: Any) -> Any:
+    if key == "runtime.device" and isinstance(value, str):
+        return value.split(":", 1)[0]            # cuda:1 and cuda make the same pixels
+    if key == "runtime.dtype" and isinstance(value, str):
+        return _DTYPE_ALIASES.get(value, value)
+    return value
+
+
+def generation_key(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
+                   keys: Sequence[str] = GENERATION_KEYS, method_files: Mapping[str, str] | None = None) -> dict:
+    """The exact tree :func:`generation_hash` hashes: ``{"config": {dotted key: value}, "weights":
+    {file name: sha256}, "benchmark_sha256": ...}``, plus ``"method_files"`` ({name: sha256} of the
+    files the method loads, e.g. SkipVAR's decision models) when there are any: a method without
+    files hashes as before. Keys absent from ``cfg`` are left out."""
+    tree = _canon(_to_plain(cfg))
+    if not isinstance(tree, dict):
+        raise TypeError("generation_key expects a mapping at the top level")
+    picked = {}
+    for k in keys:
+        present, value = _select(tree, k)
+        if present:
+            picked[k] = _normalise(k, value)
+    from varbench.core.seeds import SEED_RULE_VERSION
+
+    key = {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256,
+           "seed_rule": SEED_RULE_VERSION}
+    if method_files:
+        key["method_files"] = dict(sorted(method_files.items()))
+    return key
+
+
+def generation_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
+                    method_files: Mapping[str, str] | None = None) -> str:
+    """Key of the image store folder: :data:`GENERATION_KEYS` of ``cfg`` (device/dtype resolved
+    by the caller) plus the weight files', prompt files' and method files' sha256 (see the module
+    docstring): replacing a SkipVAR decision model in place makes new images, as new weights do."""
+    return config_hash(generation_key(cfg, weights, benchmark_sha256, method_files=method_files))
+
+
+def entry_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha256: str | None = None,
+               exclude: Iterable[str] = ENTRY_EXCLUDE, method_files: Mapping[str, str] | None = None) -> str:
+    """Key of the run-record entry: ``cfg`` minus ``exclude`` plus the weight/prompt (and, when the
+    method loads files, the method files') sha256 values. ``runtime.device`` counts by its type:
+    the shards of one job on ``cuda:0`` .. ``cuda:3`` of one machine write one record."""
+    tree = json.loads(canonical_json(cfg, exclude))
+    if isinstance(tree.get("runtime"), dict) and "device" in tree["runtime"]:
+        tree["runtime"]["device"] = _normalise("runtime.device", tree["runtime"]["device"])
+    key = {"config": tree, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256}
+    if method_files:
+        key["method_files"] = dict(sorted(method_files.items()))
+    return config_hash(key)
+
+
+def pair_key(rec: Mapping) -> str | None:
+    """Pairing key of a run record: its generation key without the method (:data:`PAIR_KEYS`),
+    from ``config``, ``model.weights`` and ``benchmark.sha256``. None without a ``config``."""
+    cfg = rec.get("config")
+    if not isinstance(cfg, Mapping):
+        return None
+    weights = (rec.get("model") or {}).get("weights") or {}
+    bench_sha = (rec.get("benchmark") or {}).get("sha256")
+    return config_hash(generation_key(cfg, weights, bench_sha, keys=PAIR_KEYS))
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a same-folder temp file, fsync, and ``os.replace``.
+
+    The file gets the mode ``open()`` would give it (``0o666 & ~umask``; ``mkstemp`` alone makes
+    0600, unreadable by the rest of a group sharing the store). A killed write leaves a
+    ``.<name>.<random>.tmp`` file, removed by :func:`varbench.core.locks.clean_stray_tmp` when the next
+    job takes the folder's lock."""
+    path = Path(path)
+    with writing(path):      # a read-only or full disk: one error naming the file and the fix
+        _atomic_write(path, data)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ImageHashError(FixableError, ValueError):
+    """A stored image's file does not match the sha256 recorded when it was written."""
+
+
+class ImageStore:
+    """Images of one generation configuration under ``<root>/images/<generation_hash>/``."""
+
+    def __init__(self, root: str | os.PathLike, generation_hash: str, image_format: str = "png"):
+        self.root = Path(root)
+        self.generation_hash = generation_hash
+        self.dir = self.root / "images" / generation_hash
+        # PNG (lossless) by default: the scorers see exactly the generated pixels.
+        self.image_format = image_format.lower()
+
+    def prompt_dir(self, prompt_index: int) -> Path:
+        return self.dir / f"{int(prompt_index):05d}"
+
+    def path(self, prompt_index: int, sample_index: int) -> Path:
+        return self.prompt_dir(prompt_index) / "samples" / f"{int(sample_index):04d}.{self.image_format}"
+
+    @property
+    def index_path(self) -> Path:
+        return self.dir / "images.jsonl"
+
+    def index(self) -> dict[tuple[int, int], dict]:
+        """Committed images: ``{(prompt_index, sample_index): row}`` (later rows win)."""
+        from varbench.harness.records import read_jsonl
+
+        try:
+            st = self.index_path.stat()
+        except FileNotFoundError:
+            return {}
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        cached = getattr(self, "_index_cache", None)
+        if cached is None or cached[0] != stamp:  # reread only when the file changed
+            cached = (stamp, {(int(r["prompt_index"]), int(r["sample_index"])): r for r in read_jsonl(self.index_path)})
+            self._index_cache = cached
+        return cached[1]
+
+    def has(self, prompt_index: int, sample_index: int) -> bool:
+        """The image file exists and is committed (its sha256 row is in ``images.jsonl``)."""
+        return (int(prompt_index), int(sample_index)) in self.index() and self.path(prompt_index, sample_index).is_file()
+
+    @contextlib.contextmanager
+    def generation_lock(self, wait_s: float | None = DEFAULT_WAIT_S, part: str | None = None) -> Iterator[FileLock]:
+        """Hold ``<store>/LOCK`` while generating into this store: one generating job per
+        generation hash (a sweep's method jobs all need the baseline's images for fidelity).
+
+        A job that finds another live job generating here waits up to ``wait_s`` seconds
+        (``runtime.lock_wait_s``; None or negative: forever), saying whom it waits for, then
+        raises :class:`varbench.core.locks.LockTimeoutError` naming the holder and the knob. A lock
+        left by a killed job is taken over at once. On entry, temp files of killed writes
+        (``.*.tmp``, anywhere under the store folder) are removed. Check :meth:`missing` again
+        inside the block: the job waited for may have generated everything. ``part`` (a shard's
+        name, ``i-of-n``) locks only that part of the prompts (``LOCK.<part>``), so the shards of
+        one job generate side by side while two jobs wanting the same shard still wait::
+
+            with store.generation_lock(wait_s=cfg.runtime.lock_wait_s):
+                if store.missing(items, spp):
+                    generate(...)
+        """
+        name = "LOCK" if part is None else f"LOCK.{part}"
+        lock = FileLock(self.dir / name, what=f"image store {self.dir} (its images are being generated)",
+                        wait_s=wait_s)
+        with lock:
+            clean_stray_tmp(self.dir, recursive=True)
+            yield lock
+
+    def write_manifest(self, cfg: Any) -> Path:
+        """Store the hashed config beside the images (idempotent; first writer wins)."""
+        path = self.dir / "generation.json"
+        if not path.exists():
+            text = json.dumps({"generation_hash": self.generation_hash, "config": _canon(_to_plain(cfg))},
+                              indent=2, sort_keys=True, ensure_ascii=False)
+            atomic_write_bytes(path, text.encode("utf-8"))
+        return path
+
+    def save(self, prompt_index: int, sample_index: int, image: Any, metadata: Mapping | None = None) -> Path:
+        """Write one image (PIL) and, if absent, the prompt's ``metadata.jsonl`` line, then commit it.
+
+        ``metadata`` should include ``"prompt"`` (GenEval reads it from there); the whole mapping
+        is written as one JSON line.
+        """
+        path, digest = self.write_image(prompt_index, sample_index, image, metadata)
+        self.commit([(prompt_index, sample_index, digest)])
+        return path
+
+    def commit(self, done: Iterable[tuple[int, int, str]]) -> None:
+        """Append ``(prompt_index, sample_index, sha256)`` rows to ``images.jsonl`` in one
+        fsynced write: from here on these images count as stored."""
+        from varbench.harness.records import append_jsonl
+
+        append_jsonl(self.index_path, [{"prompt_index": int(p), "sample_index": int(s),
+                                        "file": self.path(p, s).relative_to(self.dir).as_posix(), "sha256": d}
+                                       for p, s, d in done])
+
+    def write_image(self, prompt_index: int, sample_index: int, image: Any,
+                    metadata: Mapping | None = None) -> tuple[Path, str]:
+        """Write the image file (and the prompt's metadata line) without committing it; returns
+        ``(path, sha256 of the file's bytes)`` for :meth:`commit`."""
+        import io
+
+        meta_path = self.prompt_dir(prompt_index) / "metadata.jsonl"
+        if metadata is not None and not meta_path.exists():
+            line = json.dumps(dict(metadata), ensure_ascii=False) + "\n"
+            atomic_write_bytes(meta_path, line.encode("utf-8"))
+        buf = io.BytesIO()
+        fmt = {"png": "PNG", "jpg": "JPEG", "jpeg": "JPEG", "webp": "WEBP"}.get(self.image_format)
+        if fmt is None:
+            raise ValueError(f"image_format {self.image_format!r} not supported; use png (lossless), jpg or webp")
+        image.save(buf, format=fmt)
+        path = self.path(prompt_index, sample_index)
+        data = buf.getvalue()
+        atomic_write_bytes(path, data)
+        return path, hashlib.sha256(data).hexdigest()
+
+    def load(self, prompt_index: int, sample_index: int, verify: bool = True):
+        """The stored image as an RGB ``PIL.Image`` (fully read, file closed).
+
+        With ``verify`` the file's bytes must match the sha256 committed in ``images.jsonl``
+        (:class:`ImageHashError` otherwise, naming the file; ``FileNotFoundError`` if uncommitted)."""
+        import io
+
+        from PIL import Image
+
+        path = self.path(prompt_index, sample_index)
+        if not path.is_file():
+            raise FileNotFoundError(f"no stored image for prompt {prompt_index} sample {sample_index}: {path}")
+        data = path.read_bytes()
+        if verify:
+            row = self.index().get((int(prompt_index), int(sample_index)))
+            if row is None:
+                raise FileNotFoundError(f"{path} was never committed to {self.index_path} (a write cut short, or "
+                                        f"written by older varbench); regenerate it (relaunch the job)")
+            got = hashlib.sha256(data).hexdigest()
+            if got != row["sha256"]:
+                raise ImageHashError(f"{path} does not match the sha256 recorded when it was generated "
+                                     f"({row['sha256'][:12]} recorded, file is {got[:12]}); relaunch the job to "
+                                     f"regenerate it")
+        with Image.open(io.BytesIO(data)) as im:
+            return im.convert("RGB")
+
+    def corrupt(self, items: Sequence[Any], samples_per_prompt: int) -> list[tuple[int, int]]:
+        """Committed (prompt_index, sample_index) pairs whose file no longer matches its sha256."""
+        index = self.index()
+        out = []
+        for it in items:
+            p = int(getattr(it, "index", it))
+            for s in range(samples_per_prompt):
+                row, path = index.get((p, s)), self.path(p, s)
+                if row is not None and path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() != row["sha256"]:
+                    out.append((p, s))
+        return out
+
+    def read_metadata(self, prompt_index: int) -> dict:
+        with open(self.prompt_dir(prompt_index) / "metadata.jsonl", encoding="utf-8") as f:
+            return json.loads(f.readline())
+
+    def missing(self, items: Sequence[Any], samples_per_prompt: int) -> list[tuple[int, int]]:
+        """(prompt_index, sample_index) pairs not yet stored, in generation order.
+
+        ``items`` are PromptItems (anything with ``.index``) or plain ints.
+        """
+        index = self.index()
+        out = []
+        for it in items:
+            p = int(getattr(it, "index", it))
+            for s in range(samples_per_prompt):
+                if (p, s) not in index or not self.path(p, s).is_file():
+                    out.append((p, s))
+        return out
