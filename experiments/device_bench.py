@@ -555,7 +555,7 @@ class Bench:
                 "cpu_count": prov.get("cpu_count"), "torch_threads": torch.get_num_threads(), "provenance": prov}
 
     def save(self) -> None:
-        from varbench.harness.store import atomic_write_bytes
+        from varbench.core.jsonio import atomic_write_bytes
 
         self.record["elapsed_s"] = round(self.elapsed(), 2)
         try:  # reporting must never cost the measurements

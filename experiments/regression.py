@@ -151,7 +151,7 @@ class Target:
 class ToyTarget(Target):
     def __init__(self, device: torch.device, prof: dict):
         from varbench.toy import world
-        from varbench.engine.models.toy import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
+        from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
         self.name, self.quality = "toy", True
         self.rt = load_toy_runtime(device)
@@ -233,10 +233,10 @@ def timed_speedup(target: Target, policy, base_policy, prof: dict, device: torch
 def measure_target(target: Target, methods: list[str], prof: dict, device: torch.device, log=print) -> dict:
     from PIL import Image
 
-    from varbench.engine.build import configure_runtime
+    from varbench.harness.build import configure_runtime
     from varbench.evaluators.base import Sample
     from varbench.evaluators.fidelity import FidelityEvaluator
-    from varbench.evaluators.toy_geneval import ToyGenEval
+    from varbench.toy.geneval import ToyGenEval
 
     rt = configure_runtime(target.rt, {"cuda_graphs": "auto", "fused_entropy": True})
     graphs = _graphs_possible(rt)

@@ -517,7 +517,7 @@ def env_info(device: str) -> dict:
 
 def write_json(path: Path, obj: dict) -> None:
     """Atomic rewrite, so a kill mid-write never leaves a truncated file."""
-    from varbench.harness.store import atomic_write_bytes
+    from varbench.core.jsonio import atomic_write_bytes
 
     atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
 

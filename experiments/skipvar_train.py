@@ -205,7 +205,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.weights=/path generation.cfg=4")
     a = ap.parse_args(argv)
 
-    from varbench.engine.build import build_runtime, resolve_device, resolve_dtype
+    from varbench.harness.build import build_runtime, resolve_device, resolve_dtype
     from varbench.harness.job import _gen_kwargs, image_seed
     from varbench.policies.skipvar_features import CLASSIFIERS, _require_joblib, _require_skops
     from varbench.harness.prompts import load_prompt_set

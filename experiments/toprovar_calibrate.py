@@ -117,7 +117,7 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from varbench.engine.build import build_runtime, configure_runtime, resolve_device, resolve_dtype
+    from varbench.harness.build import build_runtime, configure_runtime, resolve_device, resolve_dtype
     from varbench.harness.job import _gen_kwargs, image_seed
     from varbench.harness.prompts import load_prompt_set
 

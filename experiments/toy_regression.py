@@ -28,10 +28,10 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
     from hydra import compose, initialize_config_dir
 
     from varbench.evaluators.base import Sample
-    from varbench.evaluators.toy_geneval import ToyGenEval
-    from varbench.engine.build import build_policy_from_cfg
+    from varbench.toy.geneval import ToyGenEval
+    from varbench.harness.build import build_policy_from_cfg
     from varbench.toy import world
-    from varbench.engine.models.toy import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
+    from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
     rt = load_toy_runtime("cpu")
     prompts = world.prompt_set(n_prompts, seed=0)
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     if args.write:
         REFERENCE.parent.mkdir(parents=True, exist_ok=True)
         from varbench.harness.provenance import git_info
-        from varbench.engine.models.toy import WEIGHTS_DIR, sha256
+        from varbench.toy.load import WEIGHTS_DIR, sha256
 
         provenance = {"command": "python -m experiments.toy_regression --write", "git": git_info(),
                       "toy_manifest_sha256": sha256(WEIGHTS_DIR / "manifest.json")}

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _exit_of(exc: BaseException, capsys) -> tuple[int, str]:
-    from varbench.__main__ import fixable_exits
+    from varbench.cli.app import fixable_exits
 
     def boom():
         raise exc
@@ -30,7 +30,7 @@ def _exit_of(exc: BaseException, capsys) -> tuple[int, str]:
 
 
 def test_truncated_toy_manifest_is_a_toy_weights_error_naming_the_file_and_the_fix(tmp_path, capsys):
-    from varbench.engine.models.toy import WEIGHTS_DIR, ToyWeightsError, read_manifest
+    from varbench.toy.load import WEIGHTS_DIR, ToyWeightsError, read_manifest
 
     d = tmp_path / "weights"
     d.mkdir()
@@ -45,7 +45,7 @@ def test_truncated_toy_manifest_is_a_toy_weights_error_naming_the_file_and_the_f
 
 
 def test_garbled_state_files_are_fixable_and_name_the_file(tmp_path, capsys):
-    from varbench.harness.records import read_json
+    from varbench.core.jsonio import read_json
     from varbench.harness.store import ImageStore
 
     (tmp_path / "versions.json").write_text('{"fidelity": {"scorer": ')
@@ -67,8 +67,9 @@ def test_garbled_state_files_are_fixable_and_name_the_file(tmp_path, capsys):
 def test_a_read_only_store_is_one_store_write_error_that_is_still_an_oserror(tmp_path, monkeypatch, capsys):
     import tempfile
 
-    from varbench.harness.records import RunEntry, append_jsonl
-    from varbench.harness.store import atomic_write_bytes
+    from varbench.harness.records import RunEntry
+    from varbench.core.jsonio import append_jsonl
+    from varbench.core.jsonio import atomic_write_bytes
 
     def read_only(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system", str(k.get("dir")))
@@ -127,7 +128,8 @@ def test_every_error_that_names_its_fix_derives_from_the_one_base():
     from varbench.harness.prompts import PromptSetError
     from varbench.harness.records import EntryFinishedError, EntryLockedError, LegacySealError
     from varbench.harness.store import ImageHashError
-    from varbench.harness.config import ConfigError, names_its_fix
+    from varbench.core.errors import names_its_fix
+    from varbench.core.errors import ConfigError
 
     for cls in (AggregationError, WeightsNotFoundError, WrongWeightsError, CheckpointMismatchError,
                 VAEWeightsNotFoundError, WeightsNotFound, DecisionModelError, PromptSetError, EntryFinishedError,
@@ -137,7 +139,7 @@ def test_every_error_that_names_its_fix_derives_from_the_one_base():
 
 
 def test_other_errors_keep_their_traceback():
-    from varbench.__main__ import fixable_exits
+    from varbench.cli.app import fixable_exits
 
     def bug():
         raise KeyError("not a named fix")
@@ -157,7 +159,7 @@ def read_only(*a, **k):
 tempfile.mkstemp = read_only
 sys.argv = ["varbench", "+experiment=smoke", "paths.output_root={tmp_path}", "benchmark.limit=1",
             "evaluator=[]", "timing=none", "runtime.progress=false"]
-from varbench.__main__ import cli
+from varbench.cli.app import cli
 cli()
 """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -155,7 +155,7 @@ def test_pair_key_is_the_generation_key_minus_the_method():
 
 
 def test_toy_weights_are_hashed_and_retrained_weights_change_the_keys(tmp_path, monkeypatch):
-    import varbench.engine.models.toy as toy_load
+    import varbench.toy.load as toy_load
 
     model = OmegaConf.create({"preset": "toy", "random_weights": False, "weights": None, "vae": None,
                               "text_encoder": "word"})

@@ -67,12 +67,10 @@ def _graph():
         for mod, attr, line in _imports(name, path, modules):
             if mod != name:
                 deps.setdefault(mod, (path, line))
-        # importing a.b.c runs a/__init__ and a/b/__init__ first: those count as dependencies too
-        parts = name.split(".")
-        for i in range(1, len(parts)):
-            parent = ".".join(parts[:i])
-            if parent in modules and parent != name:
-                deps.setdefault(parent, (path, 0))
+        # Not counted: the implicit import of a module's own parent packages. A package's __init__
+        # that re-exports its submodules (`evaluators/__init__` -> `evaluators.base`) is how a
+        # package shows its API, not a lower module calling up; any import it makes outside the
+        # package is an explicit edge here and is checked like every other.
         edges[name] = deps
     return modules, edges
 

@@ -15,7 +15,8 @@ import pytest
 
 from varbench.core.locks import DEFAULT_WAIT_S, WAIT_KNOB, FileLock, LockTimeoutError, clean_stray_tmp, current_umask
 from varbench.harness.records import EntryLockedError, RunEntry
-from varbench.harness.store import ImageStore, atomic_write_bytes
+from varbench.harness.store import ImageStore
+from varbench.core.jsonio import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -300,7 +301,7 @@ def test_a_signal_between_jobs_is_noted_then_raised_when_the_next_job_starts(tmp
         import os, signal, time
         from varbench.core.interrupt import GracefulStop, JobInterrupted, stop_requested
         import varbench.core.interrupt as vi
-        with GracefulStop(immediate=False):           # the process, as varbench.__main__.cli
+        with GracefulStop(immediate=False):           # the process, as varbench.cli.app.cli
             with GracefulStop():                       # job 1: immediate while it runs
                 assert vi._immediate
             assert not vi._immediate                   # back to the outer mode between jobs
@@ -328,11 +329,11 @@ def test_a_first_checkpoint_hash_stops_between_chunks_on_a_noted_signal(tmp_path
     a first hash stops within one chunk instead of after the whole file."""
     code = f"""
         import os, signal, time
-        from varbench.harness import provenance
+        from varbench.core import filehash
         from varbench.core.interrupt import GracefulStop, JobInterrupted
         path = {str(tmp_path / "ckpt.bin")!r}
         with open(path, "wb") as f:
-            f.write(os.urandom(3 * provenance._CHUNK))
+            f.write(os.urandom(3 * filehash._CHUNK))
         reads = []
         real_open = open
         class Counting:
@@ -345,10 +346,10 @@ def test_a_first_checkpoint_hash_stops_between_chunks_on_a_noted_signal(tmp_path
                     os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C during the first chunk
                     time.sleep(0.05)
                 return self.f.read(n)
-        provenance.open = lambda p, mode: Counting(real_open(p, mode))
+        filehash.open = lambda p, mode: Counting(real_open(p, mode))
         try:
             with GracefulStop(immediate=False):
-                provenance.sha256_file(path)
+                filehash.sha256_file(path)
         except JobInterrupted as e:
             print("stopped after", len(reads), "chunk(s), exit", e.code)
     """

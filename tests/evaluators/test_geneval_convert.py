@@ -302,7 +302,7 @@ def test_cli_round_trip_loads_in_geneval_detector(tiny, tmp_path):
 
     from varbench.evaluators.geneval.evaluator import Mask2FormerDetector
     from varbench.evaluators.geneval.rules import COCO80_GENEVAL
-    from varbench.harness.provenance import sha256_file
+    from varbench.core.filehash import sha256_file
 
     cfg, src, hf = tiny
     pth = tmp_path / "m2f.pth"

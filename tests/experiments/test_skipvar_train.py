@@ -60,7 +60,7 @@ def test_policy_applies_the_fitted_decision(trained, tmp_path, threshold):
     from varbench.policies import build_policy
     from varbench.policies.skip import SkipVARFixed
     from varbench.policies.skipvar_features import load_decision_models
-    from varbench.engine.models.toy import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
+    from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
     out, _ = trained
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]

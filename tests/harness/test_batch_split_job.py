@@ -4,7 +4,7 @@ import json
 import pytest
 
 from varbench.harness.job import run_job
-from varbench.engine.testing import job_config
+from varbench.harness.testing import job_config
 
 
 def _traces(tmp_path, method, batch):

@@ -69,7 +69,7 @@ def test_experiments_pick_the_models_protocol(exp, model):
 
 
 def test_every_method_builds_its_policy():
-    from varbench.engine.build import build_policy_from_cfg
+    from varbench.harness.build import build_policy_from_cfg
 
     for m in options("method"):
         cfg = _compose([f"method={m}"])
@@ -85,7 +85,7 @@ def test_unknown_method_suggests_the_closest_name():
 
 
 def test_toy_model_config_matches_the_shipped_manifest():
-    from varbench.engine.models.toy import TOY_SCHEDULE, toy_sampling
+    from varbench.toy.load import TOY_SCHEDULE, toy_sampling
 
     cfg = _compose(["model=toy"])
     assert [tuple(hw) for hw in cfg.model.schedule] == list(TOY_SCHEDULE)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from varbench.harness.job import run_job
-from varbench.engine.testing import job_config
+from varbench.harness.testing import job_config
 
 
 def _cfg(tmp_path, *extra):
@@ -92,7 +92,8 @@ def test_a_job_whose_scorer_cannot_run_fails_before_generating_anything(tmp_path
     """Checked before the model is built: without it the whole generation ran first (minutes to
     hours of GPU time on a real benchmark), then scoring failed."""
     from varbench.evaluators.weights import WeightsNotFoundError
-    from varbench.harness.config import ConfigError, names_its_fix
+    from varbench.core.errors import names_its_fix
+    from varbench.core.errors import ConfigError
 
     cfg = _cfg(tmp_path, f"evaluator=[{evaluator}]", f"paths.weights_dir={tmp_path}/none")  # smoke prompts: not toy-world
     with pytest.raises((WeightsNotFoundError, ConfigError)) as info:

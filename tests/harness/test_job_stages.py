@@ -9,7 +9,7 @@ import pytest
 from varbench.harness.job import assemble_cli, run_job
 from varbench.harness.schema import check_record
 from varbench.core.seeds import image_seed
-from varbench.engine.testing import job_config
+from varbench.harness.testing import job_config
 
 
 def _cfg(tmp_path, *extra):
@@ -50,12 +50,12 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     # the shard's own folders and markers are sealed with the entry; the LOCKs are gone
     assert not list(e0.rglob("LOCK")) and not list(e0.rglob("LOCK.*"))
 
-    # the last shard was killed after finishing its part: `python -m varbench.harness.job assemble` rebuilds the record
+    # the last shard was killed after finishing its part: `python -m varbench.job assemble` rebuilds the record
     (e0 / "DONE").unlink()
     (e0 / "record.json").unlink()
     assert assemble_cli(e0) == 0
     assert json.loads((e0 / "record.json").read_text())["metrics"] == rec_w["metrics"]
-    # ... and so does `python -m varbench.analysis.aggregate` before it writes the tables
+    # ... and so does `python -m varbench.aggregate` before it writes the tables
     (e0 / "DONE").unlink()
     (e0 / "record.json").unlink()
     from varbench.analysis.aggregate import main as aggregate_main

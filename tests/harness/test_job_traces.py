@@ -10,8 +10,8 @@ import json
 import pytest
 
 from varbench.harness.job import TraceCountError, run_job
-from varbench.harness.records import read_jsonl
-from varbench.engine.testing import job_config
+from varbench.core.jsonio import read_jsonl
+from varbench.harness.testing import job_config
 
 
 def _cfg(tmp_path, *extra):

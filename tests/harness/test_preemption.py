@@ -191,7 +191,7 @@ def load_sweep_config(self, *a, **k):
     return cfg
 ConfigLoaderImpl.load_sweep_config = load_sweep_config
 sys.argv = ["varbench", "-m", *{SWEEP!r}, "paths.output_root={tmp_path}"]
-from varbench.__main__ import cli
+from varbench.cli.app import cli
 cli()
 """
     env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store"), "PYTHONUNBUFFERED": "1"}

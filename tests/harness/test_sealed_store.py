@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from varbench.harness.records import (LegacySealError, RunEntry, SealError, append_jsonl, main as records_main,
-                              read_jsonl, records_to_frame)
+from varbench.harness.records import LegacySealError, RunEntry, SealError, main as records_main, records_to_frame
+from varbench.core.jsonio import append_jsonl, read_jsonl
 from varbench.harness.store import ImageHashError, ImageStore
 
 
@@ -130,7 +130,7 @@ def test_image_sha256_is_stored_and_checked_on_load(tmp_path):
 # ---- the job: swapped image regenerated, traces land with their images --------------------
 
 def _cfg(tmp_path, *extra):
-    from varbench.engine.testing import job_config
+    from varbench.harness.testing import job_config
 
     return job_config(tmp_path, "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
                       "runtime.progress=false", "timing=none", *extra)

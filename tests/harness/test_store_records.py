@@ -7,8 +7,8 @@ import os
 import pytest
 from PIL import Image
 
-from varbench.harness.records import (EntryFinishedError, EntryLockedError, RunEntry, append_jsonl, find_entries,
-                              read_jsonl)
+from varbench.harness.records import EntryFinishedError, EntryLockedError, RunEntry, find_entries
+from varbench.core.jsonio import append_jsonl, read_jsonl
 from varbench.harness.store import (ENTRY_EXCLUDE, GENERATION_KEYS, ImageStore, canonical_json, config_hash,
                             entry_hash, generation_hash)
 
@@ -102,10 +102,10 @@ def test_sha256_of_a_big_file_streams_its_chunks_with_a_byte_progress_bar(tmp_pa
 
     import tqdm.auto
 
-    from varbench.harness import provenance
+    from varbench.core import filehash
     monkeypatch.setenv("VARBENCH_SHA_CACHE", str(tmp_path / "cache.json"))
-    monkeypatch.setattr(provenance, "DISK_CACHE_MIN_BYTES", 1)
-    monkeypatch.setattr(provenance, "_CHUNK", 1000)
+    monkeypatch.setattr(filehash, "DISK_CACHE_MIN_BYTES", 1)
+    monkeypatch.setattr(filehash, "_CHUNK", 1000)
     data = os.urandom(2500)
     (tmp_path / "ckpt.pth").write_bytes(data)
     bars = []
@@ -125,7 +125,7 @@ def test_sha256_of_a_big_file_streams_its_chunks_with_a_byte_progress_bar(tmp_pa
             self.n += n
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
-    assert provenance.sha256_file(tmp_path / "ckpt.pth") == hashlib.sha256(data).hexdigest()
+    assert filehash.sha256_file(tmp_path / "ckpt.pth") == hashlib.sha256(data).hexdigest()
     (bar,) = bars
     kw = bar.kw
     assert kw["total"] == 2500 and kw["unit"] == "B" and bar.n == 2500 and "ckpt.pth" in kw["desc"]
@@ -133,25 +133,25 @@ def test_sha256_of_a_big_file_streams_its_chunks_with_a_byte_progress_bar(tmp_pa
 
 
 def test_sha256_file_caches_by_path_size_mtime(tmp_path, monkeypatch):
-    from varbench.harness import provenance
+    from varbench.core import filehash
     monkeypatch.setenv("VARBENCH_SHA_CACHE", str(tmp_path / "cache.json"))
-    monkeypatch.setattr(provenance, "DISK_CACHE_MIN_BYTES", 1)
+    monkeypatch.setattr(filehash, "DISK_CACHE_MIN_BYTES", 1)
     f = tmp_path / "w.pt"
     f.write_bytes(b"old weights")
-    first = provenance.sha256_file(f)
+    first = filehash.sha256_file(f)
     assert json.loads((tmp_path / "cache.json").read_text()) == {
         f"{os.path.realpath(f)}|{f.stat().st_size}|{f.stat().st_mtime_ns}": first}
-    provenance._SHA_CACHE.clear()
-    assert provenance.sha256_file(f) == first                       # served from the disk cache
+    filehash._SHA_CACHE.clear()
+    assert filehash.sha256_file(f) == first                       # served from the disk cache
     f.write_bytes(b"new weights")                                   # retrained: size/mtime change
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
-    assert provenance.sha256_file(f) != first
+    assert filehash.sha256_file(f) != first
     # folders contribute every (non-hidden) file under a path-free name
     d = tmp_path / "shards"
     (d / ".cache").mkdir(parents=True)
     (d / "a.safetensors").write_bytes(b"a")
     (d / ".cache" / "x").write_bytes(b"x")
-    assert list(provenance.weight_hashes({"shards": d, "w.pt": f, "none": None})) == ["shards/a.safetensors", "w.pt"]
+    assert list(filehash.weight_hashes({"shards": d, "w.pt": f, "none": None})) == ["shards/a.safetensors", "w.pt"]
 
 
 def test_hash_refuses_non_json_values():
@@ -272,7 +272,8 @@ def test_samples_name_must_be_plain(tmp_path):
 # ---- provenance -----------------------------------------------------------------------------
 
 def test_provenance_degrades_gracefully(tmp_path):
-    from varbench.harness.provenance import git_info, package_versions, sha256_file
+    from varbench.core.filehash import sha256_file
+    from varbench.harness.provenance import git_info, package_versions
 
     assert git_info(tmp_path) == {"sha": None, "dirty": None, "diff_sha256": None, "root": None}
     vers = package_versions(("pytest", "surely-not-an-installed-package"))

@@ -122,7 +122,8 @@ def test_the_device_label_names_the_cpu_model(monkeypatch):
 
 
 def test_prompt_index_is_refused_naming_the_new_knobs():
-    from varbench.harness.config import ConfigError, _check_timing
+    from varbench.harness.config import _check_timing
+    from varbench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="timing.prompts"):
         _check_timing({"enabled": True, "warmup": 1, "repeats": 3, "batch_sizes": [1], "prompt_index": 0})

@@ -6,7 +6,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from varbench.harness.prompts import PromptSetError, load_prompt_set
-from varbench.harness.config import ConfigError, validate_config
+from varbench.harness.config import validate_config
+from varbench.core.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "varbench" / "conf"
 METHODS = sorted(p.stem for p in (CONF / "method").glob("*.yaml"))
@@ -193,7 +194,7 @@ ROW = json.dumps({"prompt_index": 0, "sample_index": 0, "v": 1})
     (ROW + "\n\xff\xfe\n" + ROW + "\n", "line 2 is not JSON"),
 ])
 def test_garbled_jsonl_names_file_and_line(tmp_path, name, text, needle):
-    from varbench.harness.records import read_jsonl
+    from varbench.core.jsonio import read_jsonl
 
     f = tmp_path / name
     f.write_bytes(text.encode("latin-1") if "\xff" in text else text.encode())
@@ -205,7 +206,7 @@ def test_garbled_jsonl_names_file_and_line(tmp_path, name, text, needle):
 @pytest.mark.parametrize("tail", ['{"prompt_index": 1, "samp', "[1, 2", "\xe2"])
 def test_a_torn_last_line_is_still_dropped(tmp_path, tail):
     """A kill mid-append leaves an unterminated last line: dropped on purpose, not an error."""
-    from varbench.harness.records import read_jsonl
+    from varbench.core.jsonio import read_jsonl
 
     f = tmp_path / "samples_geneval.jsonl"
     f.write_bytes((ROW + "\n").encode() + tail.encode("latin-1" if tail == "\xe2" else "utf-8"))

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("wandb")
 
 from varbench.loggers.publish import MARKER, JobRun, main, republish  # noqa: E402
-from varbench.engine.testing import job_config  # noqa: E402
-from varbench.harness.config import ConfigError  # noqa: E402
+from varbench.harness.testing import job_config  # noqa: E402
+from varbench.core.errors import ConfigError  # noqa: E402
 
 
 

@@ -1,5 +1,5 @@
 """W&B sink: the summary a record maps to, and how a run is opened (mocked wandb). Real offline
-runs of a job and of ``python -m varbench.loggers.publish`` are in tests/loggers/test_publish.py."""
+runs of a job and of ``python -m varbench.publish`` are in tests/loggers/test_publish.py."""
 from __future__ import annotations
 
 import sys
@@ -93,14 +93,14 @@ def test_bad_mode_and_logger_none():
 
 
 def test_bad_mode_is_a_config_error_naming_the_fix():
-    from varbench.harness.config import ConfigError
+    from varbench.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"WANDB_MODE=offline"):
         WandbSink(mode="bogus")
 
 
 def test_init_failure_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):
-    from varbench.harness.config import ConfigError
+    from varbench.core.errors import ConfigError
 
     mod = _fake_module()
 

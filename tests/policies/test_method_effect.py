@@ -15,7 +15,7 @@ from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext
 from varbench.policies import build_policy
 from varbench.harness.schema import check_record
-from varbench.engine.testing import job_config
+from varbench.harness.testing import job_config
 
 
 def _trace(p, flags, reason=None):
@@ -112,7 +112,7 @@ def test_nova_says_why_its_paper_thresholds_do_nothing_on_the_toy_schedule():
     """The paper-default NOVA never prunes the toy's 9-scale 16x16 schedule; its reason names the knobs."""
     from varbench.engine.plan import GenerationContext
     from varbench.policies import build_policy
-    from varbench.engine.models.toy import TOY_SCHEDULE
+    from varbench.toy.load import TOY_SCHEDULE
 
     ctx = GenerationContext(schedule=tuple(tuple(s) for s in TOY_SCHEDULE), depth=6, embed_dim=64, num_heads=4, batch=1,
                             cfg_rows=True, cfg=(2.0,) * len(TOY_SCHEDULE), tau=(1.0,) * len(TOY_SCHEDULE))

@@ -13,7 +13,8 @@ from varbench.engine.flops import plan_trace
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals, SelectorContext
 from varbench.policies import build_policy
-from varbench.policies.common import block_range, is_neutral
+from varbench.policies.common import block_range
+from varbench.engine.plan import is_neutral
 from varbench.policies.compose import Compose
 from varbench.policies.selectors import PivotalSelector, complete_map, upsample_map
 

@@ -78,8 +78,9 @@ def test_trust_loads_it_anyway(tmp_path, monkeypatch, how):
 
 
 def test_the_trust_knob_validates_and_is_not_composed_into_presets(tmp_path):
-    from varbench.engine.testing import job_config
-    from varbench.harness.config import ConfigError, validate_config
+    from varbench.harness.testing import job_config
+    from varbench.harness.config import validate_config
+    from varbench.core.errors import ConfigError
 
     validate_config(job_config(tmp_path, "method=skipvar_toy", "+method.knobs.trust_decision_models=true"))
     with pytest.raises(ConfigError, match="trust_decision_models"):
@@ -93,7 +94,7 @@ def test_pickles_with_the_pinned_release_bytes_load_without_trust(tmp_path, monk
     import joblib
 
     from varbench.policies import skipvar_release
-    from varbench.harness.provenance import sha256_file
+    from varbench.core.filehash import sha256_file
 
     monkeypatch.delenv(TRUST_ENV, raising=False)
     d = tmp_path / "decision_model_ssim_84"
@@ -154,7 +155,7 @@ def test_replacing_the_decision_models_changes_the_generation_and_entry_keys(tmp
     must not be reused."""
     from varbench.harness.job import prepare_job
     from varbench.harness.store import generation_hash
-    from varbench.engine.testing import job_config
+    from varbench.harness.testing import job_config
 
     d = tmp_path / "dm"
     shutil.copytree(TOY_DM, d)

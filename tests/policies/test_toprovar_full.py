@@ -13,7 +13,7 @@ from experiments import flops_table as ft
 from experiments import toprovar_calibrate as cal
 from varbench.engine.plan import GenerationContext
 from varbench.policies import build_policy, toprovar
-from varbench.policies.common import is_neutral
+from varbench.engine.plan import is_neutral
 from varbench.policies.selectors import upsample_map
 
 SQ_1M = ((1, 1), (2, 2), (4, 4), (6, 6), (8, 8), (12, 12), (16, 16), (20, 20), (24, 24), (32, 32), (40, 40),
@@ -175,7 +175,7 @@ def test_calibration_command_runs_on_the_toy_model(tmp_path, capsys):
 
 def test_calibration_probe_is_neutral():
     """Entropy requests and intermediate decodes only observe: the images are the baseline's."""
-    from varbench.engine.models.toy import TOY_SCHEDULE, load_toy_runtime
+    from varbench.toy.load import TOY_SCHEDULE, load_toy_runtime
     rt = load_toy_runtime("cpu")
     kw = dict(cfg=2.0, tau=1.0, schedule=TOY_SCHEDULE)
     probe = cal.EntropyProbe("mean_over_layers_heads", None, 36, None, decode=True)

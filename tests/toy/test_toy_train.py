@@ -13,9 +13,9 @@ import varbench.engine.runtime as runtime_mod
 from varbench.engine.models.infinity import PRESETS, Infinity
 from varbench.engine.runtime import InfinityRuntime
 from varbench.engine.testing import perturb_
-from varbench.engine.models import toy as toy_load
+from varbench.toy import load as toy_load
 from varbench.toy.forward import bit_targets, block_causal_mask, per_token_bit_ce, teacher_forced_logits
-from varbench.engine.models.toy import TOY_H_DIV_W, TOY_SCHEDULE, build_toy_text_encoder
+from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, build_toy_text_encoder
 
 PROMPTS = ["a photo of a red circle", "a photo of a blue square left of a yellow triangle"]
 

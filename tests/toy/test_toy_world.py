@@ -20,7 +20,7 @@ from PIL import Image
 
 from varbench.evaluators import build_evaluator
 from varbench.evaluators.base import Sample
-from varbench.evaluators.toy_geneval import ToyGenEval, detect, geneval_rules, group_detections
+from varbench.toy.geneval import ToyGenEval, detect, geneval_rules, group_detections
 from varbench.toy import world
 from varbench.toy.world import ToyObject, ToyScene, prompt_set, render, sample_scene
 
@@ -373,7 +373,7 @@ def test_bad_metadata_gets_a_clear_error():
 
 def test_component_labeller_matches_flood_fill():
     """The numpy labeller is exact: same partition as a plain 8-connected flood fill."""
-    from varbench.evaluators.toy_geneval import _label_components
+    from varbench.toy.geneval import _label_components
     rng = np.random.default_rng(0)
     for _ in range(20):
         classes = rng.integers(-1, 3, size=(17, 23))
@@ -402,7 +402,7 @@ def test_benchmark_config_loads_through_prompt_loader():
     cfg = omegaconf.OmegaConf.load(Path(__file__).resolve().parents[2] / "varbench" / "conf" / "benchmark" / "toy.yaml")
     added = "toy" not in P.LOADERS
     if added:  # until varbench.harness.prompts registers it itself
-        P.register_loader("toy", "varbench.toy.world:load_toy_prompts")
+        P.register_loader("toy", "varbench.harness.prompts:load_toy_prompts")
     try:
         ps = P.load_prompt_set(cfg)
         assert ps.n_prompts == cfg.n_prompts and ps.samples_per_prompt == cfg.samples_per_prompt

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m varbench.analysis.aggregate store/nova_sweep --out results/nova_sweep [--baseline baseline]
+    python -m varbench.aggregate store/nova_sweep --out results/nova_sweep [--baseline baseline]
                                           [--allow-unpaired] [--no-figures]
 
     from varbench.analysis.aggregate import aggregate, pair_with_baseline
@@ -244,7 +244,7 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
         raise AggregationError(f"no record with method == {baseline!r} among {len(frame)} records "
                                f"(methods present: {methods}); run the baseline (method={baseline} with the same "
                                f"experiment_name and settings), or compare against another method family with "
-                               f"`python -m varbench.analysis.aggregate STORE/EXPERIMENT --baseline NAME`")
+                               f"`python -m varbench.aggregate STORE/EXPERIMENT --baseline NAME`")
     records = frame.to_dict("records")
     base_rows = bases.to_dict("records")
     added = []
@@ -312,7 +312,7 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
                         for b in match)
         experiments = sorted({str(b.get("experiment")) for b in match})
         fix = (f"they belong to different experiments ({', '.join(experiments)}): aggregate one experiment at a "
-               "time (python -m varbench.analysis.aggregate STORE/EXPERIMENT)" if len(experiments) > 1
+               "time (python -m varbench.aggregate STORE/EXPERIMENT)" if len(experiments) > 1
                else "move or delete the stale one(s)")
         problems.append(f"{len(match)} {baseline!r} records have the same generation settings, so the baseline of "
                         f"{', '.join(rows)} is ambiguous; {fix} (nothing is chosen silently):{cands}")
@@ -421,7 +421,7 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
     paired = pair_with_baseline(frame, baseline=baseline, allow_unpaired=allow_unpaired)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    from varbench.harness.store import atomic_write_bytes   # a killed aggregate never leaves half a table behind
+    from varbench.core.jsonio import atomic_write_bytes   # a killed aggregate never leaves half a table behind
 
     missing = incompleteness_notes(failed, unfinished_entries(path))
     for name, text in (("tidy.csv", paired.to_csv(index=False)), ("table.csv", wide_table(paired, baseline).to_csv(index=False)),
@@ -436,7 +436,7 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m varbench.analysis.aggregate", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m varbench.aggregate", description=__doc__.split("\n\n")[0])
     ap.add_argument("path", help="folder to search (recursively) for finished entries")
     ap.add_argument("--out", default=None, help="output folder (default: results/<name of PATH>)")
     ap.add_argument("--baseline", default="baseline", help="method name of the reference rows")

@@ -698,7 +698,7 @@ def _forget_stale_figures(out: Path, written: list[Path]) -> None:
     then list ``written`` there."""
     import json
 
-    from varbench.harness.store import atomic_write_bytes
+    from varbench.core.jsonio import atomic_write_bytes
 
     manifest = out / FIGURES_MANIFEST
     try:

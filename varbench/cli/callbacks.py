@@ -120,7 +120,7 @@ class AggregateOnMultirunEnd(Callback):
             store = Path(config.paths.store_dir) / str(config.experiment_name)
             set_immediate(True, farewell=(
                 "[varbench] stopped waiting; the submitted jobs keep running (scancel them to stop them). "
-                f"Once they finish: python -m varbench.analysis.aggregate {store} --out "
+                f"Once they finish: python -m varbench.aggregate {store} --out "
                 f"{Path(config.paths.results_dir) / str(config.experiment_name)}"))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:

@@ -2,14 +2,14 @@
 
 An error whose message already says what is wrong (the setting or the file) and what to do
 derives from :class:`FixableError`: the command line (``python -m varbench``, the sweep callback,
-``python -m varbench.analysis.aggregate``) prints its message alone and exits 2, like a missing weight file,
+``python -m varbench.aggregate``) prints its message alone and exits 2, like a missing weight file,
 instead of a traceback with exit 1. Everything else keeps its traceback: an unnamed failure is a
 bug to report. Subclasses keep their old built-in base too (``ConfigError`` is still a
 ``ValueError``, ``WeightsNotFound`` a ``FileNotFoundError``), so existing ``except`` clauses hold.
 
-Subclasses: :class:`varbench.harness.config.ConfigError`, :class:`varbench.engine.models.checkpoints.CheckpointMismatch`
+Subclasses: :class:`varbench.core.errors.ConfigError`, :class:`varbench.engine.models.checkpoints.CheckpointMismatch`
 and ``WeightsNotFound``, :class:`varbench.core.locks.LockTimeoutError`, :class:`varbench.harness.records.SealError`,
-``EntryFinishedError``, ``EntryLockedError``, :class:`varbench.engine.models.toy.ToyWeightsError`,
+``EntryFinishedError``, ``EntryLockedError``, :class:`varbench.toy.load.ToyWeightsError`,
 :class:`varbench.harness.prompts.PromptSetError`, the evaluators' ``WeightsNotFoundError`` / ``WrongWeightsError``,
 :class:`varbench.harness.store.ImageHashError`, :class:`varbench.policies.skipvar_features.DecisionModelError`,
 :class:`varbench.analysis.aggregate.AggregationError`, and the two defined here: :class:`GarbledFileError` (a
@@ -84,6 +84,10 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         raise
 
 
+class ConfigError(FixableError, ValueError):
+    """A config value that cannot work; the message names the setting."""
+
+
 def names_its_fix(exc: BaseException) -> bool:
     """True for a :class:`FixableError` (its message says what to do)."""
     return isinstance(exc, FixableError)
@@ -91,7 +95,5 @@ def names_its_fix(exc: BaseException) -> bool:
 
 def report_line(exc: BaseException) -> str:
     """The one line the command prints for a fixable error: ``config error: ...`` or ``<Type>: ...``."""
-    from varbench.harness.config import ConfigError
-
     what = "config error" if isinstance(exc, ConfigError) else type(exc).__name__
     return f"[varbench] {what}: {exc}"

@@ -303,7 +303,7 @@ _IMPORTED_AT = time.time()
 def clean_stray_tmp(folder: str | os.PathLike, older_than: float | None = None, recursive: bool = False,
                     patterns: tuple[str, ...] = (".*.tmp",)) -> list[Path]:
     """Delete temp files (``patterns``, default the ``.<name>.<random>.tmp`` files of
-    :func:`varbench.harness.store.atomic_write_bytes`) that a killed write left in ``folder``; returns them.
+    :func:`varbench.core.jsonio.atomic_write_bytes`) that a killed write left in ``folder``; returns them.
 
     Only files last modified before ``older_than`` (default: this process's start) go: a temp file
     of a write in flight in another live job is younger than that job, and writers of a folder

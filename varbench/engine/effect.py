@@ -5,7 +5,7 @@ aspect ratios, nor on the toy and tiny schedules); its row would then look like 
 the baseline. Two per-image signals, both cheap and exact:
 
 (a) plans: every plan the policy emitted for the image's batch was neutral
-    (:func:`varbench.policies.common.is_neutral`; the runtime notes it per scale in the trace, per
+    (:func:`varbench.engine.plan.is_neutral`; the runtime notes it per scale in the trace, per
     image under per-image decisions, and the job writes it as the trace rows'
     ``plan_neutral``). Residual caching and attention-entropy requests only observe, so they do
     not count as an effect (on CUDA the fused entropy kernel may still move the last bits of a

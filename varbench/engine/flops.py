@@ -61,7 +61,7 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
     FLOPs of a 2B/8B configuration without running it. `text_tokens` maps a row count to the text
     tokens summed over those rows. `tests/engine/test_runtime.py` checks it against real runtime traces.
     """
-    from varbench.policies.common import is_neutral
+    from varbench.engine.plan import is_neutral
 
     rows_full = 2 * batch if cfg_rows else batch
     rows = rows_full

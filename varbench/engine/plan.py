@@ -197,3 +197,16 @@ class GenerationContext:
     def tokens(self, si: int) -> int:
         h, w = self.schedule[si]
         return h * w
+
+
+def is_neutral(plan: ScalePlan) -> bool:
+    """True if the plan changes nothing the model computes: every scale runs, every block in full,
+    no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
+    only observe, so they do not count.)"""
+    return (
+        plan.run
+        and all(bp.mode == "full" for bp in plan.blocks.values())
+        and plan.cfg is None
+        and plan.tau is None
+        and not plan.drop_uncond
+    )

@@ -60,9 +60,18 @@ class Policy(abc.ABC):
         the policy (e.g. ``"fastvar: no schedule width in 32/40/48/64 at h/w 1.25 (1M)"``); None
         when it did change something or has no specific reason (the job then says "every plan was
         neutral"). Called only after a generation whose every plan was neutral
-        (:func:`varbench.policies.common.is_neutral`), so it may read per-generation state."""
+        (:func:`varbench.engine.plan.is_neutral`), so it may read per-generation state."""
         return None
 
     def describe(self) -> dict[str, Any]:
         """The policy's configuration, for the run record."""
         return {"name": self.name}
+
+
+class NeutralPolicy(Policy):
+    """Every scale in full: the released Infinity behaviour, and what the runtime runs when it is
+    given no policy. `varbench.policies.baseline.Baseline` is this policy under its method name."""
+    name = "baseline"
+
+    def plan(self, si: int) -> ScalePlan:
+        return ScalePlan()

@@ -36,8 +36,8 @@ from varbench.engine.models.infinity import CrossAttnBlock, Infinity, key_runs
 from varbench.engine.models.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick
-from varbench.engine.policy import Policy
-from varbench.policies.common import is_neutral
+from varbench.engine.policy import NeutralPolicy, Policy
+from varbench.engine.plan import is_neutral
 from varbench.engine.sampling import bit_entropy, guided_logits, sample_bits
 
 log = logging.getLogger("varbench.engine.runtime")
@@ -267,9 +267,7 @@ class InfinityRuntime:
         A policy with per-image decisions (`Policy.per_image_decisions`) runs, at batch > 1, as one
         fork per image and is itself left untouched: read `out.image_stats` for what each did.
         """
-        from varbench.policies.baseline import Baseline
-
-        policy = policy or Baseline()
+        policy = policy or NeutralPolicy()
         batch = len(prompts)
         if len(seeds) != batch:
             raise ValueError(f"got {batch} prompts but {len(seeds)} seeds; pass one seed per prompt")

@@ -36,18 +36,6 @@ def tiny_runtime(seed: int = 0, **overrides) -> InfinityRuntime:
     return InfinityRuntime(model, vae, text)
 
 
-def job_config(root, *overrides: str):
-    """The job config ``python -m varbench +experiment=smoke <overrides>`` composes, with the store and
-    results under ``root`` (what the job tests run; later overrides win)."""
-    from hydra import compose, initialize_config_dir
-
-    from varbench.core.resources import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=[
-            "+experiment=smoke", f"paths.store_dir={root}/store", f"paths.results_dir={root}/results", *overrides])
-
-
 def cpu_fingerprint() -> dict:
     """What decides the CPU's float kernels: model, ISA flags, torch's dispatch level, threads, and the
     environment variables that move MKL/oneDNN/ATen onto other code paths.

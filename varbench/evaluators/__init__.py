@@ -22,7 +22,7 @@ def build_evaluator(name: str, **kwargs) -> Evaluator:
     return REGISTRY.load(name)(**kwargs)
 
 
-register("toy_geneval", "varbench.evaluators.toy_geneval:ToyGenEval")
+register("toy_geneval", "varbench.toy.geneval:ToyGenEval")
 register("hpsv2", "varbench.evaluators.hpsv2:HPSv2Evaluator")
 register("imagereward", "varbench.evaluators.imagereward:ImageRewardEvaluator")
 register("geneval", "varbench.evaluators.geneval.evaluator:GenEvalEvaluator")

@@ -84,7 +84,7 @@ class FidelityEvaluator(Evaluator):
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
         self._lpips = LearnedPerceptualImagePatchSimilarity(net_type=self.lpips_net, normalize=True).to(self.device).eval()
-        from varbench.harness.provenance import sha256_file
+        from varbench.core.filehash import sha256_file
 
         self._lpips_status = f"on ({self.lpips_net}, {w.name})"
         self._lpips_sha = sha256_file(w)

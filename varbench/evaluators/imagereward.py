@@ -241,7 +241,7 @@ class ImageRewardEvaluator(Evaluator):
     def version_info(self) -> dict[str, Any]:
         import transformers
 
-        from varbench.harness.provenance import sha256_file
+        from varbench.core.filehash import sha256_file
 
         # files by name and sha256, never by path: identical scorers on two machines agree
         vocab = Path(self._tok_path) / "vocab.txt" if self._tok_path else None

@@ -13,7 +13,7 @@ import torch
 
 from varbench.core.errors import FixableError
 from varbench.engine.models.checkpoints import load_state_dict_strict
-from varbench.harness.provenance import sha256_file  # noqa: F401  (re-exported for the evaluators)
+from varbench.core.filehash import sha256_file
 
 
 

@@ -19,11 +19,7 @@ from typing import Any, Mapping
 log = logging.getLogger("varbench")
 
 
-from varbench.core.errors import FixableError, names_its_fix  # noqa: F401 - names_its_fix: re-exported for callers
-
-
-class ConfigError(FixableError, ValueError):
-    """A config value that cannot work; the message names the setting."""
+from varbench.core.errors import ConfigError
 
 
 def _is_int(v: Any) -> bool:
@@ -170,7 +166,7 @@ def _check_benchmark(b: Any) -> None:
 
 
 def _check_shard(spec: Any) -> None:
-    from varbench.harness.job import Shard
+    from varbench.harness.sharding import Shard
 
     try:
         Shard.parse(spec)

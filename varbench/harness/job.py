@@ -22,7 +22,7 @@ Stages, each a function below, and what a relaunch does at each:
 Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
 (:mod:`varbench.harness.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
 scores them into ``entries/<hash>/shards/<i>-of-<n>/`` (shard 0 also times), and marks its shard
-done; whichever shard finishes last (or ``python -m varbench.harness.job assemble <entry folder>``, or ``python -m varbench.analysis.aggregate``)
+done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``, or ``python -m varbench.aggregate``)
 assembles the one record from all shards' rows. Scores equal those of the unsharded run bit for
 bit: metrics are always computed from every row sorted by (prompt, sample).
 """
@@ -40,16 +40,18 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from varbench.engine.build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
+from varbench.harness.build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
 from varbench.core.errors import FixableError
 from varbench.engine.flops import image_work, with_end_to_end, work_summary
 from varbench.engine.stage_flops import stage_flops
 from varbench.core.interrupt import GracefulStop, uninterruptible
 from varbench.core.locks import DEFAULT_WAIT_S
 from varbench.harness.prompts import PromptSet, load_prompt_set
-from varbench.harness.provenance import collect_provenance, weight_hashes
+from varbench.core.filehash import weight_hashes
+from varbench.harness.provenance import collect_provenance
 from varbench.cli.report import job_position, result_line
-from varbench.harness.records import SCHEMA_VERSION, RunEntry, append_jsonl, read_json, read_jsonl, utc_now, write_json
+from varbench.harness.records import SCHEMA_VERSION, RunEntry, utc_now
+from varbench.core.jsonio import append_jsonl, read_json, read_jsonl, write_json
 from varbench.harness.scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, preflight, score_images, write_samples
 from varbench.core.seeds import SEED_RULE, image_seed
 from varbench.harness.sharding import Shard, batches, block_prompts, generation_batches, key_blocks
@@ -460,7 +462,7 @@ def _run_shard(job: Job) -> dict | None:
             score_stage(job, reference_stage(job, rt))
             if job.shard.index == 0:                  # one shard times; the others only generate and score
                 write_json(sdir / "timing.json", time_stage(job, rt, policy))
-            # what `python -m varbench.harness.job assemble` needs to rebuild this job without Hydra
+            # what `python -m varbench.job assemble` needs to rebuild this job without Hydra
             write_json(sdir / "job.json", {"config": OmegaConf.to_container(job.cfg, resolve=True), "preset": job.preset})
             write_json(sdir / "SHARD_DONE", {"images": len(job.keys), "finished": utc_now()})
     return job.entry.read() if assemble_shards(job) else None
@@ -631,7 +633,7 @@ def _pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
 def _weight_files(model_cfg) -> dict:
     """``{name: path}`` of every file or folder the model loads weights from (none for random init)."""
     if model_cfg.get("preset") == "toy":
-        from varbench.engine.models.toy import FILES, WEIGHTS_DIR
+        from varbench.toy.load import FILES, WEIGHTS_DIR
 
         return {name: WEIGHTS_DIR / name for name in FILES.values()}
     if model_cfg.get("random_weights"):
@@ -700,7 +702,7 @@ def _job_num():
 
 
 def assemble_cli(entry_dir: str | Path) -> int:
-    """``python -m varbench.harness.job assemble <entry folder>``: assemble a sharded entry whose shards
+    """``python -m varbench.job assemble <entry folder>``: assemble a sharded entry whose shards
     are all done (e.g. when the last shard was killed after finishing its part)."""
     entry_dir = Path(entry_dir)
     metas = sorted((entry_dir / "shards").glob("*/job.json"))
@@ -724,7 +726,7 @@ def assemble_cli(entry_dir: str | Path) -> int:
 def assemble_ready_shards(path: str | Path) -> list[Path]:
     """Assemble every sharded entry under ``path`` whose shards are all done but whose record is
     missing (its last shard was killed after finishing its part); returns the entries assembled.
-    ``python -m varbench.analysis.aggregate`` calls this first."""
+    ``python -m varbench.aggregate`` calls this first."""
     done = []
     for shards_dir in sorted(Path(path).rglob("shards")):
         entry = shards_dir.parent
@@ -736,13 +738,3 @@ def assemble_ready_shards(path: str | Path) -> list[Path]:
         if all((shards_dir / f"{i}-of-{n}" / "SHARD_DONE").exists() for i in range(n)) and assemble_cli(entry) == 0:
             done.append(entry)
     return done
-
-
-if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m varbench.harness.job", description="Job utilities.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("assemble", help="assemble the record of a sharded entry").add_argument("entry")
-    args = ap.parse_args()
-    sys.exit(assemble_cli(args.entry))

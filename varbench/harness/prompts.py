@@ -74,9 +74,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from varbench.core.errors import FixableError
-from varbench.harness.provenance import sha256_file
+from varbench.core.filehash import sha256_file
 from varbench.core.registry import LazyRegistry
-from varbench.harness.store import atomic_write_bytes
+from varbench.core.jsonio import atomic_write_bytes
 
 
 class PromptSetError(FixableError, RuntimeError):
@@ -429,7 +429,7 @@ LOADERS = LazyRegistry("benchmark loader", {
     "dpgbench": _load_dpgbench,
     "smoke": _load_smoke,
     # Lazy entries: imported on first use only.
-    "toy": "varbench.toy.world:load_toy_prompts",
+    "toy": "varbench.harness.prompts:load_toy_prompts",
 })
 
 
@@ -437,7 +437,7 @@ def register_loader(name: str, fn: Callable[[Any], PromptSet] | str) -> None:
     """Add a loader: ``fn(cfg) -> PromptSet``, or a lazy ``"module.path:function"`` string that
     is imported on first use (keeps ``import varbench.harness.prompts`` light).
 
-    Example: ``register_loader("toy", "varbench.toy.world:load_toy_prompts")``.
+    Example: ``register_loader("mine", "my_pkg.prompts:load_my_prompts")``.
     """
     LOADERS.register(name, fn)
 
@@ -501,3 +501,32 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     return PromptSet(name=str(_get(cfg, "name", loader)), items=items, samples_per_prompt=spp, loader=loader,
                      full_size=full_size, selection={"limit": limit, "limit_per_tag": per_tag},
                      all_items=all_items, **kw)
+
+
+def load_toy_prompts(cfg) -> PromptSet:
+    """Prompt loader for `benchmark.loader: toy` (see `register_loader`): the toy world's prompts
+    (`varbench.toy.world.prompt_set`).
+
+    Reads `n_prompts` (default 120), `seed` (default 0) and `samples_per_prompt` (default 4) from
+    the benchmark config (dict or OmegaConf node). The set is generated, not read, so its
+    fingerprint is the sha256 of the generated metadata lines plus the world version.
+    """
+    from varbench.toy.world import WORLD_VERSION, prompt_set
+
+    get = (lambda k, d: cfg.get(k, d)) if hasattr(cfg, "get") else (lambda k, d: getattr(cfg, k, d))
+    n, seed, spp = get("n_prompts", 120), get("seed", 0), get("samples_per_prompt", 4)
+    for key, val, lo in (("n_prompts", n, 1), ("seed", seed, 0), ("samples_per_prompt", spp, 1)):
+        if not isinstance(val, int) or isinstance(val, bool) or val < lo:
+            raise PromptSetError(f"benchmark.{key} must be an integer >= {lo}, got {val!r} (varbench/conf/benchmark/toy.yaml)")
+    prompts = prompt_set(n, seed)
+    payload = WORLD_VERSION + "\n" + "".join(json.dumps(p["metadata"], sort_keys=True) + "\n" for p in prompts)
+    return PromptSet(
+        name=str(get("name", "toy")),
+        items=[PromptItem(i, p["prompt"], dict(p["metadata"], scene_seed=p["scene_seed"])) for i, p in enumerate(prompts)],
+        source_path=None,
+        sha256=hashlib.sha256(payload.encode()).hexdigest(),
+        samples_per_prompt=spp,
+        loader="toy",
+        source_url=f"builtin:varbench.toy.world.prompt_set(n={n}, seed={seed}) {WORLD_VERSION}",
+        full_size=n,
+    )

@@ -101,13 +101,13 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from varbench.core.errors import FixableError, GarbledFileError, writing
-from varbench.harness.store import PAIR_KEYS, atomic_write_bytes, canonical_json, config_hash, generation_key
+from varbench.core.errors import FixableError, writing
+from varbench.core.jsonio import append_jsonl, atomic_write_bytes, dumps_line, json_default, read_jsonl, repair_tail
+from varbench.harness.store import PAIR_KEYS, generation_key
 from varbench.core.locks import DEFAULT_WAIT_S
 from varbench.harness.store import pair_key as _store_pair_key
 
 SCHEMA_VERSION = 1
-
 
 
 class EntryFinishedError(FixableError, RuntimeError):
@@ -147,101 +147,6 @@ def _legacy_message(entry_dir: Path) -> str:
 def utc_now() -> str:
     """UTC ISO 8601 timestamp with offset, second resolution (the ``created`` field)."""
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
-
-
-def _json_default(obj: Any) -> Any:
-    # numpy scalars / arrays and paths show up in rows built by evaluators; store them plainly.
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def _dumps_line(row: Mapping) -> str:
-    return json.dumps(row, ensure_ascii=False, default=_json_default, allow_nan=True) + "\n"
-
-
-#: what to do about a garbled line: each line is one image's row, and a relaunch redoes what has no row
-_JSONL_FIX = ("Fix: delete that line (a relaunch regenerates or rescores what it described), or the file; "
-              "in a finished entry, rerun its job with runtime.force=true")
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict]:
-    """Rows of a JSONL file; a truncated (unterminated, unparsable) last line is dropped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        torn = i == len(lines) - 1   # last chunk with no newline: maybe a write cut short by a kill
-        try:
-            row = json.loads(line)
-        except ValueError as e:      # JSONDecodeError, or UnicodeDecodeError (bytes cut mid-character)
-            if torn:
-                break
-            raise GarbledFileError(f"{path}: line {i + 1} is not JSON (not the last line, so not a cut-off write): "
-                                   f"{e}; the line starts {line[:60]!r}. {_JSONL_FIX}") from None
-        if not isinstance(row, dict):
-            if torn:
-                break
-            raise GarbledFileError(f"{path}: line {i + 1} is {type(row).__name__} JSON, not an object (each line of "
-                                   f"a record's .jsonl is one row): {line[:60]!r}. {_JSONL_FIX}")
-        rows.append(row)
-    return rows
-
-
-def _repair_tail(path: Path) -> None:
-    """Cut an unterminated last line so appended rows start on a fresh line."""
-    if not path.exists():
-        return
-    size = path.stat().st_size
-    if size == 0:
-        return
-    with open(path, "rb+") as f:
-        f.seek(-1, os.SEEK_END)
-        if f.read(1) == b"\n":
-            return
-        # Walk back to the last newline (lines are short relative to memory; read the whole tail).
-        f.seek(0)
-        data = f.read()
-        cut = data.rfind(b"\n") + 1  # 0 if the file holds only one partial line
-        f.truncate(cut)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    """A JSON file a job wrote; a garbled one is one error naming the file and the fix."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GarbledFileError(f"{path} is garbled ({e}); delete it and relaunch the job to rewrite it") from None
-
-
-def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as JSON atomically (:func:`varbench.harness.store.atomic_write_bytes`)."""
-    atomic_write_bytes(Path(path), json.dumps(obj, indent=1, sort_keys=True, default=str).encode("utf-8"))
-
-
-def append_jsonl(path: str | os.PathLike, rows: Iterable[Mapping]) -> int:
-    """Append rows (one JSON object per line), flush and fsync; returns the count written."""
-    path = Path(path)
-    text = "".join(_dumps_line(r) for r in rows)
-    with writing(path):      # a read-only or full disk: one error naming the file and the fix
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _repair_tail(path)
-        if not text:
-            return 0
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    return text.count("\n")
 
 
 class RunEntry:
@@ -317,7 +222,7 @@ class RunEntry:
         rec.setdefault("schema_version", SCHEMA_VERSION)
         rec.setdefault("entry_id", self.entry_hash)
         rec.setdefault("created", utc_now())
-        text = json.dumps(rec, indent=2, sort_keys=True, ensure_ascii=False, default=_json_default)
+        text = json.dumps(rec, indent=2, sort_keys=True, ensure_ascii=False, default=json_default)
         atomic_write_bytes(self.record_path, text.encode("utf-8"))
         return self.record_path
 
@@ -339,7 +244,7 @@ class RunEntry:
         relaunch would take for complete. Returns the row count."""
         self._check_writable(force)
         rows = list(rows)
-        atomic_write_bytes(self.traces_path, "".join(_dumps_line(r) for r in rows).encode("utf-8"))
+        atomic_write_bytes(self.traces_path, "".join(dumps_line(r) for r in rows).encode("utf-8"))
         return len(rows)
 
     def _sealed_files(self) -> list[str]:
@@ -357,7 +262,7 @@ class RunEntry:
         if not self.record_path.is_file():
             raise FileNotFoundError(f"cannot mark {self.dir} done: write_record() first")
         for p in [self.traces_path, *self.dir.glob("samples_*.jsonl")]:
-            _repair_tail(p)  # a finished entry's JSONL files are always clean for pandas
+            repair_tail(p)  # a finished entry's JSONL files are always clean for pandas
         files = {rel: _sha256(self.dir / rel) for rel in self._sealed_files()}
         text = json.dumps({"format": DONE_FORMAT, "files": files}, indent=1, sort_keys=True) + "\n"
         atomic_write_bytes(self.done_path, text.encode())

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping
 
 from omegaconf import OmegaConf
 
-from varbench.harness.records import append_jsonl, read_json, read_jsonl, write_json
+from varbench.core.jsonio import append_jsonl, read_json, read_jsonl, write_json
 
 log = logging.getLogger("varbench")
 
@@ -46,7 +46,7 @@ def preflight(evaluators_cfg: Any, metadata: list[dict], device: str) -> None:
     a bad evaluator setting, raise ConfigError; missing weight files raise their own error."""
     from varbench.evaluators import build_evaluator
     from varbench.evaluators.weights import WrongWeightsError
-    from varbench.harness.config import ConfigError
+    from varbench.core.errors import ConfigError
 
     for name, ecfg in (evaluators_cfg or {}).items():
         cls_name, kwargs = evaluator_kwargs(ecfg, device)

@@ -41,7 +41,7 @@ Hashes: :func:`config_hash` is the first 16 hex digits of the sha256 of the cano
   (``auto`` must be resolved by the caller: :func:`varbench.harness.job.run_job` pins them),
   ``runtime.fused_entropy``, ``runtime.batch_size``: batched matmuls round differently with other
   batch companions, see :mod:`varbench.harness.sharding`), plus the sha256 of every weight file
-  (``weights``, from :func:`varbench.harness.provenance.weight_hashes`; never their paths), of the prompt
+  (``weights``, from :func:`varbench.core.filehash.weight_hashes`; never their paths), of the prompt
   file(s) (``benchmark_sha256``) and of the files the method loads (``method_files``: SkipVAR's
   decision models; absent for methods without files, so their hashes are unchanged). A key not in the list (labels, evaluators, timing, progress
   bars, ``runtime.cuda_graphs``: graphed bits equal eager; limits: prompt indices are stable
@@ -60,12 +60,12 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from varbench.core.errors import FixableError, writing
-from varbench.core.locks import DEFAULT_WAIT_S, FileLock, clean_stray_tmp, file_mode
+from varbench.core.errors import FixableError
+from varbench.core.jsonio import append_jsonl, atomic_write_bytes, read_jsonl
+from varbench.core.locks import DEFAULT_WAIT_S, FileLock, clean_stray_tmp
 
 #: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
 #: ``benchmark_sha256``): a path differs between machines, the bytes do not.
@@ -218,32 +218,6 @@ def pair_key(rec: Mapping) -> str | None:
     bench_sha = (rec.get("benchmark") or {}).get("sha256")
     return config_hash(generation_key(cfg, weights, bench_sha, keys=PAIR_KEYS))
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a same-folder temp file, fsync, and ``os.replace``.
-
-    The file gets the mode ``open()`` would give it (``0o666 & ~umask``; ``mkstemp`` alone makes
-    0600, unreadable by the rest of a group sharing the store). A killed write leaves a
-    ``.<name>.<random>.tmp`` file, removed by :func:`varbench.core.locks.clean_stray_tmp` when the next
-    job takes the folder's lock."""
-    path = Path(path)
-    with writing(path):      # a read-only or full disk: one error naming the file and the fix
-        _atomic_write(path, data)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 class ImageHashError(FixableError, ValueError):
     """A stored image's file does not match the sha256 recorded when it was written."""
@@ -271,7 +245,6 @@ class ImageStore:
 
     def index(self) -> dict[tuple[int, int], dict]:
         """Committed images: ``{(prompt_index, sample_index): row}`` (later rows win)."""
-        from varbench.harness.records import read_jsonl
 
         try:
             st = self.index_path.stat()
@@ -335,7 +308,6 @@ class ImageStore:
     def commit(self, done: Iterable[tuple[int, int, str]]) -> None:
         """Append ``(prompt_index, sample_index, sha256)`` rows to ``images.jsonl`` in one
         fsynced write: from here on these images count as stored."""
-        from varbench.harness.records import append_jsonl
 
         append_jsonl(self.index_path, [{"prompt_index": int(p), "sample_index": int(s),
                                         "file": self.path(p, s).relative_to(self.dir).as_posix(), "sha256": d}

@@ -12,7 +12,7 @@ In a job (``logger=wandb``; :mod:`varbench.harness.job` calls these)::
 
 Later, from the records alone (an offline machine first, ``wandb sync`` or an online machine later)::
 
-    python -m varbench.loggers.publish store/<experiment> [--mode offline|online|disabled] [--project P]
+    python -m varbench.publish store/<experiment> [--mode offline|online|disabled] [--project P]
         [--entity E] [--dir results] [--force] [--no-sweep] [--results results/<experiment>]
 
 publishes every finished entry (``entries/<hash>/`` with ``DONE``) that has no ``.published``
@@ -49,7 +49,7 @@ What a job's run holds:
 
 Then the entry gets ``.published`` (JSON: run id, name, mode, dir, url), written atomically; it is
 dot-named, so outside the entry's DONE seal. A W&B error while publishing is printed and leaves no
-marker: the record is safe and the next launch (or ``python -m varbench.loggers.publish``) publishes it.
+marker: the record is safe and the next launch (or ``python -m varbench.publish``) publishes it.
 ``disabled`` mode runs every step with a no-op run and writes no marker (nothing was published).
 
 The sweep run (``job_type="sweep"``, group the experiment, :func:`log_sweep`), logged when the
@@ -78,7 +78,7 @@ from varbench.loggers.wandb import WandbSink, log_record_artifact, summary_from_
 
 MARKER = ".published"
 SWEEP_MARKER = ".published_sweep"
-SAFE = "the record is finished and safe; the next launch of this job (or `python -m varbench.loggers.publish`) publishes it"
+SAFE = "the record is finished and safe; the next launch of this job (or `python -m varbench.publish`) publishes it"
 
 #: tidy-frame columns (:func:`varbench.harness.records.records_to_frame` / :func:`pair_with_baseline`) -> summary keys
 PAIRED_KEYS: dict[str, str] = {
@@ -108,7 +108,7 @@ def sink_from_cfg(logger_cfg: Any) -> WandbSink | None:
     if not target or target.rsplit(".", 1)[-1] == "NullSink":
         return None
     if target.rsplit(".", 1)[-1] != "WandbSink":
-        from varbench.harness.config import ConfigError
+        from varbench.core.errors import ConfigError
 
         raise ConfigError(f"logger._target_ {target!r} is not supported: use logger=wandb or logger=none")
     return WandbSink(**kw)
@@ -163,7 +163,7 @@ def paired_summary(record: Mapping, entry_dir: str | Path, baseline: str = "base
     bases = frame[(frame["method"] == baseline) & (frame["status"].fillna("ok") == "ok")] if not frame.empty else frame
     if bases.empty:
         out["paired/status"] = (f"no baseline record finished yet in {root}; the sweep's table "
-                                "(and `python -m varbench.loggers.publish`) has the deltas once it is")
+                                "(and `python -m varbench.publish`) has the deltas once it is")
         return out
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -220,7 +220,7 @@ def per_image_rows(entry_dir: str | Path, evaluators: Iterable[str] | None = Non
     """``(score columns, rows)``: one row per image, (prompt_index, sample_index) sorted, joining
     every evaluator's per-sample row (``samples_<evaluator>.jsonl``; later rows win) as
     ``<evaluator>/<field>`` columns. ``keys`` adds images that have no score row."""
-    from varbench.harness.records import read_jsonl
+    from varbench.core.jsonio import read_jsonl
 
     entry_dir = Path(entry_dir)
     names = list(evaluators) if evaluators is not None else sorted(
@@ -268,10 +268,10 @@ def fill_run(run, sink: WandbSink, record: Mapping, entry_dir: str | Path,
              baseline: str = "baseline") -> dict[str, Any]:
     """Log a finished record into an open run (summary, per-scale and per-image tables, record
     artifact; see module docstring); returns the summary. Shared by a job's run and
-    ``python -m varbench.loggers.publish``."""
+    ``python -m varbench.publish``."""
     import wandb
 
-    from varbench.harness.records import read_jsonl
+    from varbench.core.jsonio import read_jsonl
 
     entry_dir = Path(entry_dir)
     summary = {**summary_from_record(record), **paired_summary(record, entry_dir, baseline)}
@@ -317,7 +317,7 @@ def _run_info(run, sink: WandbSink, name: str) -> dict:
 def _write_marker(entry_dir: Path, info: Mapping, sink: WandbSink) -> None:
     if sink.mode == "disabled":       # nothing was published: a later real publish must not be skipped
         return
-    from varbench.harness.store import atomic_write_bytes
+    from varbench.core.jsonio import atomic_write_bytes
 
     atomic_write_bytes(Path(entry_dir) / MARKER, json.dumps(dict(info), indent=1, default=str).encode())
 
@@ -345,7 +345,7 @@ class JobRun:
     @classmethod
     def open(cls, job) -> "JobRun":
         """Open the job's run (config, name, group, tags); ``logger=none`` gives an inactive one.
-        Raises :class:`varbench.harness.config.ConfigError` naming the fix for a bad mode or a missing login."""
+        Raises :class:`varbench.core.errors.ConfigError` naming the fix for a bad mode or a missing login."""
         sink = sink_from_cfg(job.cfg.get("logger"))
         if sink is None:
             return cls()
@@ -571,7 +571,7 @@ def log_sweep(sink: WandbSink, out: str | Path, experiment: str, figures: Mappin
 
         logging.getLogger("varbench").error("W&B sweep run failed", exc_info=True)
         print(f"[varbench] W&B sweep run not logged ({type(e).__name__}: {e}); the tables under {out} are "
-              f"written; `python -m varbench.loggers.publish <store>/{experiment}` logs it later")
+              f"written; `python -m varbench.publish <store>/{experiment}` logs it later")
         return None
 
 
@@ -584,7 +584,7 @@ def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False
     (``src/.published_sweep``). 0 ok / skipped, 1 failed."""
     from varbench.analysis.aggregate import AggregationError, aggregate
     from varbench.harness.records import SealError
-    from varbench.harness.store import atomic_write_bytes
+    from varbench.core.jsonio import atomic_write_bytes
 
     try:
         paired = aggregate(src, results, baseline=baseline, figures=False)
@@ -611,7 +611,7 @@ def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m varbench.loggers.publish",
+    ap = argparse.ArgumentParser(prog="python -m varbench.publish",
                                  description="Mirror an experiment's finished records (and its table) to W&B.")
     ap.add_argument("path", help="the experiment's store folder, store/<experiment> (or one entry folder)")
     ap.add_argument("--mode", default=os.environ.get("WANDB_MODE", "online"),
@@ -630,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from varbench.harness.records import RunEntry, SealError, find_entries
-    from varbench.harness.config import ConfigError
+    from varbench.core.errors import ConfigError
 
     from varbench.loggers.wandb import MODES
 

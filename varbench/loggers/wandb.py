@@ -23,7 +23,7 @@ runs the same code path with a no-op run (tests, CI). ``wandb`` is imported lazi
 A job's own run (opened when the job starts, live progress and system metrics, the record's
 summary with its paired speed-up and deltas at the end) and the sweep-level run are in
 :mod:`varbench.loggers.publish`; :meth:`WandbSink.init_run` is the one place a run is opened, and turns a
-bad mode or a missing login into a :class:`varbench.harness.config.ConfigError` naming the fix.
+bad mode or a missing login into a :class:`varbench.core.errors.ConfigError` naming the fix.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ LOGIN_FIX = ("run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offlin
 
 
 def _config_error(msg: str):
-    from varbench.harness.config import ConfigError
+    from varbench.core.errors import ConfigError
 
     return ConfigError(msg)
 
@@ -132,7 +132,7 @@ class WandbSink:
     def init_run(self, *, name: str, job_type: str | None, config: Mapping | None = None,
                  tags: Iterable[str] = (), group: str | None = None):
         """Open one W&B run (finishing any run still open in this process). A missing login, a
-        bad mode or an unreachable server is a :class:`varbench.harness.config.ConfigError` naming the
+        bad mode or an unreachable server is a :class:`varbench.core.errors.ConfigError` naming the
         fix (:data:`LOGIN_FIX`)."""
         try:
             import wandb

@@ -5,12 +5,8 @@ speed-up is measured against the same per-scale overhead.
 """
 from __future__ import annotations
 
-from varbench.engine.plan import ScalePlan
-from varbench.engine.policy import Policy
+from varbench.engine.policy import NeutralPolicy
 
 
-class Baseline(Policy):
+class Baseline(NeutralPolicy):
     name = "baseline"
-
-    def plan(self, si: int) -> ScalePlan:
-        return ScalePlan()

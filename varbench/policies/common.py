@@ -113,19 +113,6 @@ def reduce_batch(values: Iterable[float], how: str) -> float:
     raise ValueError(f"batch reduction must be earliest, median, latest or mean; got {how!r}")
 
 
-def is_neutral(plan: ScalePlan) -> bool:
-    """True if the plan changes nothing the model computes: every scale runs, every block in full,
-    no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
-    only observe, so they do not count.)"""
-    return (
-        plan.run
-        and all(bp.mode == "full" for bp in plan.blocks.values())
-        and plan.cfg is None
-        and plan.tau is None
-        and not plan.drop_uncond
-    )
-
-
 def check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {list(choices)}")

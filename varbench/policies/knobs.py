@@ -5,7 +5,7 @@ config may set under ``method.knobs``; each field holds the default, its annotat
 metadata (:func:`knob`) the range or choices. ``SCHEMAS`` maps the registered method name
 (``method.name``) to its dataclass. :func:`check_knobs` checks a config's knobs against it (unknown
 knob -> the closest known one; wrong type; out of range or not a choice; a scale index outside the
-schedule) and raises :class:`varbench.harness.config.ConfigError` naming ``method.knobs.<knob>``, the
+schedule) and raises :class:`varbench.core.errors.ConfigError` naming ``method.knobs.<knob>``, the
 value and what is allowed. Constructing a dataclass (``NOVAKnobs(q_sub=0)``) runs the same checks
 (``__post_init__``), so the types and ranges live here and nowhere else; cross-knob rules
 (``r_min <= r_max``) stay with the policy's constructor, which validation also runs.
@@ -418,7 +418,8 @@ def _choice_ok(v: Any, choices: tuple) -> bool:
 
 def check_value(cls: type, key: str, value: Any, where: str, n_scales: int | None = None) -> None:
     """One knob of `cls` against its type, range/choices and (given n_scales) the schedule."""
-    from varbench.harness.config import ConfigError, _describe, _matches
+    from varbench.harness.config import _describe, _matches
+    from varbench.core.errors import ConfigError
 
     f = {f.name: f for f in dataclasses.fields(cls)}[key]
     tp = typing.get_type_hints(cls)[key]
@@ -463,7 +464,7 @@ def check_value(cls: type, key: str, value: Any, where: str, n_scales: int | Non
 def check_knobs(method: str, knobs: Mapping[str, Any], n_scales: int | None = None,
                 where: str = "method.knobs") -> None:
     """Every knob of `method` is known and fits its dataclass field (compose members recursively)."""
-    from varbench.harness.config import ConfigError
+    from varbench.core.errors import ConfigError
 
     cls = SCHEMAS.get(method)
     if cls is None:

@@ -258,7 +258,7 @@ def _load_skops(path: Path, trust: bool) -> Any:
 
 
 def _refuse_unknown_pickles(d: Path, names: list[str]) -> None:
-    from varbench.harness.provenance import sha256_file
+    from varbench.core.filehash import sha256_file
 
     hashes = {n: sha256_file(d / n) for n in names}
     if released_folder(hashes) is not None:
@@ -297,7 +297,7 @@ def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regress
                                  f"{PUBLISHED_AT}; point `decision_models` (env VARBENCH_WEIGHTS) at that folder.")
     released = None
     if fmt == "pkl":
-        from varbench.harness.provenance import sha256_file
+        from varbench.core.filehash import sha256_file
 
         released = released_folder({n: sha256_file(d / n) for n in files.values()})
         if released is None and not trust:

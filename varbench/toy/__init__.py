@@ -1,7 +1,7 @@
 """A toy world whose text-to-image quality can be measured exactly on a CPU.
 
 `world` draws scenes of flat coloured shapes with GenEval-style captions; the matching exact
-scorer is `varbench.evaluators.toy_geneval.ToyGenEval`.
+scorer is `varbench.toy.geneval.ToyGenEval`.
 """
 from varbench.toy.world import (  # noqa: F401
     PALETTE,

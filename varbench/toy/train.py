@@ -41,11 +41,11 @@ import torch
 
 from varbench.engine.models.bsq_vae import BSQVAE
 from varbench.engine.models.checkpoints import load_state_dict_strict
-from varbench.harness.store import atomic_write_bytes
+from varbench.core.jsonio import atomic_write_bytes
 from varbench.engine.models.infinity import PRESETS, Infinity
 from varbench.toy import world
 from varbench.toy.forward import bit_targets, per_token_bit_ce, teacher_forced_logits
-from varbench.engine.models.toy import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,
+from varbench.toy.load import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,
                    WEIGHTS_DIR, build_toy_text_encoder, sha256)
 
 
@@ -173,7 +173,7 @@ def train_vae(cfg: TrainConfig, log=print) -> tuple[BSQVAE, dict]:
 @torch.no_grad()
 def vae_recon_geneval(vae: BSQVAE, n: int, seed: int) -> dict:
     """ToyGenEval of ground-truth renders after encode -> bits -> summed codes -> decode."""
-    from varbench.evaluators.toy_geneval import ToyGenEval
+    from varbench.toy.geneval import ToyGenEval
     from PIL import Image
 
     ev = ToyGenEval()
@@ -315,7 +315,7 @@ def evaluate_runtime(rt, n_prompts: int, n_samples: int, prompt_seed: int, sampl
 
     Sample j of prompt i uses seed 1000 * j + i."""
     from varbench.evaluators.base import Sample
-    from varbench.evaluators.toy_geneval import ToyGenEval
+    from varbench.toy.geneval import ToyGenEval
     from PIL import Image
 
     items = world.prompt_set(n_prompts, prompt_seed)
@@ -428,7 +428,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_manifest(out, info)
 
     if args.stage in ("all", "eval"):
-        from varbench.engine.models.toy import load_toy_runtime
+        from varbench.toy.load import load_toy_runtime
 
         rt = load_toy_runtime(weights_dir=out)
         results = []

@@ -94,7 +94,6 @@ POSITION_MIN_AXIS = 0.65
 POSITION_OFF_AXIS = 0.35
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ToyObject:
     """One shape. Box in normalised coordinates: (x0, y0) top-left, side `size`."""
@@ -328,32 +327,3 @@ def world_info() -> dict:
     }
 
 
-def load_toy_prompts(cfg) -> "PromptSet":  # noqa: F821 - imported lazily below
-    """Prompt loader for `benchmark.loader: toy` (see `varbench.harness.prompts.register_loader`).
-
-    Reads `n_prompts` (default 120), `seed` (default 0) and `samples_per_prompt` (default 4) from
-    the benchmark config (dict or OmegaConf node). The set is generated, not read, so its
-    fingerprint is the sha256 of the generated metadata lines plus the world version.
-    """
-    import hashlib
-    import json
-
-    from varbench.harness.prompts import PromptItem, PromptSet, PromptSetError
-
-    get = (lambda k, d: cfg.get(k, d)) if hasattr(cfg, "get") else (lambda k, d: getattr(cfg, k, d))
-    n, seed, spp = get("n_prompts", 120), get("seed", 0), get("samples_per_prompt", 4)
-    for key, val, lo in (("n_prompts", n, 1), ("seed", seed, 0), ("samples_per_prompt", spp, 1)):
-        if not isinstance(val, int) or isinstance(val, bool) or val < lo:
-            raise PromptSetError(f"benchmark.{key} must be an integer >= {lo}, got {val!r} (varbench/conf/benchmark/toy.yaml)")
-    prompts = prompt_set(n, seed)
-    payload = WORLD_VERSION + "\n" + "".join(json.dumps(p["metadata"], sort_keys=True) + "\n" for p in prompts)
-    return PromptSet(
-        name=str(get("name", "toy")),
-        items=[PromptItem(i, p["prompt"], dict(p["metadata"], scene_seed=p["scene_seed"])) for i, p in enumerate(prompts)],
-        source_path=None,
-        sha256=hashlib.sha256(payload.encode()).hexdigest(),
-        samples_per_prompt=spp,
-        loader="toy",
-        source_url=f"builtin:varbench.toy.world.prompt_set(n={n}, seed={seed}) {WORLD_VERSION}",
-        full_size=n,
-    )

@@ -1,3 +1,3 @@
 """GenEval: the evaluator (`evaluator`), its scoring rules (`rules`) and the mmdet checkpoint converter
-(`convert_mmdet`, ``python -m varbench.evaluators.geneval.convert_mmdet``)."""
+(`convert_mmdet`, ``python -m varbench.evaluators.geneval_convert_mmdet``)."""
 from varbench.evaluators.geneval.evaluator import GenEvalEvaluator  # noqa: F401

@@ -41,7 +41,7 @@ What is not a plain rename, and why:
 Everything else is strict: `convert_state_dict` raises one `ConversionError` naming every source key
 it could not map, every HF key left unfilled and every shape mismatch.
 
-CLI: `python -m varbench.evaluators.geneval.convert_mmdet SRC.pth OUT_DIR [--config-json J]` writes
+CLI: `python -m varbench.evaluators.geneval_convert_mmdet SRC.pth OUT_DIR [--config-json J]` writes
 `OUT_DIR/{config.json, model.safetensors, conversion.json}`; `conversion.json` records the source's
 sha256 and name, its mmdet meta (version, CLASSES) when present, and `CONVERTER_VERSION`.
 """
@@ -478,7 +478,7 @@ def convert_checkpoint(src: Path, out_dir: Path, config=None, trust_pickle: bool
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m varbench.evaluators.geneval.convert_mmdet", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m varbench.evaluators.geneval_convert_mmdet", description=__doc__.split("\n")[0])
     ap.add_argument("src", type=Path, help=f"mmdet .pth (GenEval: {MMDET_CHECKPOINT})")
     ap.add_argument("out_dir", type=Path, help="output folder for save_pretrained (+ conversion.json)")
     ap.add_argument("--config-json", type=Path, default=None,

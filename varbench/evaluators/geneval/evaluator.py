@@ -55,7 +55,7 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 PUBLISHED_DET = ("mmdet: https://download.openmmlab.com/mmdetection/v2.0/mask2former/ "
                  "(mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco; convert with "
-                 "`python -m varbench.evaluators.geneval.convert_mmdet SRC.pth OUT_DIR`) or HF facebook/mask2former-swin-small-coco-instance (save_pretrained folder)")
+                 "`python -m varbench.evaluators.geneval_convert_mmdet SRC.pth OUT_DIR`) or HF facebook/mask2former-swin-small-coco-instance (save_pretrained folder)")
 PUBLISHED_CLIP = ("HF timm/vit_large_patch14_clip_224.openai (open_clip_pytorch_model.bin), "
                   "i.e. open_clip ViT-L-14 'openai' weights")
 
@@ -424,7 +424,7 @@ class GenEvalEvaluator(Evaluator):
             self._tmp = None
 
     def version_info(self) -> dict[str, Any]:
-        from varbench.harness.provenance import sha256_file
+        from varbench.core.filehash import sha256_file
 
         # files by name and sha256, never by path: identical scorers on two machines agree
         info = dict(self._info)

@@ -15,7 +15,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        from varbench.harness.config import ConfigError
+        from varbench.core.errors import ConfigError
 
         raise ConfigError(f"runtime.device={name} but CUDA is not available here; use runtime.device=cpu (or auto)")
     return dev
@@ -26,7 +26,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
     if name not in table:
-        from varbench.harness.config import ConfigError
+        from varbench.core.errors import ConfigError
 
         raise ConfigError(f"runtime.dtype={name!r}; use auto, float32 or bfloat16")
     return table[name]
@@ -35,7 +35,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype) -> InfinityRuntime:
     """Model presets with released weights, random weights, or the shipped toy model."""
     if model_cfg.preset == "toy":
-        from varbench.engine.models.toy import load_toy_runtime
+        from varbench.toy.load import load_toy_runtime
 
         return load_toy_runtime(device=str(device))
     from varbench.engine.models.bsq_vae import BSQVAE, load_vae

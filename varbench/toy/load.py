@@ -1,6 +1,6 @@
 """Load the trained toy-world model shipped in `varbench/toy/weights/`.
 
-    from varbench.engine.models.toy import load_toy_runtime, TOY_SCHEDULE, TOY_H_DIV_W, toy_sampling
+    from varbench.toy.load import load_toy_runtime, TOY_SCHEDULE, TOY_H_DIV_W, toy_sampling
     rt = load_toy_runtime()
     out = rt.generate(prompts, seeds, schedule=TOY_SCHEDULE, h_div_w=TOY_H_DIV_W, **toy_sampling())
 
@@ -21,7 +21,7 @@ from varbench.engine.models.bsq_vae import BSQVAE, load_vae_state_dict
 from varbench.engine.models.checkpoints import load_state_dict_strict
 from varbench.engine.models.infinity import PRESETS, Infinity
 from varbench.engine.models.text import WordTextEncoder
-from varbench.harness.provenance import sha256_file as sha256
+from varbench.core.filehash import sha256_file as sha256
 from varbench.toy import world
 
 #: Token grids of the toy model, coarse to fine: 9 scales ending at the VAE's 16x16 latent of a
@@ -36,7 +36,7 @@ TOY_IMAGE_SIZE = 64
 TOY_MODEL_PRESET = "toy"
 TOY_VAE_PRESET = "toy"
 
-WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "toy" / "weights"   # shipped in varbench/toy/weights/
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 FILES = {"vae": "toy_vae.pt", "infinity": "toy_infinity.pt", "text": "toy_text_encoder.pt"}
 MANIFEST = "manifest.json"
 PUBLISHED_AT = "the varbench git repository (varbench/toy/weights/), produced by `python -m varbench.toy.train`"

@@ -1,0 +1,14 @@
+"""Helpers for tests and studies that run whole jobs: the config a command line composes."""
+from __future__ import annotations
+
+
+def job_config(root, *overrides: str):
+    """The job config ``python -m varbench +experiment=smoke <overrides>`` composes, with the store and
+    results under ``root`` (what the job tests run; later overrides win)."""
+    from hydra import compose, initialize_config_dir
+
+    from varbench.core.resources import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            "+experiment=smoke", f"paths.store_dir={root}/store", f"paths.results_dir={root}/results", *overrides])
