@@ -270,9 +270,9 @@ def predicted_peaks() -> dict:
 # ---------------------------------------------------------------------------------------------------
 # statistics
 def stats(xs: list[float]) -> dict:
-    from varbench.harness.timing import _stats
+    from varbench.harness.timing import quantile_summary
 
-    return _stats(list(xs))
+    return quantile_summary(list(xs))
 
 
 def paired_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed: int = 0) -> dict:

@@ -205,8 +205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides, e.g. model.weights=/path generation.cfg=4")
     a = ap.parse_args(argv)
 
-    from varbench.harness.build import build_runtime, resolve_device, resolve_dtype
-    from varbench.harness.job import _gen_kwargs, image_seed
+    from varbench.harness.build import build_runtime, generation_kwargs, resolve_device, resolve_dtype
+    from varbench.harness.job import image_seed
     from varbench.policies.skipvar_features import CLASSIFIERS, _require_joblib, _require_skops
     from varbench.harness.prompts import load_prompt_set
 
@@ -224,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     items = list(ps.items)[: a.limit] if a.limit else list(ps.items)
     prompts = [it.prompt for it in items]
     seeds = [image_seed(cfg.generation.seed, it.index, 0) for it in items]
-    kw = _gen_kwargs(cfg, rt)
+    kw = generation_kwargs(cfg, rt)
     print(f"skipvar_train: {len(prompts)} prompts on {a.model}, 7 generations each (baseline + skip1..3 + uncond1..3)")
     rows = collect(rt, prompts, seeds, kw, batch=a.batch, decision_scale=a.decision_scale, feature_scale=a.feature_scale)
     t_gen = time.perf_counter() - t0

@@ -117,8 +117,8 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from varbench.harness.build import build_runtime, configure_runtime, resolve_device, resolve_dtype
-    from varbench.harness.job import _gen_kwargs, image_seed
+    from varbench.harness.build import build_runtime, configure_runtime, generation_kwargs, resolve_device, resolve_dtype
+    from varbench.harness.job import image_seed
     from varbench.harness.prompts import load_prompt_set
 
     t0 = time.perf_counter()
@@ -139,7 +139,7 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
     prompts = load_prompt_set(cfg.benchmark).items
     if limit is not None:
         prompts = prompts[:limit]
-    kw = _gen_kwargs(cfg, rt)
+    kw = generation_kwargs(cfg, rt)
     bs = int(batch or cfg.runtime.batch_size)
     rule = knobs.get("depth_rule", "rho_ge_tau")
     probe = EntropyProbe(knobs.get("rho_source", "mean_over_layers_heads"), knobs.get("rho_layers"),

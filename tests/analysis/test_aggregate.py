@@ -9,8 +9,10 @@ import pytest
 
 pd = pytest.importorskip("pandas")
 
-from varbench.analysis.aggregate import AggregationError, aggregate, main, pair_with_baseline  # noqa: E402
-from varbench.harness.records import RunEntry, find_entries, records_to_frame  # noqa: E402
+from varbench.analysis.aggregate import AggregationError, aggregate, pair_with_baseline  # noqa: E402
+from varbench.analysis.frame import records_to_frame  # noqa: E402
+from varbench.cli.aggregate import main  # noqa: E402
+from varbench.harness.records import RunEntry, find_entries  # noqa: E402
 
 
 def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None, device="H200",
@@ -240,7 +242,7 @@ FID_EVALS = {"geneval": {"version": "1"}, "fidelity": {"version": "f1"}}
 
 
 def test_fidelity_metrics_have_no_delta(tmp_path):
-    from varbench.analysis.aggregate import relative_to_baseline
+    from varbench.analysis.frame import relative_to_baseline
 
     assert relative_to_baseline("fidelity") and not relative_to_baseline("geneval")
     write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12,

@@ -10,7 +10,8 @@ pd = pytest.importorskip("pandas")
 
 from varbench.analysis import tables as T  # noqa: E402
 from varbench.analysis.aggregate import aggregate, latex_table, markdown_table, pair_with_baseline  # noqa: E402
-from varbench.harness.records import RunEntry, find_entries, record_to_row, records_to_frame  # noqa: E402
+from varbench.analysis.frame import record_to_row, records_to_frame  # noqa: E402
+from varbench.harness.records import RunEntry, find_entries  # noqa: E402
 
 TAGS = [t for t, _ in T.GENEVAL_TAGS if t != "overall"]
 

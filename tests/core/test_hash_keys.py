@@ -12,9 +12,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from varbench.harness.job import _pin_runtime, _weight_files, _weight_hashes
-from varbench.harness.store import (ENTRY_EXCLUDE, GENERATION_KEYS, PATH_KEYS, entry_hash, generation_hash, generation_key,
-                            pair_key)
+from varbench.core.hashing import (ENTRY_EXCLUDE, GENERATION_KEYS, PATH_KEYS, entry_hash, generation_hash, generation_key,
+                                   pair_key)
+from varbench.harness.build import model_weight_files, model_weight_hashes
+from varbench.harness.job import pin_runtime
 
 CONF = Path(__file__).resolve().parents[2] / "varbench" / "conf"
 
@@ -31,7 +32,7 @@ def _resolved(overrides) -> dict:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     tree = json.loads(json.dumps(OmegaConf.to_container(cfg, resolve=True)))  # int keys -> str, as hashed
-    return _pin_runtime(tree, torch.device("cpu"), torch.float32)
+    return pin_runtime(tree, torch.device("cpu"), torch.float32)
 
 
 def _leaves(tree, prefix=""):
@@ -129,9 +130,9 @@ def test_device_auto_hashes_as_the_resolved_device():
             "model=tiny", "runtime.device=cpu", "runtime.dtype=float32"]), resolve=True)
     assert auto["runtime"]["device"] == "auto"
     cpu, f32 = torch.device("cpu"), torch.float32
-    a, e = _pin_runtime(copy.deepcopy(auto), cpu, f32), _pin_runtime(explicit, cpu, f32)
+    a, e = pin_runtime(copy.deepcopy(auto), cpu, f32), pin_runtime(explicit, cpu, f32)
     assert generation_hash(a) == generation_hash(e) and entry_hash(a) == entry_hash(e)
-    cuda = _pin_runtime(copy.deepcopy(auto), torch.device("cuda"), torch.bfloat16)
+    cuda = pin_runtime(copy.deepcopy(auto), torch.device("cuda"), torch.bfloat16)
     assert generation_hash(cuda) != generation_hash(a)
     # cuda:0 and cuda make the same pixels
     c1 = _with(cuda, "runtime.device", "cuda:1")
@@ -159,9 +160,9 @@ def test_toy_weights_are_hashed_and_retrained_weights_change_the_keys(tmp_path, 
 
     model = OmegaConf.create({"preset": "toy", "random_weights": False, "weights": None, "vae": None,
                               "text_encoder": "word"})
-    files = _weight_files(model)
+    files = model_weight_files(model)
     assert sorted(files) == sorted(toy_load.FILES.values())
-    shipped = _weight_hashes(model)
+    shipped = model_weight_hashes(model)
     assert set(shipped) == set(toy_load.FILES.values()) and all(len(v) == 64 for v in shipped.values())
     assert shipped == {n: toy_load.read_manifest()["files"][n]["sha256"] for n in shipped}
     # "retrain": a copy of the weights with one file changed
@@ -169,15 +170,15 @@ def test_toy_weights_are_hashed_and_retrained_weights_change_the_keys(tmp_path, 
     shutil.copytree(toy_load.WEIGHTS_DIR, d, ignore=shutil.ignore_patterns("skipvar_*"))
     (d / toy_load.FILES["infinity"]).write_bytes(b"retrained")
     monkeypatch.setattr(toy_load, "WEIGHTS_DIR", d)
-    retrained = _weight_hashes(model)
+    retrained = model_weight_hashes(model)
     assert retrained[toy_load.FILES["vae"]] == shipped[toy_load.FILES["vae"]]
     assert retrained[toy_load.FILES["infinity"]] != shipped[toy_load.FILES["infinity"]]
     tree = _resolved(EXPERIMENTS["toy"])
     assert generation_hash(tree, shipped) != generation_hash(tree, retrained)
     assert entry_hash(tree, shipped) != entry_hash(tree, retrained)
     # random init: no files; released presets: weights, VAE and (t5) the text encoder folder, by name
-    assert _weight_files(OmegaConf.create({"preset": "tiny", "random_weights": True})) == {}
-    released = _weight_files(OmegaConf.create({"preset": "infinity_2b", "random_weights": False,
+    assert model_weight_files(OmegaConf.create({"preset": "tiny", "random_weights": True})) == {}
+    released = model_weight_files(OmegaConf.create({"preset": "infinity_2b", "random_weights": False,
                                                "weights": "/x/infinity_2b_reg.pth", "vae": "/x/vae.pth",
                                                "text_encoder": "t5", "text_encoder_path": "/x/flan-t5-xl"}))
     assert sorted(released) == ["flan-t5-xl", "infinity_2b_reg.pth", "vae.pth"]

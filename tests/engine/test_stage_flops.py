@@ -119,7 +119,7 @@ def test_preset_stages_use_the_released_parts():
 def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skipped():
     """The runtime's summed codes (what it decodes) keep the final grid under skip_last, and the job's
     trace rows carry the same decode count for the baseline and the skipping method."""
-    from varbench.harness.job import _trace_row
+    from varbench.harness.traces import trace_row
     from varbench.policies import build_policy
     from varbench.engine.stage_flops import stage_flops
     from varbench.engine.testing import tiny_runtime
@@ -129,7 +129,7 @@ def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skip
     for name, knobs in (("baseline", {}), ("skip_last", {"run_scales": 5})):
         out = rt.generate(["a red circle", "a blue square"], [0, 1], build_policy(name, **knobs), pn="0.06M")
         stages = stage_flops(rt, ["a red circle", "a blue square"], out.summed_codes.shape[-2:])
-        rows[name] = _trace_row(out, 0, 0, 0, name, stages[0])["work"]["flops"]
+        rows[name] = trace_row(out, 0, 0, 0, name, stages[0])["work"]["flops"]
         assert tuple(out.summed_codes.shape[-2:]) == tuple(out.schedule[-1])
         assert tuple(out.images.shape[1:3]) == tuple(v * rt.vae.cfg.patch_size for v in out.schedule[-1])
     b, s = rows["baseline"], rows["skip_last"]

@@ -66,7 +66,9 @@ def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
 
 def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    entry = run_job(_cfg(tmp_path, "logger=wandb", f"logger.dir={tmp_path}/wb", "evaluator=[]", "timing=none"))
+    from varbench.cli.run import run   # the command's wiring: logger=wandb subscribes W&B to the job
+
+    entry = run(_cfg(tmp_path, "logger=wandb", f"logger.dir={tmp_path}/wb", "evaluator=[]", "timing=none"))
     runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
     assert (entry / "DONE").exists() and len(runs) == 1
     assert list(runs[0].glob("run-*.wandb"))

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from varbench.harness.job import assemble_cli, run_job
+from varbench.cli.assemble import assemble_entry
+from varbench.harness.job import run_job
 from varbench.harness.schema import check_record
 from varbench.core.seeds import image_seed
 from varbench.harness.testing import job_config
@@ -53,12 +54,12 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     # the last shard was killed after finishing its part: `python -m varbench.job assemble` rebuilds the record
     (e0 / "DONE").unlink()
     (e0 / "record.json").unlink()
-    assert assemble_cli(e0) == 0
+    assert assemble_entry(e0) == 0
     assert json.loads((e0 / "record.json").read_text())["metrics"] == rec_w["metrics"]
     # ... and so does `python -m varbench.aggregate` before it writes the tables
     (e0 / "DONE").unlink()
     (e0 / "record.json").unlink()
-    from varbench.analysis.aggregate import main as aggregate_main
+    from varbench.cli.aggregate import main as aggregate_main
 
     assert aggregate_main([str(tmp_path / "store" / "sharded"), "--out", str(tmp_path / "t"), "--no-figures",
                            "--baseline", "skip_last"]) == 0
@@ -115,6 +116,7 @@ def test_record_carries_per_image_flops_and_executed_tokens(tmp_path):
 
 def test_a_failed_wandb_mirror_is_published_by_the_next_launch(tmp_path, monkeypatch, capsys):
     pytest.importorskip("wandb")
+    from varbench.cli.run import run   # the command's wiring: logger=wandb subscribes W&B to the job
     from varbench.loggers import publish
     monkeypatch.setenv("WANDB_MODE", "offline")
     real_fill = publish.fill_run
@@ -124,14 +126,14 @@ def test_a_failed_wandb_mirror_is_published_by_the_next_launch(tmp_path, monkeyp
 
     monkeypatch.setattr(publish, "fill_run", broken)
     cfg = _cfg(tmp_path, "logger=wandb", f"logger.dir={tmp_path}/wb", "logger.log_sweep=false", "evaluator=[]")
-    entry = run_job(cfg)
+    entry = run(cfg)
     assert (entry / "DONE").exists() and not (entry / publish.MARKER).exists()
     assert "W&B unreachable" in capsys.readouterr().out
     calls = []
     monkeypatch.setattr(publish, "fill_run", lambda *a, **kw: calls.append(1) or real_fill(*a, **kw))
-    run_job(cfg)                                                   # finished: skipped, but published now
+    run(cfg)                                                       # finished: skipped, but published now
     assert calls == [1] and (entry / publish.MARKER).exists()
-    run_job(cfg)
+    run(cfg)
     assert calls == [1]                                            # once only
     from varbench.harness.records import RunEntry
 

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from varbench.harness.job import TraceCountError, run_job
+from varbench.harness.job import run_job
+from varbench.harness.traces import TraceCountError
 from varbench.core.jsonio import read_jsonl
 from varbench.harness.testing import job_config
 

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from varbench.harness.records import LegacySealError, RunEntry, SealError, main as records_main, records_to_frame
+from varbench.analysis.frame import records_to_frame
+from varbench.cli.records import main as records_main
+from varbench.harness.records import LegacySealError, RunEntry, SealError
 from varbench.core.jsonio import append_jsonl, read_jsonl
 from varbench.harness.store import ImageHashError, ImageStore
 
@@ -90,7 +92,7 @@ def test_legacy_done_gets_one_clear_message_and_reseals(tmp_path, capsys):
     with pytest.raises(LegacySealError) as info:
         records_to_frame([a.dir, b.dir])       # one message naming both, with the command
     msg = str(info.value)
-    assert msg.count("python -m varbench.harness.records reseal") == 1 and "old1" in msg and "old2" in msg
+    assert msg.count("python -m varbench.cli.records reseal") == 1 and "old1" in msg and "old2" in msg
     # an edited record.json under an old DONE is refused by reseal
     b.record_path.write_text(b.record_path.read_text().replace("0.5", "0.9"))
     assert records_main(["reseal", str(tmp_path)]) == 1

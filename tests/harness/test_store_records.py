@@ -9,8 +9,8 @@ from PIL import Image
 
 from varbench.harness.records import EntryFinishedError, EntryLockedError, RunEntry, find_entries
 from varbench.core.jsonio import append_jsonl, read_jsonl
-from varbench.harness.store import (ENTRY_EXCLUDE, GENERATION_KEYS, ImageStore, canonical_json, config_hash,
-                            entry_hash, generation_hash)
+from varbench.core.hashing import ENTRY_EXCLUDE, GENERATION_KEYS, canonical_json, config_hash, entry_hash, generation_hash
+from varbench.harness.store import ImageStore
 
 CFG = {
     "model": {"name": "infinity_2b", "cfg": 3.0},
@@ -72,7 +72,7 @@ def test_explicit_exclude_and_omegaconf():
 def test_weight_and_prompt_sha256_enter_every_key_paths_do_not():
     """Issue #12 item 6: changed weights change the generation, entry and pairing keys; moving
     the same files elsewhere (another weights_dir) changes none of them."""
-    from varbench.harness.store import pair_key
+    from varbench.core.hashing import pair_key
 
     cfg = _with(_with(CFG, "model.weights", "/machine_a/w.pth"), "benchmark.path", "/machine_a/p.jsonl")
     moved = _with(_with(cfg, "model.weights", "/machine_b/w.pth"), "benchmark.path", "/machine_b/p.jsonl")

@@ -358,14 +358,14 @@ def test_aggregate_experiment_logs_the_sweep_run_and_survives_a_wandb_failure(st
     assert "W&B sweep run not logged" in capsys.readouterr().out
 
 
-# -- the job's own wiring (varbench/harness/job.py calls JobRun) -------------------------------------------
+# -- the job's wiring (varbench/cli/run.py subscribes W&B to the job's hooks) -------------------------
 def test_run_job_with_logger_wandb_offline_publishes_the_paired_summary(toy_store, tmp_path, wb):
-    import varbench.harness.job as job_module
+    from varbench.cli.run import run
 
     root, base_name, method_name = toy_store
     shutil.copytree(root / "store", tmp_path / "store")
     shutil.rmtree(tmp_path / "store" / "exp" / "entries" / method_name)  # the method job runs for real
-    entry = job_module.run_job(_cfg(tmp_path, "method=skip_last_2", "logger=wandb", f"logger.dir={wb}"))
+    entry = run(_cfg(tmp_path, "method=skip_last_2", "logger=wandb", f"logger.dir={wb}"))
     runs = [r for r in runs_in(wb) if r["job_type"] == "skip_last"]
     assert len(runs) == 1 and runs[0]["exit_code"] == 0
     s = runs[0]["summary"]
@@ -379,6 +379,7 @@ def test_a_job_that_finds_its_entry_finished_after_waiting_opens_no_run(store, w
     """Another job finished the entry while this one waited for its lock: this job skips it and,
     because the run opens only inside the lock, leaves no empty W&B run behind (it used to)."""
     import varbench.harness.job as job_module
+    from varbench.cli.run import run
 
     root, base, _ = store
     (base / MARKER).write_text("{}")                  # published already: the skip republishes nothing
@@ -390,6 +391,6 @@ def test_a_job_that_finds_its_entry_finished_after_waiting_opens_no_run(store, w
         return False if len(calls) == 1 else real(job)
 
     monkeypatch.setattr(job_module, "_finished", finished_after_the_wait)
-    entry = job_module.run_job(_cfg(root, "logger=wandb", f"logger.dir={wb}"))
+    entry = run(_cfg(root, "logger=wandb", f"logger.dir={wb}"))
     assert entry == base and len(calls) == 2
     assert runs_in(wb) == []

@@ -154,7 +154,7 @@ def test_replacing_the_decision_models_changes_the_generation_and_entry_keys(tmp
     """`experiments.skipvar_train --out <same folder>` retrains in place: the old images and record
     must not be reused."""
     from varbench.harness.job import prepare_job
-    from varbench.harness.store import generation_hash
+    from varbench.core.hashing import generation_hash
     from varbench.harness.testing import job_config
 
     d = tmp_path / "dm"

@@ -3,13 +3,13 @@
 Usage::
 
     python -m varbench.aggregate store/nova_sweep --out results/nova_sweep [--baseline baseline]
-                                          [--allow-unpaired] [--no-figures]
+                                          [--allow-unpaired] [--no-figures]     (varbench.cli.aggregate)
 
     from varbench.analysis.aggregate import aggregate, pair_with_baseline
     paired = aggregate("store/nova_sweep", out="results/nova_sweep")   # DataFrame; files written under out/
 
 Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
-(:func:`varbench.harness.records.records_to_frame`) -> :func:`pair_with_baseline` -> files:
+(:func:`varbench.analysis.frame.records_to_frame`) -> :func:`pair_with_baseline` -> files:
 
 * ``tidy.csv``: the frame with the paired columns (one row per record, every column);
 * ``table.csv``: the wide table, numbers only (``<metric>``, ``<metric>_err``, ``<metric>_delta``);
@@ -23,7 +23,7 @@ Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
 Pairing: a row's baseline is the record with ``method == --baseline`` and
 
 * the same ``pair_key``: the hash of the record's resolved generation config minus the method
-  (:func:`varbench.harness.store.pair_key`: the image store's explicit ``GENERATION_KEYS`` minus ``method``,
+  (:func:`varbench.core.hashing.pair_key`: the image store's explicit ``GENERATION_KEYS`` minus ``method``,
   plus the sha256 of the weight and prompt files), so cfg, tau, top_k, top_p, the negative prompt,
   the schedule, the seed, the model, its weights and the pixel-relevant runtime all match;
 * the same ``PAIR_KEYS`` (model, resolution, benchmark file hash, selected-prompts hash, seeds,
@@ -53,7 +53,7 @@ the CSVs only (they drift with the machine: 2x between jobs on a shared CPU), ``
 baseline flops_total / flops_total (transformer only, shown as "FLOPs × (transformer)") and
 ``flops_x_e2e`` = baseline flops_e2e / flops_e2e (with the text encoder and the VAE decode, shown as
 "FLOPs × (end to end)"). The paired speed-ups come from each
-record (:func:`varbench.harness.records.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
+record (:func:`varbench.analysis.frame.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
 (ratio of summed per-prompt times against the baseline timed interleaved in the method's own
 job, over ``n_prompts_timed`` prompts; one prompt: median per-repeat ratio),
 ``paired_speedup_ci_low/high``, ``paired_e2e_speedup_ci_low/high``, ``paired_speedup_ci_level``,
@@ -73,19 +73,19 @@ Reading the results in pandas::
 """
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from varbench.analysis.frame import metric_columns, pair_config, records_to_frame, relative_to_baseline
+from varbench.analysis.groups import GROUP_KEYS
 from varbench.core.errors import FixableError
-from varbench.harness.records import find_entries, metric_columns, records_to_frame
+from varbench.harness.records import RunEntry, find_entries
 
+#: the frame columns a row and its baseline must share (besides ``pair_key``; see the module docstring)
 PAIR_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark_sha256", "prompts_sha256", "seeds",
                               "n_images", "device", "dtype")
-GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
 
 
 class AggregationError(FixableError, ValueError):
@@ -111,29 +111,6 @@ def _ratio(num, den) -> float:
     if math.isnan(num) or math.isnan(den) or den == 0:
         return float("nan")
     return num / den
-
-
-def relative_to_baseline(evaluator: str) -> bool:
-    """True if the evaluator registered as ``evaluator`` (the ``<evaluator>/`` prefix of a metric
-    column; the evaluator's config key is its registry name) declares ``relative_to_baseline``.
-    Names not in the registry (synthetic, external) are not relative."""
-    if evaluator in _RELATIVE:
-        return _RELATIVE[evaluator]
-    try:
-        from varbench.evaluators import REGISTRY
-        from varbench.core.registry import resolve
-
-        rel = bool(getattr(resolve(REGISTRY, evaluator, "evaluator"), "relative_to_baseline", False)) \
-            if evaluator in REGISTRY else False
-    except ImportError as e:
-        warnings.warn(f"cannot import evaluator {evaluator!r} ({e}); treating its metrics as absolute "
-                      "(deltas against the baseline are shown)", stacklevel=3)
-        rel = False
-    _RELATIVE[evaluator] = rel
-    return rel
-
-
-_RELATIVE: dict[str, bool] = {}
 
 
 def _both_timed(row, base) -> bool:
@@ -174,7 +151,7 @@ def _differs(row, base, keys: Sequence[str]) -> list[str]:
 
 
 def _files_diff(rec_a: Mapping, rec_b: Mapping) -> list[str]:
-    """What :func:`varbench.harness.store.pair_key` hashes besides the config, named: the weight files
+    """What :func:`varbench.core.hashing.pair_key` hashes besides the config, named: the weight files
     (``model.weights``, by file name, with both sha256 abbreviated) and the prompt file's sha256."""
     wa, wb = (rec_a.get("model") or {}).get("weights") or {}, (rec_b.get("model") or {}).get("weights") or {}
     short = lambda h: f"sha256 {h[:12]}…" if isinstance(h, str) else "absent"   # noqa: E731
@@ -189,8 +166,6 @@ def _files_diff(rec_a: Mapping, rec_b: Mapping) -> list[str]:
 def _config_diff(row, base, limit: int = 8) -> str:
     """Dotted config keys, weight files and prompt file in which two records' pairing keys differ
     (read from their entries); the bare hashes only when the records cannot be read."""
-    from varbench.harness.records import RunEntry, pair_config
-
     try:
         rec_a = RunEntry.from_dir(row["path"]).read(verify=False)
         rec_b = RunEntry.from_dir(base["path"]).read(verify=False)
@@ -320,7 +295,9 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
         raise AggregationError("refusing to compare mismatched runs:\n  " + "\n  ".join(problems)
                                + ("\n(run the matching baseline, or pass --allow-unpaired to keep rows that have "
                                   "no matching baseline without ratios)" if unmatched else ""))
-    return pd.concat([frame, pd.DataFrame(added, columns=list(out))], axis=1)
+    paired = pd.concat([frame, pd.DataFrame(added, columns=list(out))], axis=1)
+    paired.attrs = dict(frame.attrs)   # the records' metric directions (varbench.analysis.frame.higher_is_better)
+    return paired
 
 
 def _order(paired, baseline: str):
@@ -433,31 +410,3 @@ def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", all
 
         write_figures(paired, out)
     return paired
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m varbench.aggregate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("path", help="folder to search (recursively) for finished entries")
-    ap.add_argument("--out", default=None, help="output folder (default: results/<name of PATH>)")
-    ap.add_argument("--baseline", default="baseline", help="method name of the reference rows")
-    ap.add_argument("--allow-unpaired", action="store_true", help="keep rows without a matching baseline")
-    ap.add_argument("--no-figures", action="store_true", help="tables only")
-    args = ap.parse_args(argv)
-    out = Path(args.out) if args.out else Path("results") / Path(args.path).resolve().name
-    from varbench.harness.job import assemble_ready_shards
-
-    for entry in assemble_ready_shards(args.path):   # sharded entries whose last shard died after its part
-        print(f"assembled the record of sharded entry {entry}")
-    try:
-        paired = aggregate(args.path, out, baseline=args.baseline, allow_unpaired=args.allow_unpaired,
-                           figures=not args.no_figures)
-    except FixableError as e:  # unpaired rows, a broken or legacy-sealed entry, a garbled file: one message, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print((out / "table.md").read_text(encoding="utf-8"))   # its notes name unfinished entries
-    print(f"wrote {out}/table.md, table.tex, table.csv, tidy.csv ({len(paired)} records)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

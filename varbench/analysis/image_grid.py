@@ -11,7 +11,7 @@ Layout: rows are the same (prompt, sample) pairs, i.e. the same prompts and seed
 method; columns are the methods, the baseline first, then the others by speed-up (slowest
 first). Each column is headed by its label, its speed-up over the baseline (the frame's
 ``paired_speedup`` with its 95% interval when present, else ``speedup``; ``†`` marks a speed-up
-flagged unreliable) and its primary quality metric (:func:`varbench.analysis.plots.primary_metric`) with
+flagged unreliable) and its primary quality metric (:func:`varbench.analysis.frame.primary_metric`) with
 the difference to the baseline. With ``diff=True`` every image row is followed by a difference
 row: per pixel ``|method - baseline|`` averaged over RGB, drawn with the magma colour map from
 0 to ``diff_vmax`` (of 255), and the mean absolute difference printed in the cell.
@@ -28,13 +28,15 @@ returns them in ``layout["cells"][(row, col)] = (x0, y0, x1, y1)``.
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from varbench.analysis.frame import METRIC_WORDS, primary_metric
+from varbench.analysis.groups import baseline_mask, groups, is_missing, slug, speed_values
 
 
 class GridError(ValueError):
@@ -66,22 +68,10 @@ def entry_store(row: Mapping):
                     f"(record {entry_dir}; were the images saved? runtime.save_images)")
 
 
-def _isnan(v) -> bool:
-    """None, or a float/numpy NaN (strings and other objects are values)."""
-    if v is None:
-        return True
-    try:
-        return isinstance(v, (float, np.floating)) and math.isnan(v)
-    except TypeError:
-        return False
-
-
 def column_order(frame, baseline: str = "baseline", methods: Sequence[str] | None = None):
     """Rows of ``frame`` in column order: baseline row(s) first, then by speed-up (slowest first,
     rows without one last, ties by label). ``methods`` (labels or names) selects and orders the
     non-baseline columns instead."""
-    from varbench.analysis.plots import baseline_mask, speed_values
-
     frame = frame.reset_index(drop=True)
     x = speed_values(frame, baseline)[0]
     base = baseline_mask(frame, baseline).to_numpy()
@@ -128,8 +118,6 @@ def _fmt(v: float) -> str:
 def column_header(row: Mapping, is_base: bool, metric: str | None, baseline: str = "baseline",
                   speed: tuple | None = None) -> list[str]:
     """Header lines of a column: label, speed-up, quality (see the module docstring)."""
-    from varbench.analysis.plots import METRIC_WORDS
-
     lines = [str(row.get("method_label")) + (" (no effect)" if row.get("method_effect") == "none" else "")]
     x, lo, hi, reliable = speed if speed is not None else (float("nan"),) * 3 + (True,)
     if is_base:
@@ -149,16 +137,16 @@ def column_header(row: Mapping, is_base: bool, metric: str | None, baseline: str
         name = METRIC_WORDS.get(metric, (metric.replace("/", " ").replace("_", " "), ""))[0]
         name = name.replace(" overall score", "").replace(" human-preference score", "")
         v = row.get(metric)
-        if _isnan(v):
+        if is_missing(v):
             lines.append(f"{name}: –")
         else:
             q = f"{name}: {_fmt(float(v))}"
             err = row.get(f"{metric}_err")
-            if not _isnan(err) and float(err) > 0:
+            if not is_missing(err) and float(err) > 0:
                 q += f" ± {_fmt(float(err))}"
             lines.append(q)
             d = row.get(f"{metric}_delta")
-            if not is_base and not _isnan(d):
+            if not is_base and not is_missing(d):
                 lines.append(f"Δ {'+' if float(d) >= 0 else '−'}{_fmt(abs(float(d)))} vs baseline")
     return lines
 
@@ -316,8 +304,6 @@ def grid_figure(paired, baseline: str = "baseline", n_rows: int = 4, items: Sequ
                 methods: Sequence[str] | None = None, diff: bool = False, cell: int = 256, metric: str | None = None,
                 diff_vmax: float = 96.0, title: str = ""):
     """(PIL image, layout, ordered frame) for one group of ``paired`` (see :func:`image_grid`)."""
-    from varbench.analysis.plots import baseline_mask, primary_metric, speed_values
-
     frame = column_order(paired, baseline, methods)
     base = baseline_mask(frame, baseline).to_numpy()
     if not base.any():
@@ -347,7 +333,7 @@ def grid_figure(paired, baseline: str = "baseline", n_rows: int = 4, items: Sequ
         except (OSError, ValueError):
             prompt = ""
         row_labels.append(f"“{textwrap.shorten(prompt, 90, placeholder='…')}”\nprompt {p}, sample {s}")
-    seeds = str(frame["seeds"].iloc[0]) if "seeds" in frame.columns and not _isnan(frame["seeds"].iloc[0]) else ""
+    seeds = str(frame["seeds"].iloc[0]) if "seeds" in frame.columns and not is_missing(frame["seeds"].iloc[0]) else ""
     seeds = "" if seeds.startswith("sha:") else seeds   # a hash says nothing to a reader
     footer = ("Rows: the same prompt and seed under every method" + (f" (seeds {seeds})" if seeds else "")
               + ". Speed-up: over the baseline" + (", [95% interval], † = flagged unreliable (see the table notes)"
@@ -381,16 +367,14 @@ def write_image_grids(paired, out: str | Path, baseline: str = "baseline", n_row
                       diff: bool = True, **kw) -> list[Path]:
     """One grid per model/resolution/benchmark/device group of ``paired`` that has a baseline:
     ``image_grid.png`` (``image_grid__<group>.png`` when there are several groups)."""
-    from varbench.analysis.plots import _groups, baseline_mask, slug
-
-    groups = [(k, g) for k, g in _groups(paired) if baseline_mask(g, baseline).any()]
+    with_base = [(k, g) for k, g in groups(paired) if baseline_mask(g, baseline).any()]
     if "path" not in paired.columns:
         return []
     out = Path(out)
     paths = []
-    for key, g in groups:
-        name = "image_grid" + (f"__{slug('_'.join(str(k) for k in key))}" if len(groups) > 1 else "")
-        title = " · ".join(str(k) for k in key if not _isnan(k) and str(k))
+    for key, g in with_base:
+        name = "image_grid" + (f"__{slug('_'.join(str(k) for k in key))}" if len(with_base) > 1 else "")
+        title = " · ".join(str(k) for k in key if not is_missing(k) and str(k))
         paths.append(image_grid(g, out / f"{name}.png", baseline=baseline, n_rows=n_rows, diff=diff,
                                 title=f"Qualitative comparison{(' · ' + title) if title else ''}", **kw))
     return paths

@@ -21,7 +21,7 @@ fast and at least as good, better in one). Labels are placed by a greedy repel (
 offsets around the point, first one that overlaps no label, marker, error bar or axes edge);
 when one does not fit, every point is numbered and the names move to a key beside the axes.
 
-Trace rows follow ``varbench.harness.records`` (``scales[*].keep_frac`` per layer, ``ran``,
+Trace rows follow :class:`varbench.harness.schema.TraceRow` (``scales[*].keep_frac`` per layer, ``ran``,
 ``entropy_mean``). Conventions for :func:`keep_matrix` (scales x layers, mean over images):
 a scale that ran with ``keep_frac: null`` kept everything (1.0 on every layer); a scale that
 did not run (``ran: false``) kept nothing (0.0). The heatmap uses :func:`keep_summary` instead,
@@ -34,7 +34,6 @@ scale. Rows are labelled by scale index and token grid (``3: 8×8``), columns by
 from __future__ import annotations
 
 import math
-import re
 import textwrap
 import warnings
 from pathlib import Path
@@ -42,18 +41,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-#: Metric column -> (words, unit) for axis titles; others get "<evaluator> <metric>".
-METRIC_WORDS: dict[str, tuple[str, str]] = {
-    "geneval/overall": ("GenEval overall score", "fraction of prompts correct"),
-    "toy_geneval/overall": ("Toy GenEval overall score", "fraction of prompts correct"),
-    "hpsv2/score": ("HPSv2.1 human-preference score", ""),
-    "imagereward/score": ("ImageReward score", ""),
-    "fidelity/psnr": ("PSNR against the baseline's image", "dB"),
-    "fidelity/ssim": ("SSIM against the baseline's image", "0 to 1"),
-    "fidelity/lpips": ("LPIPS distance to the baseline's image", "0 to 1"),
-}
-_LOWER_IS_BETTER = ("lpips", "fid", "kid", "mse", "mae", "distance", "error", "loss")
-GROUP_KEYS: tuple[str, ...] = ("model", "resolution", "benchmark", "device")
+from varbench.analysis.frame import METRIC_WORDS, frame_directions, higher_is_better, plot_metrics, relative_metric
+from varbench.analysis.groups import baseline_mask, groups, is_missing, slug, speed_column, speed_values, speed_words
 
 
 def _figure(w: float = 6.0, h: float = 4.0, dpi: int = 120):
@@ -72,129 +61,18 @@ def _save(fig, out_path: str | Path) -> Path:
     return out_path
 
 
-def slug(text: str) -> str:
-    """File-name-safe version of a label."""
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", str(text)).strip("_") or "x"
-
-
-def _nan(v) -> bool:
-    """None, or a float/numpy NaN (strings and other objects are values)."""
-    if v is None:
-        return True
-    try:
-        return isinstance(v, (float, np.floating)) and math.isnan(v)
-    except TypeError:
-        return False
-
-
 # ---------------------------------------------------------------------------------------------
 # metric vocabulary
 
-def higher_is_better(metric: str) -> bool:
-    """Direction of a ``<evaluator>/<metric>`` column: the evaluator class's ``higher_is_better``
-    when it names the metric, else False for distance-like names (LPIPS, FID, MSE, ...)."""
-    ev, _, name = metric.partition("/")
-    try:
-        from varbench.evaluators import REGISTRY
-        from varbench.core.registry import resolve
-
-        if ev in REGISTRY:
-            table = getattr(resolve(REGISTRY, ev, "evaluator"), "higher_is_better", {}) or {}
-            if name in table:
-                return bool(table[name])
-    except Exception:  # noqa: BLE001 - an evaluator that cannot be imported here: fall back to the name
-        pass
-    return not any(k in metric.lower() for k in _LOWER_IS_BETTER)
-
-
-def relative_metric(metric: str) -> bool:
-    """True if the metric already compares with the baseline's image (fidelity): the baseline's
-    own value is a self-comparison (e.g. a 100 dB PSNR cap), not a point to plot."""
-    try:
-        from varbench.analysis.aggregate import relative_to_baseline
-
-        return bool(relative_to_baseline(metric.split("/", 1)[0]))
-    except Exception:  # noqa: BLE001
-        return metric.split("/", 1)[0] == "fidelity"
-
-
-def metric_words(metric: str) -> str:
-    """Axis title for a metric: words, unit, direction, and what the bars are."""
+def metric_words(metric: str, recorded: Mapping[str, bool] | None = None) -> str:
+    """Axis title for a metric: words, unit, direction (:func:`varbench.analysis.frame.higher_is_better`,
+    ``recorded``: the records' directions), and what the bars are."""
     words, unit = METRIC_WORDS.get(metric, (None, None))
     if words is None:
         ev, _, name = metric.partition("/")
         words, unit = f"{ev} {name.replace('_', ' ')}".strip(), ""
-    arrow = "higher is better" if higher_is_better(metric) else "lower is better"
+    arrow = "higher is better" if higher_is_better(metric, recorded) else "lower is better"
     return f"{words}\n({unit + '; ' if unit else ''}{arrow}; mean ± s.e.)"
-
-
-def plot_metrics(frame) -> list[str]:
-    """Quality columns worth a figure: not counts (``n_*``), and for an evaluator with an
-    ``overall`` metric only that one (its parts stay in the tables)."""
-    from varbench.harness.records import metric_columns
-
-    ms = [m for m in metric_columns(frame) if not m.rsplit("/", 1)[-1].startswith("n_")
-          and frame[m].notna().any()]
-    with_overall = {m.split("/", 1)[0] for m in ms if m.endswith("/overall")}
-    return [m for m in ms if m.split("/", 1)[0] not in with_overall or m.endswith("/overall")]
-
-
-def primary_metric(frame) -> str | None:
-    """The metric a one-line summary shows: the first ``*/overall``, else the first quality metric
-    (absolute metrics before ones relative to the baseline)."""
-    ms = plot_metrics(frame)
-    overall = [m for m in ms if m.endswith("/overall")]
-    if overall:
-        return overall[0]
-    absolute = [m for m in ms if not relative_metric(m)]
-    return (absolute or ms or [None])[0]
-
-
-# ---------------------------------------------------------------------------------------------
-# speed columns
-
-def baseline_mask(frame, baseline: str = "baseline"):
-    """Boolean Series: rows that are the baseline (``is_baseline`` when present, or ``method``)."""
-    import pandas as pd
-
-    mask = frame["method"].astype(str).eq(baseline) if "method" in frame.columns else pd.Series(False, index=frame.index)
-    if "is_baseline" in frame.columns:
-        mask = mask | frame["is_baseline"].map(lambda v: bool(v) if not _nan(v) else False).astype(bool)
-    return mask
-
-
-def speed_column(frame, baseline: str = "baseline") -> str:
-    """``paired_speedup`` when any non-baseline row has it, else ``speedup``."""
-    if "paired_speedup" in frame.columns:
-        other = frame.loc[~baseline_mask(frame, baseline), "paired_speedup"]
-        if other.notna().any():
-            return "paired_speedup"
-    return "speedup"
-
-
-def speed_values(frame, baseline: str = "baseline", col: str | None = None):
-    """``(x, lo, hi, reliable, col)`` arrays for the frame's rows: the speed-up (baseline rows 1.0),
-    its 95% interval (NaN where absent) and the reliability flag (True where absent)."""
-    col = col or speed_column(frame, baseline)
-    base = baseline_mask(frame, baseline).to_numpy()
-    n = len(frame)
-    x = frame[col].astype(float).to_numpy() if col in frame.columns else np.full(n, np.nan)
-    x = np.where(base, 1.0, x)
-    lo = frame[f"{col}_ci_low"].astype(float).to_numpy() if f"{col}_ci_low" in frame.columns else np.full(n, np.nan)
-    hi = frame[f"{col}_ci_high"].astype(float).to_numpy() if f"{col}_ci_high" in frame.columns else np.full(n, np.nan)
-    lo, hi = np.where(base, np.nan, lo), np.where(base, np.nan, hi)
-    if "speedup_reliable" in frame.columns:
-        reliable = np.array([True if _nan(v) else bool(v) for v in frame["speedup_reliable"]])
-    else:
-        reliable = np.ones(n, dtype=bool)
-    reliable = reliable | base
-    return x, lo, hi, reliable, col
-
-
-def speed_words(col: str, has_ci: bool) -> str:
-    what = "AR loop, paired in-job, summed over the timed prompts" if col == "paired_speedup" else (
-        "end to end, median" if col == "e2e_speedup" else "AR loop, median of separate jobs")
-    return f"Speed-up over baseline (×, {what}{' with 95% CI' if has_ci else ''})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,12 +163,6 @@ def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], ob
 # ---------------------------------------------------------------------------------------------
 # speed vs quality
 
-def _groups(frame, keys: Sequence[str] = GROUP_KEYS):
-    keys = [k for k in keys if k in frame.columns and frame[k].notna().any()]
-    if not keys:
-        return [((), frame)]
-    return [((k if isinstance(k, tuple) else (k,)), g) for k, g in frame.groupby(keys, dropna=False, sort=True)]
-
 
 _WIDE = (0.125, 0.22, 0.85, 0.68)      # axes rect; the legend sits below it
 _NARROW = (0.125, 0.22, 0.62, 0.68)    # when the names go to a numbered key on the right
@@ -339,7 +211,7 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     yerr = frame[f"{metric}_err"].astype(float).to_numpy() if f"{metric}_err" in frame.columns else np.full(len(frame), np.nan)
     base = baseline_mask(frame, baseline).to_numpy()
     relative = relative_metric(metric)
-    up = higher_is_better(metric)
+    up = higher_is_better(metric, frame_directions(frame))
     keep = np.isfinite(x) & np.isfinite(y) & ~(base & relative)
     labels = [str(v) for v in frame.get("method_label", frame.get("method", frame.index)).tolist()]
     if "method_effect" in frame.columns:   # a method that changed nothing is not a result (varbench.engine.effect)
@@ -357,7 +229,7 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     for i in idx:
         if base[i]:
             colours[i] = "black"
-            ax.errorbar([x[i]], [y[i]], yerr=None if _nan(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
+            ax.errorbar([x[i]], [y[i]], yerr=None if is_missing(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
                         ecolor="black", elinewidth=0.9, capsize=3, zorder=4)
             ax.plot([x[i]], [y[i]], marker="*", ms=15, color="black", mec="white", mew=0.6, ls="none",
                     zorder=5, gid="baseline")
@@ -367,7 +239,7 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
         xe = None
         if np.isfinite(lo[i]) and np.isfinite(hi[i]):
             xe = [[max(x[i] - lo[i], 0.0)], [max(hi[i] - x[i], 0.0)]]
-        ax.errorbar([x[i]], [y[i]], xerr=xe, yerr=None if _nan(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
+        ax.errorbar([x[i]], [y[i]], xerr=xe, yerr=None if is_missing(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
                     ecolor=c, elinewidth=0.9, capsize=2.5, alpha=0.85, zorder=3)
         ax.plot([x[i]], [y[i]], marker="o", ms=7, ls="none", color=c, mec=c, mew=1.4,
                 mfc=(c if reliable[i] else "white"), zorder=4, gid=f"point:{labels[i]}")
@@ -392,7 +264,7 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
         span = max(float(yhi.max() - ylo.min()), 1e-3 * max(abs(float(yhi.max())), 1e-6), 1e-9)
         ax.set_ylim(ylo.min() - 0.22 * span, yhi.max() + 0.22 * span)
     ax.set_xlabel(speed_words(col, has_ci))
-    ax.set_ylabel(metric_words(metric), fontsize=8.5)
+    ax.set_ylabel(metric_words(metric, frame_directions(frame)), fontsize=8.5)
     ax.grid(alpha=0.25)
     ax.set_title(title or f"Speed vs {METRIC_WORDS.get(metric, (metric, ''))[0]}", fontsize=10)
 
@@ -446,9 +318,9 @@ def speed_quality_scatter(frame, out_dir: str | Path, metrics: Sequence[str] | N
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics = list(metrics) if metrics is not None else plot_metrics(frame)
-    groups = _groups(frame)
+    parts = groups(frame)
     paths = []
-    for key, g in groups:
+    for key, g in parts:
         col = speed_col or speed_column(g, baseline)
         for m in metrics:
             if m not in g.columns:
@@ -457,13 +329,13 @@ def speed_quality_scatter(frame, out_dir: str | Path, metrics: Sequence[str] | N
             if not (np.isfinite(x) & g[m].astype(float).notna().to_numpy()).any():
                 continue
             n = g["n_images"].dropna() if "n_images" in g.columns else []
-            sub = " · ".join(str(k) for k in key if not _nan(k) and str(k))
+            sub = " · ".join(str(k) for k in key if not is_missing(k) and str(k))
             if len(n):
                 sub += f" · {int(n.iloc[0])} images"
             words = METRIC_WORDS.get(m, (m, ""))[0]
             fig = speed_quality_figure(g, m, baseline=baseline, speed_col=col,
                                        title=f"Speed vs {words}" + (f"\n{sub}" if sub else ""))
-            name = f"speed_vs_{slug(m)}" + (f"__{slug('_'.join(str(k) for k in key))}" if len(groups) > 1 else "")
+            name = f"speed_vs_{slug(m)}" + (f"__{slug('_'.join(str(k) for k in key))}" if len(parts) > 1 else "")
             paths.append(_save(fig, out_dir / f"{name}.png"))
     return paths
 

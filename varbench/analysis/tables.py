@@ -30,17 +30,21 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from varbench.harness.records import metric_columns
+from varbench.analysis.frame import frame_directions, higher_is_better, metric_columns
+from varbench.harness.provenance import code_version
 
 #: GenEval's tags in the order the paper's tables print them, with their column names
 GENEVAL_TAGS: tuple[tuple[str, str], ...] = (
     ("single_object", "Single obj."), ("two_object", "Two obj."), ("counting", "Counting"),
     ("colors", "Colors"), ("position", "Position"), ("color_attr", "Color attr."), ("overall", "Overall"))
 
-#: readable names of evaluators and metrics (units and the better direction where known)
+#: readable names of evaluators and metrics (with units where known)
 EVALUATOR_NAMES = {"geneval": "GenEval", "toy_geneval": "toy GenEval", "hpsv2": "HPSv2", "imagereward": "ImageReward",
                    "fidelity": ""}
-METRIC_NAMES = {"psnr": "PSNR (dB) ↑", "ssim": "SSIM ↑", "lpips": "LPIPS ↓", "overall": "overall", "score": "score"}
+METRIC_NAMES = {"psnr": "PSNR (dB)", "ssim": "SSIM", "lpips": "LPIPS", "overall": "overall", "score": "score"}
+#: metrics whose header carries an arrow (↑ higher is better, ↓ lower; :func:`varbench.analysis.frame.higher_is_better`):
+#: their scale alone does not say which way is better
+ARROWED = ("psnr", "ssim", "lpips")
 #: digits per metric (PSNR in dB needs fewer)
 METRIC_DIGITS = {"psnr": 2}
 
@@ -75,11 +79,14 @@ def _flag(v: Any) -> bool | None:
     return bool(v)
 
 
-def metric_header(metric: str) -> str:
-    """``toy_geneval/overall`` -> ``toy GenEval overall``; ``fidelity/psnr`` -> ``PSNR (dB) ↑``."""
+def metric_header(metric: str, recorded: dict | None = None) -> str:
+    """``toy_geneval/overall`` -> ``toy GenEval overall``; ``fidelity/psnr`` -> ``PSNR (dB) ↑``
+    (``recorded``: the records' metric directions, ``frame.attrs["higher_is_better"]``)."""
     ev, _, m = metric.partition("/")
     name = EVALUATOR_NAMES.get(ev, ev.replace("_", " "))
     part = METRIC_NAMES.get(m, m.replace("_", " "))
+    if m in ARROWED:
+        part += " ↑" if higher_is_better(metric, recorded) else " ↓"
     return f"{name} {part}".strip()
 
 
@@ -224,8 +231,9 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     geneval = geneval_evaluators(table)
     header = ["method", "label", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
               "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)"]
+    recorded = frame_directions(table)
     for m in metrics:
-        header += [metric_header(m)] + ([f"Δ {metric_header(m)}"] if f"{m}_delta" in table.columns else [])
+        header += [metric_header(m, recorded)] + ([f"Δ {metric_header(m, recorded)}"] if f"{m}_delta" in table.columns else [])
     groups: dict[tuple, list] = {}
     for _, r in table.iterrows():
         groups.setdefault(_section_key(r), []).append(r)
@@ -354,7 +362,7 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
                       if s and s != "nan"})
     for s in skipped:
         part = s.split(":", 1)[0]
-        name = metric_header(part).replace(" ↑", "").replace(" ↓", "")
+        name = metric_header(part).replace(" ↑", "").replace(" ↓", "")   # the direction is no news here
         reason = _ABS_PATH.sub(r"\1", s.split(": ", 1)[-1])   # a file's name, not this machine's path to it
         notes.append(f"{name} not reported: {part} {reason}.")
     notes += code_version_notes(table)
@@ -365,8 +373,6 @@ def code_version_notes(table) -> list[str]:
     """One note naming the commits when the records were written by different code versions
     (``provenance.git.sha``, ``+dirty`` for a checkout with uncommitted changes): a table mixing them
     may compare a method against a baseline that older code produced. Nothing when they agree."""
-    from varbench.harness.records import code_version
-
     if "git_sha" not in getattr(table, "columns", ()):
         return []
     by_version: dict[str, list[str]] = {}

@@ -31,8 +31,7 @@ def main(cfg: DictConfig) -> None:
 
 def _main(cfg: DictConfig) -> None:
     from varbench.cli.callbacks import aggregate_experiment, failures_path
-    from varbench.harness.job import run_job
-
+    from varbench.cli.run import run as run_job      # the job, with its observers (W&B, the result line)
     from varbench.core.errors import names_its_fix
 
     multirun = HydraConfig.get().mode.name == "MULTIRUN"

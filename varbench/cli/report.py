@@ -12,6 +12,8 @@ import math
 import os
 from typing import Any, Iterable, Mapping
 
+from varbench.harness.events import JobObserver
+
 ENV_SWEEP_JOBS = "VARBENCH_SWEEP_JOBS"
 
 
@@ -89,3 +91,21 @@ def _timed(paired: Mapping) -> str:
     if not n_p or int(n_p) <= 1:
         return f"{n} repeats" if not n_p else f"1 prompt × {n} repeats"
     return f"{int(n_p)} prompts × {n // int(n_p)} repeats"
+
+
+class ResultLine(JobObserver):
+    """Prints a job's result line (:func:`result_line`, with its place in the sweep) when it
+    finishes with a record, and when a relaunch finds its entry finished."""
+
+    def job_skipped(self, job: Any, record: Mapping) -> None:
+        print(result_line(record, job_position(_job_num())))
+
+    def job_finished(self, job: Any, record: Mapping | None) -> None:
+        if record is not None:                 # None: a shard that did not assemble the record
+            print(result_line(record, job_position(_job_num())))
+
+
+def _job_num() -> int | None:
+    from varbench.harness.job import hydra_job_num
+
+    return hydra_job_num()

@@ -18,7 +18,7 @@ import warnings
 
 #: old path -> new path, run silently with ``python -m`` (the README's commands)
 COMMANDS = {
-    "varbench.aggregate": "varbench.analysis.aggregate",
+    "varbench.aggregate": "varbench.cli.aggregate",
     "varbench.publish": "varbench.loggers.publish",
     "varbench.job": "varbench.cli.assemble",
     "varbench.evaluators.geneval_convert_mmdet": "varbench.evaluators.geneval.convert_mmdet",

@@ -10,7 +10,7 @@ Why this rule:
   the earlier ``b + 1000*p + s`` (collisions need a 63-bit hash collision);
 * the rule is numpy's documented mechanism for independent streams, reproducible anywhere.
 
-``SEED_RULE_VERSION`` is part of the image store's key (:func:`varbench.harness.store.generation_key`), so
+``SEED_RULE_VERSION`` is part of the image store's key (:func:`varbench.core.hashing.generation_key`), so
 images made under another rule are never reused as if they had these seeds.
 """
 from __future__ import annotations

@@ -1,9 +1,17 @@
-"""Build the runtime (model, VAE, text encoder) and the policy from a resolved config."""
+"""Build the runtime (model, VAE, text encoder) and the policy from a resolved config, and name the
+files they load (hashed into the image store's and the record's keys).
+
+The weight files are listed here, beside the code that loads them (:func:`model_weight_files`
+names exactly the paths :func:`build_runtime` reads), so a new weight file cannot be loaded
+without being hashed."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from varbench.core.filehash import weight_hashes
 
 from varbench.engine.models.checkpoints import load_infinity_weights, require_file
 from varbench.engine.models.infinity import PRESETS, Infinity
@@ -94,3 +102,64 @@ def generation_resolution(rt: InfinityRuntime, h_div_w: float, pn: str, schedule
     stride = rt.vae.cfg.patch_size * (2 if rt.cfg.patchify else 1) if hasattr(rt.vae, "cfg") else 16
     return [h * stride, w * stride]
 
+
+def generation_kwargs(cfg: Any, rt) -> dict:
+    """The keyword arguments of ``rt.generate`` that a job's config sets: the ``generation`` group
+    (aspect ratio, resolution preset, top-k/top-p, CFG and temperature as a number or a per-scale
+    list, the negative prompt) and the model's explicit scale ``schedule`` when it has one."""
+    from omegaconf import OmegaConf
+
+    g = cfg.generation
+    kw = dict(h_div_w=float(g.h_div_w), pn=str(g.pn), top_k=int(g.top_k), top_p=float(g.top_p),
+              cfg=OmegaConf.to_object(g.cfg) if OmegaConf.is_list(g.cfg) else float(g.cfg),
+              tau=OmegaConf.to_object(g.tau) if OmegaConf.is_list(g.tau) else float(g.tau),
+              negative_prompt=g.negative_prompt)
+    schedule = cfg.model.get("schedule")
+    if schedule is not None:
+        kw["schedule"] = [tuple(hw) for hw in schedule]
+    return kw
+
+
+def model_weight_files(model_cfg) -> dict:
+    """``{name: path}`` of every file or folder the model loads weights from (none for random init)."""
+    if model_cfg.get("preset") == "toy":
+        from varbench.toy.load import FILES, WEIGHTS_DIR
+
+        return {name: WEIGHTS_DIR / name for name in FILES.values()}
+    if model_cfg.get("random_weights"):
+        return {}
+    out = {}
+    paths = [model_cfg.get("weights"), model_cfg.get("vae")]
+    if model_cfg.get("text_encoder") == "t5":
+        paths.append(model_cfg.get("text_encoder_path"))
+    for p in paths:
+        if p:
+            out[Path(str(p)).name] = str(p)
+    return out
+
+
+def method_file_hashes(method: dict) -> dict:
+    """``{name: sha256}`` of the files a method loads besides the model's weights: SkipVAR's four
+    decision-model files (``decision_models/<file>``; a ``compose`` member's as
+    ``policies[i].decision_models/<file>``). They are hashed into the generation and entry keys, as
+    the weights are: retraining a decision-model folder in place (``experiments.skipvar_train`` into
+    the same ``--out``) makes new images and a new record. Files that are absent contribute nothing
+    (the policy reports them, naming the folder, when it loads)."""
+    from varbench.policies.skipvar_features import decision_model_paths
+
+    knobs = method.get("knobs") or {}
+    members = [("", method.get("name"), knobs)]
+    if method.get("name") == "compose":
+        members = [(f"policies[{i}].", m.get("name"), m.get("knobs") or {})
+                   for i, m in enumerate(knobs.get("policies") or []) if isinstance(m, dict)]
+    named = {}
+    for prefix, name, kn in members:
+        if name == "skipvar":
+            paths = decision_model_paths(kn.get("decision_models"), kn.get("classifier") or "Logistic_Regression")
+            named.update({f"{prefix}decision_models/{n}": p for n, p in paths.items()})
+    return weight_hashes(named)
+
+
+def model_weight_hashes(model_cfg) -> dict:
+    """``{file name: sha256}`` of the model's weights (folders: ``<folder>/<file>``); no paths."""
+    return weight_hashes(model_weight_files(model_cfg))

@@ -15,51 +15,56 @@ Stages, each a function below, and what a relaunch does at each:
    relaunch scores only the images without a row.
 5. :func:`time_stage`: a separate timed pass over a fixed sample of the prompts (warm-up, repeats
    interleaved with the baseline on the same prompt and seeds).
-6. :func:`assemble_record`: the record (schema: :mod:`varbench.harness.schema`), then ``DONE``; then
-   :class:`varbench.loggers.publish.JobRun` (opened once the job holds its lock, so W&B shows config,
-   progress and system metrics live) logs the finished record to W&B; a failed mirror is retried by the next launch.
+6. :func:`assemble_record`: the record (schema: :mod:`varbench.harness.schema`), then ``DONE``.
+
+Around the stages the job tells its observers what happens (:mod:`varbench.harness.events`:
+started once it holds its lock, progress per batch, finished or failed, skipped on a relaunch);
+the command line subscribes W&B (``logger=wandb``: a run open while the job runs, the finished
+record mirrored, a failed mirror retried by the next launch) and its result line.
 
 Sharding (``shard=i/n``): shard i takes blocks i, i+n, i+2n, ... of the benchmark's prompts
 (:mod:`varbench.harness.sharding`: batches never straddle blocks, so they are the same sharded or not), generates and
 scores them into ``entries/<hash>/shards/<i>-of-<n>/`` (shard 0 also times), and marks its shard
-done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``, or ``python -m varbench.aggregate``)
-assembles the one record from all shards' rows. Scores equal those of the unsharded run bit for
+done; whichever shard finishes last (or ``python -m varbench.job assemble <entry folder>``, or ``python -m varbench.aggregate``,
+:mod:`varbench.cli.assemble`) assembles the one record from all shards' rows (:func:`assemble_shards`). Scores equal those of the unsharded run bit for
 bit: metrics are always computed from every row sorted by (prompt, sample).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
-import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from varbench.harness.build import build_policy_from_cfg, build_runtime, configure_runtime, generation_resolution, resolve_device, resolve_dtype
 from varbench.core.errors import FixableError
-from varbench.engine.flops import image_work, with_end_to_end, work_summary
-from varbench.engine.stage_flops import stage_flops
+from varbench.core.hashing import entry_hash, generation_hash
 from varbench.core.interrupt import GracefulStop, uninterruptible
-from varbench.core.locks import DEFAULT_WAIT_S
-from varbench.harness.prompts import PromptSet, load_prompt_set
-from varbench.core.filehash import weight_hashes
-from varbench.harness.provenance import collect_provenance
-from varbench.cli.report import job_position, result_line
-from varbench.harness.records import SCHEMA_VERSION, RunEntry, utc_now
 from varbench.core.jsonio import append_jsonl, read_json, read_jsonl, write_json
-from varbench.harness.scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, preflight, score_images, write_samples
+from varbench.core.locks import DEFAULT_WAIT_S
 from varbench.core.seeds import SEED_RULE, image_seed
+from varbench.engine.flops import work_summary
+from varbench.engine.stage_flops import stage_flops
+from varbench.harness.build import (build_policy_from_cfg, build_runtime, configure_runtime, generation_kwargs,
+                                    generation_resolution, method_file_hashes, model_weight_hashes, resolve_device,
+                                    resolve_dtype)
+from varbench.harness.events import JobObserver, ObservedBar, notify
+from varbench.harness.prompts import PromptSet, load_prompt_set
+from varbench.harness.provenance import collect_provenance
+from varbench.harness.records import RunEntry, utc_now
+from varbench.harness.schema import SCHEMA_VERSION
+from varbench.harness.scoring import SCORE_BATCH, collect_scores, latest_rows, needs_reference, preflight, score_images, write_samples
 from varbench.harness.sharding import Shard, batches, block_prompts, generation_batches, key_blocks
-from varbench.harness.store import ImageStore, entry_hash, generation_hash
+from varbench.harness.store import ImageStore
+from varbench.harness.traces import entry_traces, trace_row
 
 log = logging.getLogger("varbench")
 
-__all__ = ["run_job", "prepare_job", "image_seed", "SEED_RULE", "assemble_shards"]
+__all__ = ["run_job", "run_prepared_job", "prepare_job", "image_seed", "SEED_RULE", "assemble_shards"]
 
 
 # -- the job's shared state ------------------------------------------------------------------
@@ -78,8 +83,9 @@ class Job:
     shard: Shard
     preset: str | None         # the method preset chosen (``method=nova_fast``); tables show it
     t0: float
-    wandb: Any = None          # the job's W&B run (:class:`varbench.loggers.publish.JobRun`), open once it holds its lock
     method_files: dict = dataclasses.field(default_factory=dict)   # {name: sha256} of the files the method loads
+    observers: list = dataclasses.field(default_factory=list)      # JobObserver hooks (varbench.harness.events)
+    started: bool = False      # job_started was announced (so job_finished / job_failed follow)
 
     @property
     def prompts_per_block(self) -> int:
@@ -122,7 +128,13 @@ class Job:
 
         bar = tqdm(total=total, desc=f"{desc} [{self.preset}]" if self.preset else desc, disable=not self.progress,
                    leave=False, dynamic_ncols=True)
-        return self.wandb.wrap(bar, desc, total) if self.wandb is not None else bar   # live progress in W&B too
+        if not self.observers:
+            return bar
+        return ObservedBar(bar, desc, total, lambda stage, done, n: self.notify("progress", stage, done, n))
+
+    def notify(self, hook: str, *args) -> None:
+        """Call ``hook`` (:class:`varbench.harness.events.JobObserver`) of every observer of this job."""
+        notify(self.observers, hook, self, *args)
 
 
 def prepare_job(cfg: DictConfig) -> Job:
@@ -134,9 +146,9 @@ def prepare_job(cfg: DictConfig) -> Job:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     device = resolve_device(str(cfg.runtime.device))
     dtype = resolve_dtype(str(cfg.runtime.dtype), device)
-    _pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
+    pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
     prompt_set = load_prompt_set(cfg.benchmark)
-    weights = _weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
+    weights = model_weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
     mfiles = method_file_hashes(resolved.get("method") or {})   # e.g. SkipVAR's decision models, retrained in place
     store_root = Path(cfg.paths.store_dir)
     entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
@@ -178,7 +190,7 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
         if not todo:
             return 0
         store.write_manifest(OmegaConf.to_container(cfg, resolve=True))
-        kw = _gen_kwargs(cfg, rt)
+        kw = generation_kwargs(cfg, rt)
         ps = job.prompt_set
         bar = job.bar(len(todo), f"generate {method_name}")
         wanted = set(todo)
@@ -200,7 +212,7 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
                         continue
                     _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
                                                   metadata={**item.metadata, "prompt": item.prompt})
-                    rows.append(_trace_row(out, b, item.index, s, method_name, stages[b]))
+                    rows.append(trace_row(out, b, item.index, s, method_name, stages[b]))
                     written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
                 store.commit(written)
@@ -224,7 +236,7 @@ def reference_stage(job: Job, rt) -> ImageStore | None:
     if not needs_reference(job.cfg.get("evaluator")):
         return None
     bcfg = _baseline_cfg(job.cfg)
-    bres = _pin_runtime(OmegaConf.to_container(bcfg, resolve=True), job.device, job.dtype)
+    bres = pin_runtime(OmegaConf.to_container(bcfg, resolve=True), job.device, job.dtype)
     ref = ImageStore(job.store.root, generation_hash(bres, job.weights, job.prompt_set.sha256))
     if ref.dir == job.store.dir:
         return ref                                         # this job is the baseline
@@ -256,7 +268,7 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     from varbench.policies.baseline import Baseline
     from varbench.harness.timing import protocol_kwargs, timed_pass, timing_sample, wait_for_steady_load
 
-    kw = _gen_kwargs(cfg, rt)
+    kw = generation_kwargs(cfg, rt)
     adaptive = bool(getattr(policy, "adaptive", False))
     n = int(tcfg.get("prompts", 1) if adaptive else tcfg.get("prompts_static", 1))
     items = timing_sample(job.prompt_set.items, n, int(tcfg.get("prompt_seed", 0)))
@@ -307,19 +319,19 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
     the entry (``traces.jsonl``)."""
     cfg = job.cfg
     scores = collect_scores(score_dirs, cfg.get("evaluator"), job.all_keys, str(job.device))
-    traces = _entry_traces(job)
+    traces = entry_traces(job.store, job.entry, [(it.index, s) for it, s in job.all_keys], force=bool(cfg.runtime.force))
     work = work_summary(traces)
     effect = _method_effect(job, traces, score_dirs)
     first = traces[0] if traces else {}
     resolution = first.get("resolution")              # [H, W] of the generated images
     if resolution is None and rt is not None:
         resolution = generation_resolution(rt, float(cfg.generation.h_div_w), str(cfg.generation.pn),
-                                           _gen_kwargs(cfg, rt).get("schedule"))
+                                           generation_kwargs(cfg, rt).get("schedule"))
     return {
         "schema_version": SCHEMA_VERSION, "entry_id": job.entry.entry_hash, "generation_id": job.store.generation_hash,
         "created": utc_now(), "status": "ok",
         "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": _overrides(),
-                       "job_num": _job_num(), "shards": job.shard.count},
+                       "job_num": hydra_job_num(), "shards": job.shard.count},
         "config": {**job.resolved, "shard": None},   # the whole job's record, whichever shard assembled it
         "model": {"name": cfg.model.name, "preset": cfg.model.preset, "resolution": resolution,
                   "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
@@ -361,19 +373,26 @@ def _method_effect(job: Job, traces: list[dict], score_dirs: list[Path]) -> dict
 
 
 # -- the job ---------------------------------------------------------------------------------
-def run_job(cfg: DictConfig) -> Path:
+def run_job(cfg: DictConfig, observers: Sequence[JobObserver] = ()) -> Path:
     """Run (or skip, or resume) the job for ``cfg``; returns the entry folder.
+
+    ``observers`` (:class:`varbench.harness.events.JobObserver`) hear what happens; the command line
+    wires them from the config (``logger=wandb``, its result line: :func:`varbench.cli.run.run`),
+    a caller of this function passes its own (none: nothing is mirrored, nothing more is printed).
+    Same as :func:`run_prepared_job` on :func:`prepare_job`'s job."""
+    return run_prepared_job(prepare_job(cfg), observers)
+
+
+def run_prepared_job(job: Job, observers: Sequence[JobObserver] = ()) -> Path:
+    """Run (or skip, or resume) a prepared job; returns the entry folder.
 
     SIGTERM/SIGINT (Slurm's time limit, preemption, Ctrl-C) finish the batch in flight, commit
     it and exit with 128 + the signal's number (:mod:`varbench.core.interrupt`); the relaunch resumes.
-    A bad ``logger.mode`` fails at once; the W&B run (``logger=wandb``) opens once the job holds
-    its entry's (or shard's) lock and has work to do, before any model is built, so a missing
-    login fails then, naming the fix, and a job that finds its entry finished leaves no run. The
-    evaluators check their files and the prompts before anything is generated (`scoring.preflight`)."""
-    from varbench.loggers.publish import sink_from_cfg
-
-    job = prepare_job(cfg)
-    sink_from_cfg(job.cfg.get("logger"))              # a bad logger.mode fails now, naming the fix
+    The observers hear ``job_started`` once the job holds its entry's (or shard's) lock and has
+    work to do, before any model is built (a W&B run opens there, so a missing login fails then,
+    naming the fix, and a job that finds its entry finished leaves no run: it says ``job_skipped``).
+    The evaluators check their files and the prompts before anything is generated (`scoring.preflight`)."""
+    job.observers = list(observers)
     with GracefulStop():
         if _finished(job):
             return job.entry.dir
@@ -381,13 +400,11 @@ def run_job(cfg: DictConfig) -> Path:
         try:
             record = _run_shard(job) if job.shard.count > 1 else _run_whole(job)
         except BaseException as e:
-            if job.wandb is not None:
-                job.wandb.fail(e)
+            if job.started:
+                job.notify("job_failed", e)
             raise
-        if job.wandb is not None:
-            job.wandb.finish(job, record)             # None: a shard that did not assemble the record
-        if record is not None:
-            print(result_line(record, job_position(_job_num())))
+        if job.started:
+            job.notify("job_finished", record)        # None: a shard that did not assemble the record
     return job.entry.dir
 
 
@@ -395,7 +412,7 @@ def _run_whole(job: Job) -> dict | None:
     with _no_empty_folder(job.entry.dir), job.entry.lock(wait_s=job.lock_wait_s):
         if _finished(job):                           # another job finished it while this one waited
             return None
-        _open_wandb_run(job)
+        _start(job)
         rt, policy = _build(job)
         n_new = generate_stage(job, rt, policy)
         print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
@@ -408,35 +425,31 @@ def _run_whole(job: Job) -> dict | None:
     return record
 
 
-def _open_wandb_run(job: Job) -> None:
-    """Open the job's W&B run (``logger=wandb``) once it holds its lock and knows it has work, so a
-    job that finds its entry finished by another one leaves no empty run. A missing login fails
-    here, before any model is built, naming the fix."""
-    from varbench.loggers.publish import JobRun
-
-    job.wandb = JobRun.open(job)
+def _start(job: Job) -> None:
+    """Announce ``job_started`` once the job holds its lock and knows it has work, so a job that
+    finds its entry finished by another one starts nothing (e.g. leaves no empty W&B run). An
+    observer that cannot work (a missing W&B login) fails here, before any model is built."""
+    job.started = True    # set first: an observer failing here still hears job_failed, as do the others
+    job.notify("job_started")
 
 
 def _finished(job: Job) -> bool:
-    """A finished entry (not forced) is skipped, after checking its seal and publishing it if its
-    W&B mirror failed last time (or ``logger=wandb`` was added since)."""
-    from varbench.loggers.publish import republish
-
+    """A finished entry (not forced) is skipped, after checking its seal; its observers hear
+    ``job_skipped`` (W&B publishes it if its mirror failed last time, or ``logger=wandb`` was added
+    since; the console prints its result line)."""
     if not job.entry.is_done() or job.cfg.runtime.force:
         return False
     job.entry.verify()  # a finished entry that no longer matches its seal is an error, not a skip
     record = job.entry.read()
     print(f"[varbench] skip (finished): {job.entry.dir} {_written_by(record)}")
-    republish(job, record)
-    print(result_line(record, job_position(_job_num())))
+    job.notify("job_skipped", record)
     return True
 
 
 def _written_by(record: dict) -> str:
     """``(written by commit <sha>)``, and when this code is another commit, says so and how to redo it:
     a relaunch from newer code would otherwise keep an old record without a word."""
-    from varbench.harness.provenance import git_info
-    from varbench.harness.records import code_version
+    from varbench.harness.provenance import code_version, git_info
 
     then, now = code_version(record), code_version({"provenance": {"git": git_info()}})
     if then == now:
@@ -450,7 +463,7 @@ def _run_shard(job: Job) -> dict | None:
     sdir = job.work_dir
     shard_entry = RunEntry.from_dir(sdir)
     with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
-        _open_wandb_run(job)
+        _start(job)
         if not (sdir / "SHARD_DONE").exists():
             if not job.keys:
                 print(f"[varbench] shard {job.shard.name}: no prompts for this shard (the benchmark's "
@@ -496,6 +509,43 @@ def assemble_shards(job: Job) -> bool:
     return True
 
 
+class ShardAssemblyError(FixableError):
+    """A sharded entry cannot be rebuilt from its folder (no finished shard, or moved files)."""
+
+
+def job_from_shards(entry_dir: str | Path) -> Job:
+    """The job of a sharded entry, rebuilt without Hydra from the config its finished shards wrote
+    (``shards/*/job.json``), for :func:`assemble_shards` (``python -m varbench.job assemble``: the
+    last shard was killed after finishing its part). Raises :class:`ShardAssemblyError` when no
+    shard finished or the config no longer hashes to ``entry_dir``."""
+    entry_dir = Path(entry_dir)
+    metas = sorted((entry_dir / "shards").glob("*/job.json"))
+    if not metas:
+        raise ShardAssemblyError(f"{entry_dir} has no finished shards (shards/*/job.json)")
+    meta = read_json(metas[0])
+    job = prepare_job(OmegaConf.create(meta["config"]))
+    job.preset = meta.get("preset") or job.preset
+    if job.entry.dir.resolve() != entry_dir.resolve():
+        raise ShardAssemblyError(f"the shards' config hashes to {job.entry.dir}, not {entry_dir}: were files moved?")
+    return job
+
+
+def ready_sharded_entries(path: str | Path) -> list[Path]:
+    """Sharded entry folders under ``path`` whose shards are all done (``SHARD_DONE``) but whose
+    record is missing (no ``DONE``: the last shard was killed after finishing its part), sorted."""
+    ready = []
+    for shards_dir in sorted(Path(path).rglob("shards")):
+        entry = shards_dir.parent
+        names = [d.name for d in shards_dir.iterdir() if d.is_dir()]
+        counts = {int(n.rsplit("-of-", 1)[1]) for n in names if "-of-" in n}
+        if (entry / "DONE").exists() or len(counts) != 1:
+            continue
+        n = counts.pop()
+        if all((shards_dir / f"{i}-of-{n}" / "SHARD_DONE").exists() for i in range(n)):
+            ready.append(entry)
+    return ready
+
+
 # -- helpers ---------------------------------------------------------------------------------
 def method_preset(cfg: DictConfig) -> str | None:
     """The method preset chosen on the command line (``method=nova_fast`` -> ``nova_fast``)."""
@@ -536,89 +586,13 @@ class _no_empty_folder:
         return False
 
 
-def _entry_traces(job: Job) -> list[dict]:
-    """The latest trace row of every image of the benchmark, copied into the entry's traces.jsonl.
-
-    The copy is one atomic write, redone whenever the entry's file differs (a copy cut short by an
-    older varbench, a kill or a full disk is replaced, never kept), and the store must hold a row
-    for every image: short of that, :class:`TraceCountError` stops the job before DONE (keep-ratio
-    heatmaps, entropy figures and the W&B per-scale table would silently read fewer images)."""
-    path = job.store.dir / "traces.jsonl"
-    wanted = {(it.index, s) for it, s in job.all_keys}
-    latest = {}
-    for row in (read_jsonl(path) if path.exists() else []):
-        k = (row["prompt_index"], row["sample_index"])
-        if k in wanted:
-            latest[k] = row
-    rows = [latest[k] for k in sorted(latest)]
-    if len(rows) != len(wanted):
-        lacking = sorted(wanted - set(latest))
-        shown = ", ".join(f"prompt {p} sample {s}" for p, s in lacking[:5]) + (" ..." if len(lacking) > 5 else "")
-        raise TraceCountError(
-            f"{path} holds trace rows for {len(rows)} of the {len(wanted)} images of this entry (none for {shown}); "
-            f"the entry is not marked done. Fix: delete those images' lines from {job.store.index_path} (a relaunch "
-            f"regenerates them with their traces), or the store folder {job.store.dir}")
-    if rows:
-        current = read_jsonl(job.entry.traces_path) if job.entry.traces_path.exists() else None
-        if current != rows:
-            job.entry.write_traces(rows, force=bool(job.cfg.runtime.force))
-        if len(read_jsonl(job.entry.traces_path)) != len(rows):  # read back: what DONE will seal
-            raise TraceCountError(f"{job.entry.traces_path} does not hold the {len(rows)} rows just written; "
-                                  "relaunch the job (the copy is redone)")
-    return rows
-
-
-class TraceCountError(FixableError):
-    """The trace rows of an entry do not cover every one of its images."""
-
-
-def _gen_kwargs(cfg: DictConfig, rt) -> dict:
-    g = cfg.generation
-    kw = dict(h_div_w=float(g.h_div_w), pn=str(g.pn), top_k=int(g.top_k), top_p=float(g.top_p),
-              cfg=OmegaConf.to_object(g.cfg) if OmegaConf.is_list(g.cfg) else float(g.cfg),
-              tau=OmegaConf.to_object(g.tau) if OmegaConf.is_list(g.tau) else float(g.tau),
-              negative_prompt=g.negative_prompt)
-    schedule = cfg.model.get("schedule")
-    if schedule is not None:
-        kw["schedule"] = [tuple(hw) for hw in schedule]
-    return kw
-
-
-def _trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = None) -> dict:
-    """Image b's trace row: per scale what its (sub-)batch ran, whether its plan was neutral, its
-    entropy, and its own FLOPs and policy stats (per-image decisions give every image its own);
-    ``stages``: its text-encoder and VAE-decode FLOPs (:func:`varbench.engine.stage_flops.stage_flops`) for
-    the end-to-end count; ``no_effect_reason``: why its policy changed nothing, when every plan was
-    neutral (:mod:`varbench.engine.effect`)."""
-    scales = []
-    for si, tr in enumerate(out.image_traces[b]):
-        keep = None
-        if tr["ran"] and any(blk["mode"] != "full" for blk in tr["blocks"]):
-            n = tr["tokens"]
-            keep = [0.0 if blk["mode"] == "skip" else (blk["sa"] + blk["ca"] + blk["ffn"]) / (3 * n) for blk in tr["blocks"]]
-        ent = out.token_entropy[si]
-        scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
-                       "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms"),
-                       "plan_neutral": tr.get("neutral")})
-    return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
-            "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
-            # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
-            "work": with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
-                                    (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
-            "stats": _jsonable(out.image_stats[b]), "no_effect_reason": out.no_effect_reasons[b]}
-
-
-def _jsonable(obj):
-    return json.loads(json.dumps(obj, default=lambda o: o.tolist() if hasattr(o, "tolist") else str(o)))
-
-
 def _baseline_cfg(cfg: DictConfig) -> DictConfig:
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     base.method = {"name": "baseline", "label": "Baseline", "knobs": {}}
     return base
 
 
-def _pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
+def pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
     """Replace ``runtime.device``/``runtime.dtype`` ``auto`` in a resolved config by what they
     resolved to here (in place; returned): ``auto`` and its resolution make the same pixels."""
     rt = tree.get("runtime")
@@ -628,51 +602,6 @@ def _pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
         if str(rt.get("dtype")) == "auto":
             rt["dtype"] = str(dtype).replace("torch.", "")
     return tree
-
-
-def _weight_files(model_cfg) -> dict:
-    """``{name: path}`` of every file or folder the model loads weights from (none for random init)."""
-    if model_cfg.get("preset") == "toy":
-        from varbench.toy.load import FILES, WEIGHTS_DIR
-
-        return {name: WEIGHTS_DIR / name for name in FILES.values()}
-    if model_cfg.get("random_weights"):
-        return {}
-    out = {}
-    paths = [model_cfg.get("weights"), model_cfg.get("vae")]
-    if model_cfg.get("text_encoder") == "t5":
-        paths.append(model_cfg.get("text_encoder_path"))
-    for p in paths:
-        if p:
-            out[Path(str(p)).name] = str(p)
-    return out
-
-
-def method_file_hashes(method: dict) -> dict:
-    """``{name: sha256}`` of the files a method loads besides the model's weights: SkipVAR's four
-    decision-model files (``decision_models/<file>``; a ``compose`` member's as
-    ``policies[i].decision_models/<file>``). They are hashed into the generation and entry keys, as
-    the weights are: retraining a decision-model folder in place (``experiments.skipvar_train`` into
-    the same ``--out``) makes new images and a new record. Files that are absent contribute nothing
-    (the policy reports them, naming the folder, when it loads)."""
-    from varbench.policies.skipvar_features import decision_model_paths
-
-    knobs = method.get("knobs") or {}
-    members = [("", method.get("name"), knobs)]
-    if method.get("name") == "compose":
-        members = [(f"policies[{i}].", m.get("name"), m.get("knobs") or {})
-                   for i, m in enumerate(knobs.get("policies") or []) if isinstance(m, dict)]
-    named = {}
-    for prefix, name, kn in members:
-        if name == "skipvar":
-            paths = decision_model_paths(kn.get("decision_models"), kn.get("classifier") or "Logistic_Regression")
-            named.update({f"{prefix}decision_models/{n}": p for n, p in paths.items()})
-    return weight_hashes(named)
-
-
-def _weight_hashes(model_cfg) -> dict:
-    """``{file name: sha256}`` of the model's weights (folders: ``<folder>/<file>``); no paths."""
-    return weight_hashes(_weight_files(model_cfg))
 
 
 def _device_name(device: torch.device) -> str:
@@ -692,49 +621,11 @@ def _overrides() -> list[str]:
         return []
 
 
-def _job_num():
+def hydra_job_num() -> int | None:
+    """Hydra's 0-based number of this job in a sweep (None outside a sweep or outside Hydra)."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
         return HydraConfig.get().job.get("num")
     except Exception:
         return None
-
-
-def assemble_cli(entry_dir: str | Path) -> int:
-    """``python -m varbench.job assemble <entry folder>``: assemble a sharded entry whose shards
-    are all done (e.g. when the last shard was killed after finishing its part)."""
-    entry_dir = Path(entry_dir)
-    metas = sorted((entry_dir / "shards").glob("*/job.json"))
-    if not metas:
-        print(f"error: {entry_dir} has no finished shards (shards/*/job.json)", file=sys.stderr)
-        return 2
-    meta = read_json(metas[0])
-    job = prepare_job(OmegaConf.create(meta["config"]))
-    job.preset = meta.get("preset") or job.preset
-    if job.entry.dir.resolve() != entry_dir.resolve():
-        print(f"error: the shards' config hashes to {job.entry.dir}, not {entry_dir}: were files moved?", file=sys.stderr)
-        return 2
-    if not assemble_shards(job):
-        return 1
-    from varbench.loggers.publish import republish
-
-    republish(job, job.entry.read())
-    return 0
-
-
-def assemble_ready_shards(path: str | Path) -> list[Path]:
-    """Assemble every sharded entry under ``path`` whose shards are all done but whose record is
-    missing (its last shard was killed after finishing its part); returns the entries assembled.
-    ``python -m varbench.aggregate`` calls this first."""
-    done = []
-    for shards_dir in sorted(Path(path).rglob("shards")):
-        entry = shards_dir.parent
-        names = [d.name for d in shards_dir.iterdir() if d.is_dir()]
-        counts = {int(n.rsplit("-of-", 1)[1]) for n in names if "-of-" in n}
-        if (entry / "DONE").exists() or len(counts) != 1:
-            continue
-        n = counts.pop()
-        if all((shards_dir / f"{i}-of-{n}" / "SHARD_DONE").exists() for i in range(n)) and assemble_cli(entry) == 0:
-            done.append(entry)
-    return done

@@ -38,7 +38,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from varbench.core.filehash import sha256_bytes
 
@@ -218,3 +218,22 @@ def collect_provenance(device: str | None = None) -> dict[str, Any]:
         "device": label,
         "torch": torch_info(device),
     }
+
+
+# -- read back from a record -------------------------------------------------------------------
+def recorded_git(rec: Mapping) -> Mapping:
+    """A record's ``provenance.git`` block ({} when it has none)."""
+    git = (rec.get("provenance") or {}).get("git") if isinstance(rec.get("provenance"), Mapping) else None
+    return git if isinstance(git, Mapping) else {}
+
+
+def code_version(rec_or_row: Mapping) -> str:
+    """``<12-digit sha>`` of the commit that wrote a record (or a frame row), ``+dirty`` when its
+    checkout had uncommitted changes; ``unknown commit`` outside a git checkout."""
+    if "git_sha" in rec_or_row:
+        sha, dirty = rec_or_row.get("git_sha"), rec_or_row.get("git_dirty")
+    else:
+        sha, dirty = recorded_git(rec_or_row).get("sha"), recorded_git(rec_or_row).get("dirty")
+    if not isinstance(sha, str) or not sha:
+        return "unknown commit"
+    return sha[:12] + ("+dirty" if str(dirty).lower() == "true" else "")   # numpy/pandas booleans too

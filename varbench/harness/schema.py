@@ -1,14 +1,17 @@
-"""The run record (``record.json``), documented in one place.
+"""The run record (``record.json``) and the trace rows (``traces.jsonl``), documented in one place.
 
 One record per job (``store/<experiment>/entries/<entry_id>/record.json``), written by
-:func:`varbench.harness.job.assemble_record` and sealed by ``DONE``. Beside it: ``samples_<evaluator>.jsonl``
-(one row per image and evaluator: ``prompt_index``, ``sample_index`` and the evaluator's fields)
-and ``traces.jsonl`` (one row per image: per-scale trace, FLOPs and executed tokens, method stats).
-``varbench.harness.records.records_to_frame`` flattens records into one pandas row each.
+:func:`varbench.harness.job.assemble_record` and sealed by ``DONE`` (the entry folder, its seal and
+lock: :mod:`varbench.harness.records`). Beside it: ``samples_<evaluator>.jsonl`` (one row per image
+and evaluator: ``prompt_index``, ``sample_index`` and the evaluator's fields) and ``traces.jsonl``
+(:class:`TraceRow`, one row per image: per-scale trace, FLOPs and executed tokens, method stats;
+:mod:`varbench.harness.traces`). :func:`varbench.analysis.frame.records_to_frame` flattens records
+into one pandas row each; blocks a record lacks (older records, hand-made ones) read as NaN there.
 
 The types below are the schema (``TypedDict``: every key listed is written; ``None`` where a value
-does not apply). :func:`check_record` compares a record with them; the job's tests run it on real
-records, so a key added to the record without a line here fails the suite.
+does not apply). :func:`check_record` compares a record (or, with ``kind=TraceRow``, a trace row)
+with them; the job's tests run it on real records and traces, so a key added to either without a
+line here fails the suite.
 
 Spreads (:class:`Spread`) summarise a per-image quantity over the record's images; adaptive
 methods (NOVA, ToProVAR, SkipVAR) do different work per prompt, and the spread says how much.
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, TypedDict, get_type_hints
 
-from varbench.harness.records import SCHEMA_VERSION  # noqa: F401 - the version this schema describes
+#: The version of the record this module describes (``record.json``'s ``schema_version``).
+SCHEMA_VERSION = 1
 
 
 class Spread(TypedDict):
@@ -151,10 +155,10 @@ class Work(TypedDict):
 
 class RunRecord(TypedDict):
     schema_version: int      # SCHEMA_VERSION
-    entry_id: str            # the entry hash (config minus varbench.harness.store.ENTRY_EXCLUDE, + sha256s)
-    generation_id: str       # the image store's hash (varbench.harness.store.GENERATION_KEYS, + sha256s)
-    created: str             # UTC, ISO 8601
-    status: str              # "ok"
+    entry_id: str            # the entry hash (config minus varbench.core.hashing.ENTRY_EXCLUDE, + sha256s)
+    generation_id: str       # the image store's hash (varbench.core.hashing.GENERATION_KEYS, + sha256s)
+    created: str             # UTC, ISO 8601 with offset, e.g. "2025-01-31T12:00:00+00:00"
+    status: str              # "ok" (a job writes only "ok"; readers take a missing status as "ok" and skip any other)
     experiment: Experiment
     config: dict             # the resolved config, auto device/dtype pinned
     model: Model
@@ -163,12 +167,57 @@ class RunRecord(TypedDict):
     evaluators: dict         # {evaluator: version info (weights' sha256, backend, ...)}
     metrics: dict            # {"<evaluator>/<metric>": value}
     uncertainty: dict        # {"<evaluator>/<metric>": standard error} (see the evaluator)
-    higher_is_better: dict   # {"<evaluator>/<metric>": bool}
+    higher_is_better: dict   # {"<evaluator>/<metric>": bool}: the metric's direction, from its evaluator
+                             # (varbench.analysis.frame.higher_is_better reads it from here)
     timing: Optional[Timing]     # None with timing=none
     flops: Optional[Flops]
     work: Optional[Work]
     provenance: dict         # git commit, packages, torch/CUDA, host (varbench/harness/provenance.py)
     wall_s: float            # the job's wall time
+
+
+class TraceScale(TypedDict):
+    """One scale of a trace row: what the image's (sub-)batch ran there."""
+
+    si: int                  # scale index
+    h: int                   # token grid
+    w: int
+    ran: bool                # False: the scale was skipped
+    keep_frac: Optional[list]        # per layer: the kept share of token-layer work; None when every layer ran in full
+    entropy_mean: Optional[float]    # this image's mean predictive entropy (nats) at this scale; None when not run
+    ms: Optional[float]              # the scale's time in the generating pass (not the timed pass)
+    plan_neutral: Optional[bool]     # the policy's plan changed nothing here (varbench/engine/effect.py)
+
+
+class TraceFlops(TypedDict):
+    """One image's FLOPs (varbench/engine/flops.py; the record's :class:`Flops` are their means)."""
+
+    total: float             # transformer only
+    text: float
+    per_scale: list
+    text_encoder: Optional[float]
+    vae_decode: Optional[float]
+    end_to_end: Optional[float]
+
+
+class TraceWork(TypedDict):
+    flops: TraceFlops
+    executed_tokens: float   # token-layers executed (mean over sublayers, summed over blocks and scales)
+    dense_tokens: int        # what the dense forward executes
+
+
+class TraceRow(TypedDict):
+    """One row of ``traces.jsonl`` (the image store's and, copied, the entry's): one image."""
+
+    prompt_index: int
+    sample_index: int
+    method: str              # method.name of the job that generated it
+    scales: list             # [TraceScale], one per scale of the schedule
+    resolution: list         # [H, W] of the generated image
+    batch: int               # images generated together with it (its batch companions change its bits)
+    work: TraceWork
+    stats: dict              # the policy's per-image stats (method-specific, e.g. activation_scale, layer_labels)
+    no_effect_reason: Optional[str]  # every plan neutral: why (varbench/engine/effect.py); else None
 
 
 def check_record(record: Mapping[str, Any], kind: type = RunRecord, where: str = "") -> list[str]:
@@ -189,6 +238,9 @@ def check_record(record: Mapping[str, Any], kind: type = RunRecord, where: str =
     if kind is Timing and isinstance(record.get("by_batch"), Mapping):
         for bs, block in record["by_batch"].items():
             problems += check_record(block, TimingBlock, f"{where}by_batch.{bs}.")
+    if kind is TraceRow and isinstance(record.get("scales"), list):
+        for i, scale in enumerate(record["scales"]):
+            problems += check_record(scale, TraceScale, f"{where}scales[{i}].")
     return problems
 
 

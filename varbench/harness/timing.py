@@ -60,10 +60,13 @@ DEFAULTS = {"order": "abba", "ci_level": 0.95, "max_ci_rel_width": 0.2, "max_ref
 ORDERS = ("abba", "ab")
 #: the two interval methods (``paired["ci_kind"]``); records without one used the order statistic
 CI_ORDER_STATISTIC, CI_BOOTSTRAP = "order_statistic", "bootstrap"
-_THRESHOLDS = ("max_ci_rel_width", "max_reference_spread", "max_load_change")
+#: the knobs :func:`judge` compares a paired block with (each a ``timing.*`` setting)
+THRESHOLDS = ("max_ci_rel_width", "max_reference_spread", "max_load_change")
 
 
-def _stats(xs: list[float]) -> dict:
+def quantile_summary(xs: list[float]) -> dict:
+    """``{"median", "p10", "p90"}`` of ``xs`` (quantiles linearly interpolated; Nones when empty):
+    the latency blocks of the timing record."""
     xs = sorted(xs)
     if not xs:
         return {"median": None, "p10": None, "p90": None}
@@ -250,7 +253,7 @@ def _pooled_spread(per_prompt: Sequence[Sequence[float]]) -> float | None:
     rel = [x / statistics.median(xs) for xs in per_prompt if xs and statistics.median(xs) for x in xs]
     if not rel:
         return None
-    st = _stats(rel)
+    st = quantile_summary(rel)
     return st["p90"] - st["p10"]
 
 
@@ -417,8 +420,8 @@ def timed_pass(generate: Callable[..., object], batch_sizes, warmup: int, repeat
         per_scale = [statistics.median(col) for col in zip(*[t["per_scale"] for t in flat])] if flat else []
         med_total = statistics.median(lat["total"]) if lat["total"] else None
         by_batch[str(bs)] = {
-            "text_ms": _stats(lat["text"]), "ar_ms": _stats(lat["ar"]), "decode_ms": _stats(lat["decode"]),
-            "total_ms": _stats(lat["total"]),
+            "text_ms": quantile_summary(lat["text"]), "ar_ms": quantile_summary(lat["ar"]),
+            "decode_ms": quantile_summary(lat["decode"]), "total_ms": quantile_summary(lat["total"]),
             "per_prompt": {"ar_ms": lat["ar"], "total_ms": lat["total"]},
             "ar_repeat_spread": _pooled_spread(per["ar"]),
             "images_per_s": (bs * 1e3 / med_total) if med_total else None,

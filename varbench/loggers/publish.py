@@ -1,6 +1,7 @@
 """Weights & Biases as its users expect: one run per job, open while the job runs, and one run per sweep.
 
-In a job (``logger=wandb``; :mod:`varbench.harness.job` calls these)::
+In a job (``logger=wandb``; :class:`varbench.loggers.observer.WandbObserver` calls these from the
+job's hooks, :mod:`varbench.harness.events`)::
 
     run = JobRun.open(job)            # once the job holds its lock: config, name, group, tags; a bad
                                       # WANDB_MODE or a missing login is a ConfigError naming the fix
@@ -8,7 +9,7 @@ In a job (``logger=wandb``; :mod:`varbench.harness.job` calls these)::
     bar = run.wrap(tqdm_bar, "generate nova", 64)   # or: a progress bar whose update() also reports it
     run.finish(job, record)           # after DONE: summary + paired speed-up/deltas, tables, artifact; .published
     run.fail(exc)                     # the job failed: the run ends with exit code 1
-    republish(job, record)            # a finished entry relaunched: publish it if it never was
+    republish(job, record)            # a finished entry relaunched (or assembled): publish it if it never was
 
 Later, from the records alone (an offline machine first, ``wandb sync`` or an online machine later)::
 
@@ -31,7 +32,8 @@ What a job's run holds:
   W&B's own system metrics (CPU, memory, GPU) and console output;
 * summary: :func:`varbench.loggers.wandb.summary_from_record` (``<evaluator>/<metric>``, ``_err``,
   ``timing/bs<k>/...``, ``flops/...``, ``wall_s``) plus, from pairing the record with the
-  experiment's baseline record exactly as :func:`varbench.analysis.aggregate.pair_with_baseline` does
+  baseline record of its experiment folder (``store/<experiment>``, handed in by the caller) exactly
+  as :func:`varbench.analysis.aggregate.pair_with_baseline` does
   (same columns as ``table.csv``): ``paired/speedup`` (AR loop, against the baseline timed
   interleaved in the job) with ``paired/speedup_ci_low``, ``_ci_high``, ``paired/speedup_ci_level``,
   ``paired/e2e_speedup`` (+ interval), ``paired/n_repeats``, ``paired/speedup_reliable``,
@@ -74,13 +76,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from varbench.harness.events import ObservedBar
 from varbench.loggers.wandb import WandbSink, log_record_artifact, summary_from_record
 
 MARKER = ".published"
 SWEEP_MARKER = ".published_sweep"
 SAFE = "the record is finished and safe; the next launch of this job (or `python -m varbench.publish`) publishes it"
 
-#: tidy-frame columns (:func:`varbench.harness.records.records_to_frame` / :func:`pair_with_baseline`) -> summary keys
+#: tidy-frame columns (:func:`varbench.analysis.frame.records_to_frame` / :func:`pair_with_baseline`) -> summary keys
 PAIRED_KEYS: dict[str, str] = {
     "paired_speedup": "paired/speedup", "paired_speedup_ci_low": "paired/speedup_ci_low",
     "paired_speedup_ci_high": "paired/speedup_ci_high", "paired_speedup_ci_level": "paired/speedup_ci_level",
@@ -131,17 +134,20 @@ def _plain(v: Any) -> Any:
     return json.dumps(v, default=str, sort_keys=True)
 
 
-def paired_summary(record: Mapping, entry_dir: str | Path, baseline: str = "baseline") -> dict[str, Any]:
-    """The paired speed-up and delta summary keys (see module docstring) of ``record``, pairing it
-    with the finished baseline records of its experiment folder (``entry_dir/../..``) by
-    :func:`varbench.analysis.aggregate.pair_with_baseline`. Never raises: a problem is ``paired/status``."""
+def paired_summary(record: Mapping, entry_dir: str | Path, experiment_dir: str | Path,
+                   baseline: str = "baseline") -> dict[str, Any]:
+    """The paired speed-up and delta summary keys (see module docstring) of ``record`` (stored in
+    ``entry_dir``), pairing it with the finished baseline records of ``experiment_dir``
+    (``store/<experiment>``) by :func:`varbench.analysis.aggregate.pair_with_baseline`. Never raises:
+    a problem is ``paired/status``."""
     import pandas as pd
 
     from varbench.analysis.aggregate import AggregationError, pair_with_baseline
-    from varbench.harness.records import find_entries, record_to_row, records_to_frame
+    from varbench.analysis.frame import record_to_row, records_to_frame
+    from varbench.harness.records import find_entries
 
     entry_dir = Path(entry_dir)
-    root = entry_dir.parent.parent                       # store/<experiment>
+    root = Path(experiment_dir)
     out: dict[str, Any] = {}
     try:
         own = pd.DataFrame([record_to_row(record, str(entry_dir))])
@@ -192,10 +198,10 @@ def per_scale_rows(record: Mapping, traces: Sequence[Mapping]) -> list[dict]:
     """One row per scale: scale, h, w, flops, ms (the timed pass's median at the timing batch
     size), ran_frac (share of images that ran it), keep_mean (mean kept fraction of token-layer
     work, 1 when every layer ran in full, 0 when skipped), entropy_mean."""
-    from varbench.harness.records import _pick_batch
+    from varbench.analysis.frame import pick_batch
 
     flops = list((record.get("flops") or {}).get("per_scale") or [])
-    _, tb = _pick_batch(((record.get("timing") or {}).get("by_batch")) or {})
+    _, tb = pick_batch(((record.get("timing") or {}).get("by_batch")) or {})
     ms = list(tb.get("per_scale_ms") or [])
     scales = [sc for sc in (traces[0].get("scales") or [])] if traces else []
     n = max(len(flops), len(ms), len(scales))
@@ -263,18 +269,18 @@ def _record_meta(record: Mapping) -> dict:
             "label": method.get("label") or method.get("preset") or method.get("name") or "run"}
 
 
-def fill_run(run, sink: WandbSink, record: Mapping, entry_dir: str | Path,
+def fill_run(run, sink: WandbSink, record: Mapping, entry_dir: str | Path, experiment_dir: str | Path,
              load_image: Callable[[int, int], Any] | None, prompt_of: Callable[[int], Mapping | str | None],
              baseline: str = "baseline") -> dict[str, Any]:
-    """Log a finished record into an open run (summary, per-scale and per-image tables, record
-    artifact; see module docstring); returns the summary. Shared by a job's run and
-    ``python -m varbench.publish``."""
+    """Log a finished record (stored in ``entry_dir``) into an open run (summary, paired against
+    the baselines of ``experiment_dir``; per-scale and per-image tables, record artifact; see module
+    docstring); returns the summary. Shared by a job's run and ``python -m varbench.publish``."""
     import wandb
 
     from varbench.core.jsonio import read_jsonl
 
     entry_dir = Path(entry_dir)
-    summary = {**summary_from_record(record), **paired_summary(record, entry_dir, baseline)}
+    summary = {**summary_from_record(record), **paired_summary(record, entry_dir, experiment_dir, baseline)}
     summary["status"] = record.get("status", "ok")
     run.summary.update(summary)
     traces = read_jsonl(entry_dir / "traces.jsonl") if (entry_dir / "traces.jsonl").exists() else []
@@ -343,10 +349,11 @@ class JobRun:
         return self.run is not None
 
     @classmethod
-    def open(cls, job) -> "JobRun":
-        """Open the job's run (config, name, group, tags); ``logger=none`` gives an inactive one.
-        Raises :class:`varbench.core.errors.ConfigError` naming the fix for a bad mode or a missing login."""
-        sink = sink_from_cfg(job.cfg.get("logger"))
+    def open(cls, job, sink: WandbSink | None = None) -> "JobRun":
+        """Open the job's run (config, name, group, tags) with ``sink`` (default: the job's
+        ``logger`` config); ``logger=none`` gives an inactive one. Raises
+        :class:`varbench.core.errors.ConfigError` naming the fix for a bad mode or a missing login."""
+        sink = sink if sink is not None else sink_from_cfg(job.cfg.get("logger"))
         if sink is None:
             return cls()
         cfg = job.cfg
@@ -381,11 +388,11 @@ class JobRun:
 
     def wrap(self, bar, desc: str, total: int):
         """``bar`` (a tqdm bar, as :meth:`varbench.harness.job.Job.bar` makes) whose ``update(n)`` also reports
-        :meth:`progress` for stage ``desc`` with spaces as ``/`` ("generate nova" ->
+        :meth:`progress` for stage ``desc`` (:func:`stage_key`: "generate nova" ->
         ``progress/generate/nova``); ``bar`` itself when this run is inactive."""
         if self.run is None:
             return bar
-        return _ProgressBar(self, bar, "/".join(str(desc).split()) or "job", int(total))
+        return ObservedBar(bar, stage_key(desc), int(total), self.progress)
 
     def finish(self, job, record: Mapping | None) -> None:
         """Log the finished record (summary with paired speed-up and deltas, tables, artifact),
@@ -403,7 +410,7 @@ class JobRun:
                     it = items.get(p)
                     return None if it is None else {**(getattr(it, "metadata", None) or {}), "prompt": it.prompt}
 
-                fill_run(run, self.sink, record, job.entry.dir, job.store.load, prompt_of)
+                fill_run(run, self.sink, record, job.entry.dir, job.entry.root, job.store.load, prompt_of)
             info = _run_info(run, self.sink, self.name)
             run.finish(exit_code=0)
         except Exception as e:  # noqa: BLE001 - the record is safe; the next launch publishes it
@@ -432,29 +439,10 @@ class JobRun:
         _finish_quietly(run, 1)
 
 
-class _ProgressBar:
-    """A progress bar that also reports to the job's W&B run (see :meth:`JobRun.wrap`)."""
-
-    def __init__(self, job_run: JobRun, bar, stage: str, total: int):
-        self._job_run, self._bar, self._stage, self._total, self._done = job_run, bar, stage, total, 0
-
-    def update(self, n: int = 1):
-        self._done += n
-        self._job_run.progress(self._stage, self._done, self._total)
-        return self._bar.update(n)
-
-    def close(self):
-        return self._bar.close()
-
-    def __getattr__(self, name):
-        return getattr(self._bar, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
+def stage_key(desc: str) -> str:
+    """The W&B key of a progress bar's stage: its words joined by ``/`` ("generate nova" ->
+    ``generate/nova``, logged as ``progress/generate/nova``)."""
+    return "/".join(str(desc).split()) or "job"
 
 
 def _finish_quietly(run, exit_code: int) -> None:
@@ -468,22 +456,27 @@ def is_published(entry_dir: str | Path) -> bool:
     return (Path(entry_dir) / MARKER).is_file()
 
 
-def republish(job, record: Mapping) -> None:
-    """A finished entry relaunched (skip path): publish its record if it has no ``.published``
-    marker (a mirror that failed, or ``logger=wandb`` added later). A bad mode or missing login
-    raises ConfigError like :meth:`JobRun.open`; a W&B error while publishing is printed."""
-    if sink_from_cfg(job.cfg.get("logger")) is None or is_published(job.entry.dir):
+def republish(job, record: Mapping, sink: WandbSink | None = None) -> None:
+    """A finished entry relaunched (skip path) or assembled by ``python -m varbench.job assemble``:
+    publish its record with ``sink`` (default: the job's ``logger`` config) if it has no
+    ``.published`` marker (a mirror that failed, or ``logger=wandb`` added later). A bad mode or
+    missing login raises ConfigError like :meth:`JobRun.open`; a W&B error while publishing is printed."""
+    sink = sink if sink is not None else sink_from_cfg(job.cfg.get("logger"))
+    if sink is None or is_published(job.entry.dir):
         return
-    JobRun.open(job).finish(job, record)
+    JobRun.open(job, sink).finish(job, record)
 
 
 # -- from the records alone --------------------------------------------------------------------
 def publish_entry(sink: WandbSink, entry_dir: str | Path, store_root: str | Path | None = None,
-                  force: bool = False, baseline: str = "baseline") -> dict | None:
-    """Publish one finished entry from its files (no Job): its own run, as a job's run ends.
-    Returns the marker's info, or None if skipped (already published). Raises ConfigError for a
-    W&B set-up problem and SealError for an entry that fails its seal; other W&B errors propagate
-    after the run is finished with exit code 1 (no marker)."""
+                  force: bool = False, baseline: str = "baseline", experiment_dir: str | Path | None = None) -> dict | None:
+    """Publish one finished entry from its files (no Job): its own run, as a job's run ends, paired
+    against the baselines of ``experiment_dir`` (default: the entry's own experiment folder, the
+    one holding its ``entries/``), with its images from the store ``store_root`` (default: the
+    experiment folder's parent, ``paths.store_dir``). Returns the marker's info, or None if
+    skipped (already published). Raises ConfigError for a W&B set-up problem and SealError for an
+    entry that fails its seal; other W&B errors propagate after the run is finished with exit
+    code 1 (no marker)."""
     from varbench.harness.records import RunEntry
     from varbench.harness.store import ImageStore
 
@@ -491,7 +484,8 @@ def publish_entry(sink: WandbSink, entry_dir: str | Path, store_root: str | Path
     if is_published(entry.dir) and not force:
         return None
     record = entry.read()                               # verifies the seal
-    store_root = Path(store_root) if store_root is not None else entry.dir.parent.parent.parent
+    experiment_dir = Path(experiment_dir) if experiment_dir is not None else entry.root
+    store_root = Path(store_root) if store_root is not None else experiment_dir.parent
     images = ImageStore(store_root, str(record.get("generation_id")))
     meta = _record_meta(record)
     name = f"{meta['label']}-{str(meta['entry_id'])[:8]}"
@@ -506,7 +500,7 @@ def publish_entry(sink: WandbSink, entry_dir: str | Path, store_root: str | Path
             return None
 
     try:
-        fill_run(run, sink, record, entry.dir, images.load, prompt_of, baseline)
+        fill_run(run, sink, record, entry.dir, experiment_dir, images.load, prompt_of, baseline)
         info = _run_info(run, sink, name)
         run.finish(exit_code=0)
     except BaseException:
@@ -629,9 +623,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="records only, no sweep-level run")
     args = ap.parse_args(argv)
 
-    from varbench.harness.records import RunEntry, SealError, find_entries
     from varbench.core.errors import ConfigError
-
+    from varbench.harness.records import RunEntry, SealError, find_entries
     from varbench.loggers.wandb import MODES
 
     if args.mode not in MODES:
