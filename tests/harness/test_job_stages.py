@@ -8,7 +8,7 @@ import pytest
 
 from varbench.cli.assemble import assemble_entry
 from varbench.harness.job import run_job
-from varbench.harness.schema import check_record
+from varbench.harness.schema import TraceRow, check_record
 from varbench.core.seeds import image_seed
 from varbench.harness.testing import job_config
 
@@ -102,6 +102,7 @@ def test_record_carries_per_image_flops_and_executed_tokens(tmp_path):
     entry = run_job(_cfg(tmp_path, "evaluator=[]"))
     rec = json.loads((entry / "record.json").read_text())
     traces = [json.loads(line) for line in (entry / "traces.jsonl").read_text().splitlines()]
+    assert [check_record(t, TraceRow) for t in traces] == [[]] * len(traces)   # the documented trace row
     per_image = [t["work"]["flops"]["total"] for t in traces]
     assert rec["flops"]["per_image"]["n"] == 5 == len(per_image)
     assert rec["flops"]["total"] == pytest.approx(sum(per_image) / len(per_image))
