@@ -30,12 +30,14 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import logging
 import re
 import traceback
-import warnings
 from typing import Any, Iterator, Mapping, MutableMapping, Optional
 
 from varbench.core.errors import FixableError
+
+log = logging.getLogger("varbench")
 
 #: the entry-point groups varbench reads (registry kind -> group)
 METHODS_GROUP = "varbench.methods"
@@ -134,8 +136,8 @@ class LazyRegistry(MutableMapping):
             if self.group:
                 for ep in importlib.metadata.entry_points(group=self.group):
                     if ep.name in self._targets:
-                        warnings.warn(f"{_describe_ep(ep)} is ignored: varbench ships a {self.kind} of that name, "
-                                      f"which wins; register the outside one under another name", stacklevel=3)
+                        log.warning("%s is ignored: varbench ships a %s of that name, which wins; register the "
+                                    "outside one under another name", _describe_ep(ep), self.kind)
                         continue
                     same = found.setdefault(ep.name, [])
                     if all(e.value != ep.value for e in same):  # one distribution seen twice on the path
