@@ -38,6 +38,7 @@ def test_entry_points_are_found_on_first_lookup_and_loaded_only_when_used(tmp_pa
     import sys
 
     assert "gizmo" in reg and list(reg) == ["plain", "gizmo", "fancy_gizmo"] and len(reg) == 3
+    assert reg.packaged() == ["plain"]
     assert reg["gizmo"].value == "vb_ext_gizmo:Gizmo"                 # reading gives the entry point
     assert "vb_ext_gizmo" not in sys.modules                          # listed, not imported
     assert reg.load("gizmo").__name__ == "Gizmo" and reg.load("gizmo") is reg.load("fancy_gizmo")

@@ -201,6 +201,11 @@ class LazyRegistry(MutableMapping):
     def __repr__(self) -> str:
         return f"LazyRegistry({self.kind!r}, {self._targets!r}, group={self.group!r})"
 
+    def packaged(self) -> list[str]:
+        """The packaged (and `register`-ed) names alone, without looking for entry points: what
+        varbench's own tests iterate, so that an outside package installed beside it changes nothing."""
+        return list(self._targets)
+
     def register(self, name: str, target: Any) -> None:
         """Add (or replace) `name`: an object, or a lazy ``"module:attr"`` string."""
         self[name] = target
