@@ -237,7 +237,7 @@ def load_preset(preset: str) -> dict:
         raw = yaml.safe_load(path.read_text())
     out: dict = {}
     for d in raw.pop("defaults", None) or []:
-        if d.endswith("_schema"):   # a method's knob dataclass (varbench/policies/knobs.py), not a file
+        if d.endswith("_schema"):   # a method's knob dataclass (its policy's Knobs), not a file
             from varbench.policies.knobs import schema_node
 
             out = _merge(out, schema_node(d, resolve=True))

@@ -51,6 +51,7 @@ from varbench.engine.models.infinity import PRESETS
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
+from varbench.policies.knobs import register as register_method_schemas
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "varbench" / "conf" / "method"
@@ -70,6 +71,7 @@ SCENARIO = dict(pn="1M", h_div_w=1.0, batch=1, text_len=32, nova_act=6, topro_D=
 
 
 def load_method(name: str) -> tuple[str, str, dict]:
+    register_method_schemas()   # the presets' `<method>_schema` defaults (varbench.harness does it on import)
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         c = compose(config_name=name)
     return c.name, c.label, OmegaConf.to_container(c.knobs, resolve=True)

@@ -207,11 +207,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from varbench.harness.build import build_runtime, generation_kwargs, resolve_device, resolve_dtype
     from varbench.harness.job import image_seed
-    from varbench.policies.skipvar_features import CLASSIFIERS, _require_joblib, _require_skops
+    from varbench.policies.skipvar_features import CLASSIFIERS, require_joblib, require_skops
     from varbench.harness.prompts import load_prompt_set
 
-    _require_joblib()
-    _require_skops()      # the models are written in skops' format: fail before generating anything
+    require_joblib()
+    require_skops()       # the models are written in skops' format: fail before generating anything
     classifiers = list(CLASSIFIERS) if a.classifier == "all" else [a.classifier]
     for c in classifiers:
         if c not in CLASSIFIERS:

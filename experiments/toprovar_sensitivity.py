@@ -7,7 +7,7 @@ full method and its ablation rows over the plausible range of each reconstructed
     python -m experiments.toprovar_sensitivity --knobs beta    # one knob only (a quick look; no --write)
 
 The paper does not give `layer_skip_prune`, `alpha_min`/`alpha_max`, `beta` or `detail_min_R`; each
-default in varbench/policies/knobs.py is a reconstruction. Table 10 (Infinity-2B, L40 latency) orders
+default (ToProVARKnobs, varbench/policies/toprovar.py) is a reconstruction. Table 10 (Infinity-2B, L40 latency) orders
 the rows scale only 4.5x > scale + layer 3.7x > full 3.4x > scale + token 2.7x. This script varies one
 knob at a time (the others at their defaults) in every row's preset and says, per setting, whether
 that order holds in FLOPs, so a reader sees whether it is robust or sits on a knife edge.
@@ -42,7 +42,7 @@ ROWS: tuple[tuple[str, str, float], ...] = (
 )
 
 #: each reconstructed knob's plausible range: settings as ((knob, value), ...), one knob varied at a
-#: time (alpha as its two ends). Defaults (method_configs.ToProVARKnobs) are in every range.
+#: time (alpha as its two ends). Defaults (toprovar.ToProVARKnobs) are in every range.
 GRID: dict[str, list[tuple[tuple[str, float], ...]]] = {
     # share of a Detail layer's tokens Eq. 6 must prune for the full method to skip the layer (default 0.5)
     "layer_skip_prune": [(("layer_skip_prune", v),) for v in (0.3, 0.4, 0.45, 0.5, 0.55, 0.6, 0.7)],

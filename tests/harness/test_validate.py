@@ -113,38 +113,26 @@ def test_lock_wait_s_accepts_seconds_and_forever(wait):
     validate_config(_cfg(f"runtime.lock_wait_s={wait}"))
 
 
-# -- the knob dataclasses (varbench/policies/knobs.py) -----------------------------------------------
-def test_every_registered_method_has_a_knob_dataclass_matching_its_constructor():
-    """Each dataclass field is a constructor parameter with the same default (one source of truth for
-    the config; the constructor keeps its Python-call default), and the preset files exist."""
+# -- the knob dataclasses (each policy's Knobs, checked by varbench/policies/knobs.py) ----------------
+def test_every_registered_method_has_a_documented_knob_dataclass():
+    """Each registered method declares its knobs (its policy's Knobs) and the dataclass's docstring
+    says what every knob does."""
     import dataclasses
-    import inspect
 
-    from varbench.policies.knobs import SCHEMAS
     from varbench.policies import REGISTRY
-    from varbench.core.registry import resolve
+    from varbench.policies.knobs import SCHEMAS
 
     assert set(SCHEMAS) == set(REGISTRY)
-    test_only = {"skipvar": {"decide", "n_features"}}          # injection hooks, not config knobs
-    addressing_default = {("fastvar", "prune"), ("fastvar", "skip"), ("fastvar", "cache_scale"),
-                          ("skipvar", "decision_models")}     # constructor: None/sentinel -> resolved later
     for name, cls in SCHEMAS.items():
-        params = {k: p for k, p in inspect.signature(resolve(REGISTRY, name, "method").__init__).parameters.items()
-                  if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        assert set(fields) == set(params) - test_only.get(name, set()), name
-        for k, f in fields.items():
-            if (name, k) in addressing_default or params[k].default is inspect.Parameter.empty:
-                continue
-            d = params[k].default
-            assert f.default == d and type(f.default) is type(d), (name, k, f.default, d)
+        fields = [f.name for f in dataclasses.fields(cls)]
         assert cls.__doc__ and all(k in cls.__doc__ for k in fields), f"{cls.__name__} docstring misses a knob"
 
 
 def test_knob_dataclasses_are_frozen_and_check_on_construction():
     import dataclasses
 
-    from varbench.policies.knobs import FastVARKnobs, NOVAKnobs
+    from varbench.policies.fastvar import FastVARKnobs
+    from varbench.policies.nova import NOVAKnobs
 
     k = NOVAKnobs()
     with pytest.raises(dataclasses.FrozenInstanceError):

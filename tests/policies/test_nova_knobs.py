@@ -127,7 +127,7 @@ def test_q_sub_sampling_knob(tiny_rt):
     """q_sub queries: evenly spaced by default (unchanged behaviour), or a fixed pseudo-random subset
     per scale; the runtime measures exactly the queries the rule names, and each value is that
     query's entropy over all queries (so the subset changes which queries are read, not their values)."""
-    from varbench.policies.knobs import NOVAKnobs
+    from varbench.policies.nova import NOVAKnobs
     from varbench.engine.plan import ScalePlan, entropy_query_pick
 
     assert NOVAKnobs().q_sub_sampling == "even" and build_policy("nova").describe()["q_sub_sampling"] == "even"

@@ -1,17 +1,17 @@
 """Conformance over the policy REGISTRY (issue #12 item 18): every registered method must have a
 neutral knob setting that reproduces the baseline bit for bit, and an active one that changes
-FLOPs or bits, on the tiny runtime. A method added to the registry without entries here fails
-`test_every_registered_method_is_covered` with its name.
+FLOPs or bits, on the tiny runtime. Each method declares both beside its knobs, as class attributes
+of its policy (`NEUTRAL`, `ACTIVE`; `varbench/engine/policy.py`); this test finds them through the
+registry, so a method added to the registry without them fails here with its name and what to add.
 
-SkipVAR needs decision-model files: its table entries inject the decision (`decide=`, the
-constructor's test hook) so the conformance runs need no files; the shipped toy decision models
+SkipVAR needs decision-model files: its settings inject the decision (`decide=`, the constructor's
+test hook) so the conformance runs need no files; the shipped toy decision models
 (`varbench/toy/weights/skipvar_toy_93`) are loaded and run end to end in a separate test.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -19,37 +19,25 @@ import varbench
 from varbench.policies import REGISTRY, build_policy
 
 PN = "0.06M"
-SMALL = {"t_min_tokens": 16, "min_tokens_to_prune": 16}
+_MISSING = object()
 
-
-def _decide(skip, uncond):
-    return lambda X: (np.full(len(X), skip), np.full(len(X), uncond))
-
-
-NEUTRAL = {
-    "baseline": {},
-    "fastvar": {"prune": {}, "skip": []},
-    "nova": {"r_max": 0.0},
-    "toprovar": {"alpha_min": 0.0, "alpha_max": 0.0, "d_min_tokens": 16, "svd_scale": 2},
-    "skip_last": {"run_scales": None},
-    "skipvar_fixed": {"skip_last": 0, "uncond_from": None},
-    "skipvar": {"decide": _decide(0, 0)},
-    "compose": {"policies": [{"name": "fastvar", "knobs": {"prune": {}, "skip": []}},
-                             {"name": "nova", "knobs": {"r_max": 0.0}}]},
+#: what each attribute means, for the message that asks a method to declare it
+_HOW = {
+    "NEUTRAL": "NEUTRAL = {knob: value, ...} (constructor knobs under which its plans change nothing)",
+    "ACTIVE": ("ACTIVE = {knob: value, ...} (constructor knobs under which it changes FLOPs or bits on the tiny "
+               "runtime at pn '0.06M'), or ACTIVE = None if it has none (the baseline)"),
 }
 
-#: None = no active setting, with the reason
-ACTIVE = {
-    "baseline": None,   # the reference itself: it has no knobs
-    "fastvar": {},
-    "nova": {**SMALL, "t_force": -3},
-    "toprovar": {"d_min_tokens": 16, "min_tokens_to_prune": 16, "svd_scale": 2, "layer_mode": "uniform", "tau": 0.0},
-    "skip_last": {"run_scales": -2},
-    "skipvar_fixed": {"skip_last": 1, "uncond_from": -3},
-    "skipvar": {"decide": _decide(1, 0)},
-    "compose": {"policies": [{"name": "fastvar"}, {"name": "nova", "knobs": {**SMALL, "t_force": -3}}],
-                "conflict": "last", "cache": "first"},
-}
+
+def declared(name: str, what: str):
+    """The `what` setting ("NEUTRAL" or "ACTIVE") that registered method `name` declares; fails naming
+    the class and the attribute to add when it declares none."""
+    cls = REGISTRY.load(name)
+    value = getattr(cls, what, _MISSING)
+    if value is _MISSING:
+        pytest.fail(f"registered method {name!r} ({cls.__module__}.{cls.__qualname__}) declares no {what.lower()} "
+                    f"setting: add the class attribute {_HOW[what]} beside its Knobs")
+    return value
 
 
 def gen(rt, policy=None):
@@ -61,12 +49,31 @@ def baseline(tiny_rt):
     return gen(tiny_rt)
 
 
-def test_every_registered_method_is_covered():
-    for table, what in ((NEUTRAL, "neutral"), (ACTIVE, "active")):
-        missing = sorted(set(REGISTRY) - set(table))
-        assert not missing, f"registered method(s) {missing} have no {what} setting in {__file__}"
-        stale = sorted(set(table) - set(REGISTRY))
-        assert not stale, f"{what} settings for unregistered method(s) {stale}"
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_registered_method_declares_its_settings(name):
+    assert isinstance(declared(name, "NEUTRAL"), dict), f"{name}.NEUTRAL must be a dict of knobs"
+    active = declared(name, "ACTIVE")
+    assert active is None or isinstance(active, dict), f"{name}.ACTIVE must be a dict of knobs or None"
+
+
+def test_a_method_without_settings_is_named():
+    """A new method that declares nothing fails with its class and the attribute to add."""
+    from varbench.engine.plan import ScalePlan
+    from varbench.engine.policy import Policy
+
+    class Bare(Policy):
+        name = "bare"
+
+        def plan(self, si):
+            return ScalePlan()
+
+    REGISTRY.register("bare", Bare)
+    try:
+        with pytest.raises(pytest.fail.Exception, match=r"'bare' .*Bare\) declares no neutral setting: add the class "
+                                                        r"attribute NEUTRAL = \{knob: value"):
+            declared("bare", "NEUTRAL")
+    finally:
+        del REGISTRY["bare"]
 
 
 def same_bits(a, b) -> bool:
@@ -80,20 +87,17 @@ def same_bits(a, b) -> bool:
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_neutral_setting_reproduces_the_baseline(tiny_rt, baseline, name):
-    if name not in NEUTRAL:
-        pytest.fail(f"registered method {name!r} has no neutral setting in NEUTRAL")
-    out = gen(tiny_rt, build_policy(name, **NEUTRAL[name]))
+    out = gen(tiny_rt, build_policy(name, **declared(name, "NEUTRAL")))
     assert same_bits(out, baseline), f"{name}'s neutral setting changed the bits"
     assert torch.equal(out.images, baseline.images)   # (FLOPs may differ: toprovar still measures entropy)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_active_setting_changes_flops_or_bits(tiny_rt, baseline, name):
-    if name not in ACTIVE:
-        pytest.fail(f"registered method {name!r} has no active setting in ACTIVE")
-    if ACTIVE[name] is None:
+    active = declared(name, "ACTIVE")
+    if active is None:
         pytest.skip(f"{name}: no active setting (the reference)")
-    out = gen(tiny_rt, build_policy(name, **ACTIVE[name]))
+    out = gen(tiny_rt, build_policy(name, **active))
     assert out.flops["total"] != baseline.flops["total"] or not same_bits(out, baseline), \
         f"{name}'s active setting changed neither FLOPs nor bits"
 

@@ -12,7 +12,7 @@ import torch
 from varbench.engine.flops import plan_trace
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals, SelectorContext
-from varbench.policies import build_policy
+from varbench.policies import REGISTRY, build_policy
 from varbench.policies.common import block_range
 from varbench.engine.plan import is_neutral
 from varbench.policies.compose import Compose
@@ -120,14 +120,9 @@ def test_pivotal_selector_keeps_far_tokens_and_can_share_the_cfg_mask():
 
 
 # -------------------------------------------------------------------------------------- neutrality
-NEUTRAL = {
-    "baseline": {},
-    "fastvar": {"prune": {}, "skip": []},
-    "nova": {"r_max": 0.0},
-    "toprovar": {"alpha_min": 0.0, "alpha_max": 0.0},
-    "skip_last": {"run_scales": None},
-    "skipvar_fixed": {"skip_last": 0, "uncond_from": None},
-}
+#: each method's declared neutral setting (its policy's NEUTRAL); skipvar needs decoded images and
+#: compose is checked below
+NEUTRAL = {name: REGISTRY.load(name).NEUTRAL for name in REGISTRY if name not in ("skipvar", "compose")}
 
 
 @pytest.mark.parametrize("name", sorted(NEUTRAL))
@@ -140,7 +135,7 @@ def test_neutral_settings_plan_like_the_baseline(name, batch, cfg_rows):
 
 
 def test_neutral_compose_is_neutral():
-    comp = Compose([{"name": "fastvar", "knobs": NEUTRAL["fastvar"]}, {"name": "nova", "knobs": NEUTRAL["nova"]}])
+    comp = Compose(**Compose.NEUTRAL)
     assert all(p == ScalePlan() for p in run_plans(comp, ctx_for()))
 
 

@@ -3,7 +3,8 @@ baseline bit for bit, active settings act, repeat exactly, and run at batch 3, n
 ratios and without CFG.
 
 Most runs use the '0.06M' schedule (7 scales, up to 16x16) for speed; knobs whose defaults assume
-1024² (minimum token counts, the SVD scale) are scaled down to it in ACTIVE.
+1024² (minimum token counts, the SVD scale) are scaled down to it in each method's declared ACTIVE
+setting (its policy's class attribute), which ACTIVE below extends with a few variants.
 """
 from __future__ import annotations
 
@@ -12,34 +13,27 @@ import json
 import pytest
 import torch
 
-from varbench.policies import build_policy
+from varbench.policies import REGISTRY, build_policy
 from varbench.engine.policy import Policy
 from varbench.policies.selectors import binary_entropy_from_logits
 from varbench.engine.testing import tiny_runtime
 
 PN = "0.06M"
-SMALL = {"t_min_tokens": 16, "min_tokens_to_prune": 16}
 
-NEUTRAL = {
-    "fastvar": {"prune": {}, "skip": []},
-    "nova": {"r_max": 0.0},
-    "toprovar": {"alpha_min": 0.0, "alpha_max": 0.0, "d_min_tokens": 16, "svd_scale": 2},
-    "skip_last": {"run_scales": None},
-    "skipvar_fixed": {"skip_last": 0, "uncond_from": None},
-    "compose": {"policies": [{"name": "fastvar", "knobs": {"prune": {}, "skip": []}}, {"name": "nova", "knobs": {"r_max": 0.0}}]},
-}
+
+def declared(what: str) -> dict:
+    """Each method's declared NEUTRAL or ACTIVE setting (the baseline is the reference; skipvar's
+    injected decisions are run in tests/policies/test_skipvar.py)."""
+    return {name: getattr(REGISTRY.load(name), what) for name in REGISTRY if name not in ("baseline", "skipvar")}
+
+
+NEUTRAL = declared("NEUTRAL")
 
 ACTIVE = {
-    "fastvar": {},                                                   # from-end: cache 4², prune 6²/8², skip 12²/16²
+    **declared("ACTIVE"),      # fastvar's from-end defaults: cache 4², prune 6²/8², skip 12²/16²
     "fastvar_cond_mask": ("fastvar", {"cfg_selection": "cond", "skip": []}),
-    "nova": {**SMALL, "t_force": -3},
-    "toprovar": {"d_min_tokens": 16, "min_tokens_to_prune": 16, "svd_scale": 2, "layer_mode": "uniform", "tau": 0.0},
     "toprovar_sample": ("toprovar", {"d_min_tokens": 16, "min_tokens_to_prune": 16, "svd_scale": 2, "tau": 0.0,
                                      "layer_mode": "gate_only", "keep_mode": "weighted_sample"}),
-    "skip_last": {"run_scales": -2},
-    "skipvar_fixed": {"skip_last": 1, "uncond_from": -3},
-    "compose": {"policies": [{"name": "fastvar"}, {"name": "nova", "knobs": {**SMALL, "t_force": -3}}],
-                "conflict": "last", "cache": "first"},
 }
 
 

@@ -16,12 +16,19 @@ Other policies see the whole batch and emit one plan for it.
 Methods that only reshape plans (FastVAR, skip baselines) ignore `observe`; entropy-driven methods
 (NOVA, ToProVAR) decide later scales from earlier signals. `observe` may read GPU tensors to the
 host: it runs between scale steps, never inside one.
+
+Optional hooks, each with a neutral default, let the harness and `compose` ask a method what only
+it knows instead of testing its type: `check_schedule` (config validation), `scheduled_skips`,
+`residual_reads_after` and `may_fill_after` (when `compose` may free a kept residual cache).
+A method also declares, beside its knobs: `Knobs` (its knob dataclass, varbench.policies.knobs),
+`NEUTRAL` (knobs under which its plans change nothing) and `ACTIVE` (knobs under which it acts on
+the tiny test runtime); the conformance test (tests/policies/test_policies_conformance.py) reads them.
 """
 from __future__ import annotations
 
 import abc
 import copy
-from typing import Any, Optional
+from typing import AbstractSet, Any, ClassVar, Mapping, Optional, Sequence
 
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals
 
@@ -35,6 +42,16 @@ class Policy(abc.ABC):
 
     #: decisions are made per image: at batch > 1 the runtime runs one fork per image (see above)
     per_image_decisions: bool = False
+
+    #: the method's knob dataclass (a `varbench.policies.knobs.MethodKnobs`: each knob's default, type
+    #: and range); None: config validation reads the constructor's signature instead
+    Knobs: ClassVar[Optional[type]] = None
+    #: constructor knobs under which the plans change nothing, so a generation reproduces the baseline
+    #: bit for bit (on the tiny test runtime, '0.06M'). Every registered method declares it.
+    NEUTRAL: ClassVar[Mapping[str, Any]]
+    #: constructor knobs under which the method changes FLOPs or bits on the tiny test runtime
+    #: ('0.06M'); None for a method with no such setting (the baseline). Every registered method declares it.
+    ACTIVE: ClassVar[Optional[Mapping[str, Any]]]
 
     def reset(self, ctx: GenerationContext) -> None:
         self.ctx = ctx
@@ -66,6 +83,27 @@ class Policy(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """The policy's configuration, for the run record."""
         return {"name": self.name}
+
+    # -- optional hooks ------------------------------------------------------------------------------
+    def check_schedule(self, schedule: Sequence[tuple[int, int]], where: str) -> None:
+        """Raise `varbench.core.errors.ConfigError` (naming ``<where>.<knob>``) for a knob value that
+        cannot work on this generation schedule; called by config validation before anything runs.
+        Default: nothing to check."""
+
+    def scheduled_skips(self) -> frozenset:
+        """Scales this generation will not run whatever it observes, fixed at `reset`. Default: none
+        declared."""
+        return frozenset()
+
+    def residual_reads_after(self, si: int) -> Optional[frozenset]:
+        """Exactly the kept scales whose residuals this policy's plans after scale `si` may read; None
+        (the default) when the policy does not say (then `may_fill_after` is asked)."""
+        return None
+
+    def may_fill_after(self, si: int, not_run: AbstractSet[int]) -> bool:
+        """Whether a plan of this policy after scale `si`, at a scale outside `not_run`, may still fill
+        pruned tokens from a kept residual cache. Default True (assume it may)."""
+        return True
 
 
 class NeutralPolicy(Policy):

@@ -6,12 +6,13 @@ when used), and suggests the closest name on a typo.
 """
 from __future__ import annotations
 
-from varbench.core.registry import LazyRegistry
+from varbench.core.registry import EVALUATORS_GROUP, LazyRegistry
 
 from varbench.evaluators.base import EvalResult, Evaluator, Sample  # noqa: F401
 
-#: evaluator name -> "module:Class". Modules import lazily.
-REGISTRY = LazyRegistry("evaluator")
+#: evaluator name -> "module:Class". Modules import lazily. Installed packages add theirs through the
+#: `varbench.evaluators` entry-point group; an evaluator `name: pkg.module:Class` needs no entry at all.
+REGISTRY = LazyRegistry("evaluator", group=EVALUATORS_GROUP)
 
 
 def register(name: str, target: str) -> None:

@@ -3,14 +3,14 @@
 `validate_config(cfg)` raises :class:`ConfigError` naming the setting (``runtime.batch_size``,
 ``method.knobs.q_sub``, ...) for anything the config alone decides: types and ranges of the
 runtime / timing / generation / benchmark fields, the method name (with the registry's closest
-names), each knob against its method's dataclass in :mod:`varbench.policies.knobs` (known name, type,
-range or choices, scale indices against the generation's schedule; a method without one: the
-policy constructor's signature and annotations), the knobs' cross-checks (the constructor runs), and
-FastVAR schedule indices against the generation's schedule.
+names), each knob against its method's knob dataclass (the policy's ``Knobs``, checked by
+:mod:`varbench.policies.knobs`: known name, type, range or choices, scale indices against the
+generation's schedule; a method without one: the policy constructor's signature and annotations),
+the knobs' cross-checks (the constructor runs), and the policy's own check of the generation's
+schedule (``Policy.check_schedule``, e.g. FastVAR's scale indices).
 """
 from __future__ import annotations
 
-import collections.abc as cabc
 import inspect
 import logging
 import typing
@@ -20,6 +20,7 @@ log = logging.getLogger("varbench")
 
 
 from varbench.core.errors import ConfigError
+from varbench.policies.knobs import check_knobs as check_schema_knobs, describe_type, type_matches
 
 
 def _is_int(v: Any) -> bool:
@@ -175,45 +176,6 @@ def _check_shard(spec: Any) -> None:
 
 
 # -- knobs against the constructor's annotations ---------------------------------------------------
-def _matches(value: Any, tp: Any) -> bool:
-    """Whether a YAML value fits annotation `tp`; lenient where the annotation says little."""
-    if tp is Any or tp is inspect.Parameter.empty:
-        return True
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
-        return any(_matches(value, a) for a in args)
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp is int:
-        return _is_int(value)
-    if tp is float:
-        return _is_num(value)
-    if tp is str:
-        return isinstance(value, (str, int, float)) and not isinstance(value, bool)  # choices: the constructor's
-    if origin in (cabc.Sequence, list, tuple) or tp in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            return False
-        inner = args[0] if args else Any
-        return all(_matches(v, inner) for v in value)
-    if origin in (cabc.Mapping, dict) or tp is dict:
-        if not isinstance(value, Mapping):
-            return False
-        if len(args) == 2:
-            kt, vt = args
-            key_ok = (lambda k: _is_int(k) or (isinstance(k, str) and k.lstrip("-").isdigit())) if kt is int else (
-                lambda k: _matches(k, kt))
-            return all(key_ok(k) and _matches(v, vt) for k, v in value.items())
-        return True
-    return True
-
-
-def _describe(tp: Any) -> str:
-    s = str(tp).replace("typing.", "").replace("collections.abc.", "")
-    return s.replace("<class '", "").replace("'>", "").replace("NoneType", "None")
-
-
 def check_knobs(name: str, cls: type, knobs: Mapping[str, Any]) -> None:
     """Each knob is a parameter of `cls.__init__` and fits its annotation (methods without a dataclass
     in varbench.policies.knobs)."""
@@ -233,30 +195,8 @@ def check_knobs(name: str, cls: type, knobs: Mapping[str, Any]) -> None:
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"method.knobs.{key}: {name} has no knob {key!r}.{hint} Knobs: {', '.join(params)}")
         tp = hints.get(key, params[key].annotation)
-        if not _matches(value, tp):
-            raise ConfigError(f"method.knobs.{key}={value!r} does not fit {name}'s {key}: {_describe(tp)}")
-
-
-def _check_fastvar_schedule(policy: Any, sched: list[tuple[int, int]], where: str) -> None:
-    n = len(sched)
-    if getattr(policy, "addressing", None) == "index":
-        keys = [("prune", k) for k in policy.prune_spec] + [("skip", s) for s in policy.skip_spec]
-        if policy.cache_spec is not None:
-            keys.append(("cache_scale", policy.cache_spec))
-        for knob, k in keys:
-            try:
-                k = int(k)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{where}.{knob}: scale index {k!r} is not an integer") from None
-            if not -n <= k < n:
-                raise ConfigError(f"{where}.{knob}: scale index {k} is outside the {n}-scale schedule "
-                                  f"(valid: {-n}..{n - 1}, negative from the end); it would be silently ignored")
-    else:
-        widths = {w for _, w in sched}
-        absent = sorted({int(k) for k in [*policy.prune_spec, *policy.skip_spec] if int(k) not in widths})
-        if absent and len(absent) < len(policy.prune_spec) + len(policy.skip_spec):
-            log.warning("%s: widths %s are not on this %d-scale schedule (widths %s); the released rule ignores them",
-                        where, absent, n, sorted(widths))
+        if not type_matches(value, tp):
+            raise ConfigError(f"method.knobs.{key}={value!r} does not fit {name}'s {key}: {describe_type(tp)}")
 
 
 def validate_config(cfg: Any):
@@ -300,9 +240,7 @@ def validate_config(cfg: Any):
     knobs = OmegaConf.to_container(knobs, resolve=True) if knobs is not None else {}
     if not isinstance(knobs, dict):
         raise ConfigError(f"method.knobs must be a mapping, got {knobs!r}")
-    from varbench.policies.knobs import SCHEMAS, check_knobs as check_schema_knobs
-
-    if name in SCHEMAS:
+    if getattr(cls, "Knobs", None) is not None:
         check_schema_knobs(name, knobs, len(sched) if sched is not None else None)
     else:
         check_knobs(name, cls, knobs)
@@ -311,8 +249,5 @@ def validate_config(cfg: Any):
     except (ValueError, TypeError, KeyError) as e:
         msg = e.args[0] if e.args else str(e)
         raise ConfigError(f"method={name} knobs: {msg}") from e
-    members = getattr(policy, "members", None) or [policy]
-    for i, p in enumerate(members):
-        if type(p).__name__ == "FastVAR":
-            _check_fastvar_schedule(p, sched, "method.knobs" if p is policy else f"method.knobs.policies[{i}].knobs")
+    policy.check_schedule(sched, "method.knobs")
     return policy

@@ -75,7 +75,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from varbench.core.errors import FixableError
 from varbench.core.filehash import sha256_file
-from varbench.core.registry import LazyRegistry
+from varbench.core.registry import PROMPT_LOADERS_GROUP, LazyRegistry
 from varbench.core.jsonio import atomic_write_bytes
 
 
@@ -421,8 +421,9 @@ def _urls(cfg: Any) -> tuple[str, ...] | None:
 
 #: Built-in loaders return (items, PromptSet keyword arguments). Registered loaders (below)
 #: return a PromptSet; both get ``limit``/``limit_per_tag``/``samples_per_prompt`` applied here.
-#: A `varbench.core.registry.LazyRegistry`: ``"module:function"`` entries are imported on first use.
-LOADERS = LazyRegistry("benchmark loader", {
+#: A `varbench.core.registry.LazyRegistry`: ``"module:function"`` entries are imported on first use;
+#: installed packages add loaders through the `varbench.prompt_loaders` entry-point group.
+LOADERS = LazyRegistry("benchmark loader", group=PROMPT_LOADERS_GROUP, entries={
     "geneval": _load_geneval,
     "hpsv2": _load_hpsv2,
     "imagereward": _load_imagereward,

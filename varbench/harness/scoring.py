@@ -47,6 +47,7 @@ def preflight(evaluators_cfg: Any, metadata: list[dict], device: str) -> None:
     from varbench.evaluators import build_evaluator
     from varbench.evaluators.weights import WrongWeightsError
     from varbench.core.errors import ConfigError
+    from varbench.core.registry import UnknownName
 
     for name, ecfg in (evaluators_cfg or {}).items():
         cls_name, kwargs = evaluator_kwargs(ecfg, device)
@@ -54,6 +55,8 @@ def preflight(evaluators_cfg: Any, metadata: list[dict], device: str) -> None:
             build_evaluator(cls_name, **kwargs).preflight(metadata)
         except WrongWeightsError:
             raise
+        except UnknownName as e:           # a typo'd evaluator name: the closest names, as a config error
+            raise ConfigError(f"evaluator.{name}.name: {e}") from None
         except (ValueError, TypeError) as e:
             raise ConfigError(f"evaluator {name}: {e}") from None
 

@@ -1,11 +1,12 @@
 """Policy registry: `build_policy(name, **knobs)`; a typo gets the closest names suggested."""
 from __future__ import annotations
 
-from varbench.core.registry import LazyRegistry
+from varbench.core.registry import METHODS_GROUP, LazyRegistry
 from varbench.engine.policy import Policy  # noqa: F401
 
-#: method name -> "module:Class" (imported lazily)
-REGISTRY = LazyRegistry("method", {
+#: method name -> "module:Class" (imported lazily); installed packages add theirs through the
+#: `varbench.methods` entry-point group, and `method.name: pkg.module:Class` needs no entry at all
+REGISTRY = LazyRegistry("method", group=METHODS_GROUP, entries={
     "baseline": "varbench.policies.baseline:Baseline",
     "fastvar": "varbench.policies.fastvar:FastVAR",
     "nova": "varbench.policies.nova:NOVA",

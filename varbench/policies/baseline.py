@@ -5,8 +5,21 @@ speed-up is measured against the same per-scale overhead.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from varbench.engine.policy import NeutralPolicy
+from varbench.policies.knobs import MethodKnobs
+
+
+@dataclass(frozen=True)
+class BaselineKnobs(MethodKnobs, method="baseline"):
+    """The released Infinity behaviour: every scale, every block, every token. No knobs."""
 
 
 class Baseline(NeutralPolicy):
     name = "baseline"
+    Knobs = BaselineKnobs
+    #: no knobs: it is the baseline
+    NEUTRAL = {}
+    #: none: the baseline is the reference the other methods are measured against
+    ACTIVE = None

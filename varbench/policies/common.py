@@ -14,7 +14,7 @@ from typing import Iterable, Mapping, Optional
 
 import torch
 
-from varbench.engine.plan import GenerationContext, ScalePlan
+from varbench.engine.plan import GenerationContext
 
 
 def resolve_scale(index: int, n_scales: int, *, what: str = "scale") -> Optional[int]:
@@ -111,8 +111,3 @@ def reduce_batch(values: Iterable[float], how: str) -> float:
     if how == "mean":
         return sum(v) / len(v)
     raise ValueError(f"batch reduction must be earliest, median, latest or mean; got {how!r}")
-
-
-def check_choice(name: str, value, choices) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")

@@ -12,22 +12,17 @@ Typical use: NOVA's schedule on top of FastVAR's cache (the NOVA summary hints N
          both prune a block), cache "first" (NOVA's pruned slots are filled from FastVAR's cached
          scale wherever that scale precedes them; earlier scales keep NOVA's own cache).
 
-Knobs:
-  policies  list of {name: <registry name>, knobs: {...}} (or Policy objects), at least two.
-  conflict  error (default: two members pruning the same block at the same scale is refused) |
-            first | last (that member's BlockPlan wins).
-  cache     own (each member's cache_from stands) | first (cache fills of later members are
-            redirected to the first member's `cache_scale`, e.g. FastVAR's 24² scale).
+Knobs: `ComposeKnobs` below.
 
 Refused pairs (a clear error at construction): see INCOMPATIBLE.
 
 Residual caches are freed as soon as no member's later plan can read them (`release_residuals`):
 a kept scale stays alive only while some member still needs it after the current scale:
-  - a member with `residual_reads_after(si)` (FastVAR: its cache scale until its last pruned scale)
-    needs exactly what it names;
+  - a member whose `residual_reads_after(si)` names scales (FastVAR: its cache scale until its last
+    pruned scale) needs exactly those;
   - any other member needs the scales it kept and has not released yet (NOVA prev_scale: the
-    previous scale), and nothing once it can no longer prune a later scale that runs (NOVA:
-    `_could_prune`, over scales no member skips by schedule);
+    previous scale), and nothing once `may_fill_after(si, not_run)` says it can no longer fill a
+    later scale that runs (`not_run`: every member's `scheduled_skips`);
   - with cache=first, from the shared cache scale on every later fill of members 2.. is redirected
     to the shared cache: such a member needs the shared cache (while it may still prune), never its
     own kept scales.
@@ -37,10 +32,13 @@ this rule; no registered method emits them.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from varbench.core.errors import ConfigError
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
 from varbench.engine.policy import Policy
+from varbench.policies.knobs import MethodKnobs, check_knobs, knob
 
 #: unordered pairs of registry names that must not be composed, with the reason shown to the user
 INCOMPATIBLE: dict[frozenset, str] = {
@@ -54,20 +52,57 @@ INCOMPATIBLE: dict[frozenset, str] = {
 }
 
 
+@dataclass(frozen=True)
+class ComposeKnobs(MethodKnobs, method="compose"):
+    """compose's knobs; each member's knobs are checked against its own method's dataclass.
+
+    policies   [{name: <registry name>, knobs: {...}}, ...] (from Python also Policy objects), at
+               least two.
+    conflict   error (two members pruning the same block at the same scale is refused) | first |
+               last: whose BlockPlan wins when two members prune the same block.
+    cache      own (each member's cache_from stands) | first (cache fills of later members are
+               redirected to the first member's `cache_scale`, e.g. FastVAR's 24² scale).
+    """
+    policies: Sequence[Mapping[str, Any]] = knob(())
+    conflict: str = knob("error", choices=("error", "first", "last"))
+    cache: str = knob("own", choices=("own", "first"))
+
+    @classmethod
+    def check_config(cls, knobs: Mapping[str, Any], n_scales: Optional[int], where: str) -> None:
+        """Each member is {name, knobs} and its knobs fit its own method."""
+        for i, spec in enumerate(knobs.get("policies") or ()):
+            at = f"{where}.policies[{i}]"
+            if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+                raise ConfigError(f"{at} must be {{name: <method>, knobs: {{...}}}}, got {spec!r}")
+            unknown = set(spec) - {"name", "knobs"}
+            if unknown:
+                raise ConfigError(f"{at}: unknown key(s) {sorted(unknown)}; a member is {{name, knobs}}")
+            sub = spec.get("knobs") or {}
+            if not isinstance(sub, Mapping):
+                raise ConfigError(f"{at}.knobs must be a mapping, got {sub!r}")
+            check_knobs(spec["name"], sub, n_scales, f"{at}.knobs")
+
+
 class Compose(Policy):
     name = "compose"
+    Knobs = ComposeKnobs
+    #: the members' own neutral settings (FastVAR.NEUTRAL, NOVA.NEUTRAL)
+    NEUTRAL = {"policies": [{"name": "fastvar", "knobs": {"prune": {}, "skip": []}},
+                            {"name": "nova", "knobs": {"r_max": 0.0}}]}
+    #: NOVA's plan over FastVAR's cache (the members' ACTIVE settings), on the tiny runtime
+    ACTIVE = {"policies": [{"name": "fastvar"},
+                           {"name": "nova", "knobs": {"t_min_tokens": 16, "min_tokens_to_prune": 16, "t_force": -3}}],
+              "conflict": "last", "cache": "first"}
 
     @property
     def adaptive(self) -> bool:   # adaptive when any member is
         return any(getattr(m, "adaptive", False) for m in self.members)
 
-    def __init__(self, policies: Sequence[Union[Mapping[str, Any], Policy]], conflict: str = "error", cache: str = "own"):
+    def __init__(self, policies: Sequence[Union[Mapping[str, Any], Policy]], **knobs: Any):
         from varbench.policies import build_policy
 
-        if conflict not in ("error", "first", "last"):
-            raise ValueError(f"compose.conflict must be error, first or last; got {conflict!r}")
-        if cache not in ("own", "first"):
-            raise ValueError(f"compose.cache must be own or first; got {cache!r}")
+        kn = ComposeKnobs(**knobs)   # conflict, cache (the members are checked as they are built)
+        conflict, cache = kn.conflict, kn.cache
         members = []
         for p in policies:
             if isinstance(p, Policy):
@@ -123,43 +158,22 @@ class Compose(Policy):
             bp = dataclasses.replace(bp, cache_from=self.shared_cache)
         return bp
 
-    def _static_skips(self) -> set[int]:
-        """Scales some member never runs, fixed at reset (FastVAR's and NOVA's `skipped`)."""
-        from varbench.policies.fastvar import FastVAR
-        from varbench.policies.nova import NOVA
-
-        out: set[int] = set()
-        for m in self.members:
-            if isinstance(m, (FastVAR, NOVA)):
-                out |= set(m.skipped)
-        return out
-
-    def _may_fill_after(self, m: Policy, si: int) -> bool:
-        """Whether member m may still emit a cache fill at a scale after si that runs."""
-        from varbench.policies.nova import NOVA
-
-        if isinstance(m, NOVA):
-            if not m.enabled or m.fill != "cache":
-                return False
-            skips = self._static_skips()
-            return any(m._could_prune(s) for s in range(si + 1, len(self.ctx.schedule)) if s not in skips)
-        return True  # unknown member: assume it may
-
     def _needed_after(self, si: int) -> set[int]:
         """Kept scales some member's plan after scale si may still read (see the module docstring)."""
         need: set[int] = set()
         redirected = self.shared_cache is not None and si >= self.shared_cache
+        not_run = frozenset().union(*(m.scheduled_skips() for m in self.members))
         for i, (m, held) in enumerate(zip(self.members, self._held)):
-            reads = getattr(m, "residual_reads_after", None)
+            reads = m.residual_reads_after(si)
             if redirected and i > 0:
-                if callable(reads) and not reads(si):
+                if reads is not None and not reads:
                     continue
-                if not callable(reads) and not self._may_fill_after(m, si):
+                if reads is None and not m.may_fill_after(si, not_run):
                     continue
                 need.add(self.shared_cache)
-            elif callable(reads):
-                need |= set(reads(si))
-            elif self._may_fill_after(m, si):
+            elif reads is not None:
+                need |= set(reads)
+            elif m.may_fill_after(si, not_run):
                 need |= held
         return need
 
@@ -199,6 +213,11 @@ class Compose(Policy):
     def observe(self, si: int, signals: ScaleSignals) -> None:
         for m in self.members:
             m.observe(si, signals)
+
+    def check_schedule(self, schedule: Sequence[tuple[int, int]], where: str) -> None:
+        """Each member's own check, named by its place (``<where>.policies[i].knobs``)."""
+        for i, m in enumerate(self.members):
+            m.check_schedule(schedule, f"{where}.policies[{i}].knobs")
 
     def stats(self) -> dict[str, Any]:
         return {f"{i}:{m.name}": m.stats() for i, m in enumerate(self.members)}

@@ -61,33 +61,23 @@ never ran 8B; its literal rule would prune 3..27 of 40: `block_range: [3, 28]`, 
 Both: any batch size (the release is batch 1); CFG halves choose independently (as released) or
 share the cond choice; the residual cache is per generation (the release never resets it).
 
-Knobs (which way they trade speed against quality):
-  addressing     "width" (released rule) | "index" (generalised). Decides how prune/skip/cache_scale
-                 are read.
-  prune          {scale: ratio}: widths (width) or schedule indices (index). Higher ratio -> fewer
-                 tokens -> faster, lower quality. 1.0 skips the scale (FastVAR's "100% pruning";
-                 ours in width mode, where the release has no such entry); 0 leaves it alone.
-  skip           scales not run at all: widths or indices (fastest lever; loses that scale's detail).
-  cache_scale    width: the edge C of the C x C scale whose residuals fill pruned slots (released 24);
-                 index: the unpruned scale's index (None: the scale just before the first pruned
-                 one). Closer to the pruned scales -> better fill, same cost.
-  block_range    [first, stop): absolute pruned blocks (released [3, 28]); overrides the fractions.
-  first_block_frac / last_block_frac  pruned blocks [round(depth*first), round(depth*last)) when
-                 block_range is None. A wider range -> faster, riskier.
-  cfg_selection  "per_row" (released) or "cond" (one mask per prompt). Speed-neutral.
-  prune_kv       drop pruned tokens from the scale's K/V (released; cheaper attention) or keep
-                 them as keys (queries-only pruning; slower, closer to the baseline).
-  fill           "cache" (released) or "pass" (no restoration: an ablation; same speed, worse).
-  sublayers      which sublayers are pruned (released: all three).
+Knobs: `FastVARKnobs` below (each knob's default, type, range, and which way it trades speed
+against quality).
 """
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from varbench.core.errors import ConfigError
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.policies.common import block_range as depth_block_range, check_choice, n_keep_from_ratio, resolve_scale, resolve_scale_map
+from varbench.policies.common import block_range as depth_block_range, n_keep_from_ratio, resolve_scale, resolve_scale_map
+from varbench.policies.knobs import MethodKnobs, knob
 from varbench.policies.selectors import PivotalSelector
+
+log = logging.getLogger("varbench")
 
 # The released rule (csguoh/FastVAR @ 34cdd651, Infinity/infinity/models/...)
 RELEASED_PRUNE_WIDTHS = {32: 0.4, 40: 0.5}   # fastvar_utils.py:41-47 (keyed on the token-map width)
@@ -100,8 +90,6 @@ GENERALISED_SKIP = (-2, -1)
 GENERALISED_CACHE = -5
 # old names, kept for importers
 RELEASED_PRUNE, RELEASED_SKIP, RELEASED_CACHE = GENERALISED_PRUNE, GENERALISED_SKIP, GENERALISED_CACHE
-
-_DEFAULT = object()
 
 
 def describe_schedule(schedule: Sequence[tuple[int, int]]) -> str:
@@ -117,45 +105,76 @@ def describe_schedule(schedule: Sequence[tuple[int, int]]) -> str:
     return f"a {len(sched)}-scale schedule ending at {h}x{w} (h/w {h / w:.3f})"
 
 
+@dataclass(frozen=True)
+class FastVARKnobs(MethodKnobs, method="fastvar"):
+    """FastVAR's knobs (where each rule comes from: the card above), and which way each trades speed
+    against quality:
+
+    addressing     index (ours, generalised: keys are schedule indices, negative from the end; the
+                   default) | width (the released rule: keys are token-map widths; preset `fastvar`).
+                   Decides how prune, skip and cache_scale are read.
+    prune          {scale: ratio}: widths (width) or schedule indices (index); kept = L - int(L*ratio).
+                   Higher ratio -> fewer tokens -> faster, lower quality; 1.0 skips the scale (FastVAR's
+                   "100% pruning"; ours in width mode, where the release has no such entry); 0 leaves it
+                   alone. null = the addressing's default (index {-4: 0.4, -3: 0.5}, width {32: 0.4,
+                   40: 0.5}); every preset states it (a map merges key by key in Hydra).
+    skip           scales not run at all, widths or indices: the dominant saving (loses that scale's
+                   detail); fewer -> slower, sharper. null = the addressing's default (index [-2, -1],
+                   width [48, 64]).
+    cache_scale    index: the unpruned scale whose residuals fill pruned slots (null: the scale just
+                   before the first pruned one); width: the edge C of the C x C cache scale (released 24,
+                   the default when a width-addressed policy is built without it). Closer to the pruned
+                   scales -> better fill, same cost.
+    block_range    [first, stop): absolute pruned blocks (released [3, 28], the width rule's default);
+                   overrides the fractions. null: the fractions below. Wider -> faster, riskier.
+    first_block_frac / last_block_frac  pruned blocks [round(depth*first), round(depth*last)) when
+                   block_range is null (3/32, 28/32: 3..27 on the 2B, 4..34 on the 8B, an
+                   extrapolation). Not composed by default: only the index-addressed presets state them.
+    cfg_selection  per_row (released: cond/uncond rows rank separately) | cond (one mask per prompt);
+                   speed-neutral.
+    prune_kv       drop pruned tokens from the scale's K/V (released; cheaper attention) | false: keep
+                   them as keys (queries-only pruning; slower, closer to the baseline).
+    fill           cache (released restoration) | pass (no restoration: an ablation; same speed, worse).
+    sublayers      pruned sublayers (released: all three); fewer -> slower.
+    """
+    addressing: str = knob("index", choices=("index", "width"))
+    prune: Optional[Mapping[int, float]] = knob(None, ge=0.0, le=1.0)
+    skip: Optional[Sequence[int]] = knob(None)
+    cache_scale: Optional[int] = knob(GENERALISED_CACHE)
+    block_range: Optional[Sequence[int]] = knob(None, ge=0)
+    first_block_frac: float = knob(3 / 32, ge=0.0, le=1.0, composed=False)
+    last_block_frac: float = knob(28 / 32, ge=0.0, le=1.0, composed=False)
+    cfg_selection: str = knob("per_row", choices=("per_row", "cond"))
+    prune_kv: bool = knob(True)
+    fill: str = knob("cache", choices=("cache", "pass"))
+    sublayers: Sequence[str] = knob(("sa", "ca", "ffn"), choices=("sa", "ca", "ffn"))
+
+
 class FastVAR(Policy):
     name = "fastvar"
+    Knobs = FastVARKnobs
+    #: nothing pruned, nothing skipped: the baseline's plans
+    NEUTRAL = {"prune": {}, "skip": []}
+    #: the generalised defaults (on the tiny runtime's '0.06M': cache 4², prune 6²/8², skip 12²/16²)
+    ACTIVE = {}
 
-    def __init__(
-        self,
-        prune: Optional[Mapping[int, float]] = None,
-        skip: Optional[Sequence[int]] = None,
-        cache_scale: Any = _DEFAULT,
-        addressing: str = "index",
-        block_range: Optional[Sequence[int]] = None,
-        first_block_frac: float = 3 / 32,
-        last_block_frac: float = 28 / 32,
-        cfg_selection: str = "per_row",
-        prune_kv: bool = True,
-        fill: str = "cache",
-        sublayers: Sequence[str] = ("sa", "ca", "ffn"),
-    ):
-        check_choice("addressing", addressing, ("width", "index"))
-        self.addressing = addressing
-        released = addressing == "width"
-        self.prune_spec = dict((RELEASED_PRUNE_WIDTHS if released else GENERALISED_PRUNE) if prune is None else prune)
-        self.skip_spec = [int(s) for s in ((RELEASED_SKIP_WIDTHS if released else GENERALISED_SKIP) if skip is None else skip)]
-        if cache_scale is _DEFAULT:
-            cache_scale = RELEASED_CACHE_EDGE if released else GENERALISED_CACHE
-        self.cache_spec = cache_scale
-        if block_range is None and released:
-            block_range = RELEASED_BLOCKS
+    def __init__(self, **knobs: Any):
+        if knobs.get("addressing") == "width" and "cache_scale" not in knobs:
+            knobs["cache_scale"] = RELEASED_CACHE_EDGE   # the width rule's cache: the 24x24 scale
+        kn = FastVARKnobs(**knobs)   # types, ranges and choices (ConfigError naming the knob)
+        self.addressing = kn.addressing
+        released = kn.addressing == "width"
+        self.prune_spec = dict((RELEASED_PRUNE_WIDTHS if released else GENERALISED_PRUNE) if kn.prune is None else kn.prune)
+        self.skip_spec = [int(s) for s in ((RELEASED_SKIP_WIDTHS if released else GENERALISED_SKIP) if kn.skip is None else kn.skip)]
+        self.cache_spec = kn.cache_scale
+        block_range = RELEASED_BLOCKS if kn.block_range is None and released else kn.block_range
         self.block_range_spec = None if block_range is None else tuple(int(b) for b in block_range)
         if self.block_range_spec is not None and (len(self.block_range_spec) != 2
                                                   or not 0 <= self.block_range_spec[0] <= self.block_range_spec[1]):
             raise ValueError(f"fastvar: block_range must be [first, stop) with 0 <= first <= stop, got {block_range!r}")
-        self.first_block_frac, self.last_block_frac = float(first_block_frac), float(last_block_frac)
-        check_choice("cfg_selection", cfg_selection, ("per_row", "cond"))
-        check_choice("fill", fill, ("cache", "pass"))
-        self.cfg_selection, self.prune_kv, self.fill = cfg_selection, bool(prune_kv), fill
-        self.sublayers = tuple(sublayers)
-        for r in self.prune_spec.values():
-            if not 0.0 <= float(r) <= 1.0:
-                raise ValueError(f"fastvar: prune ratios must be in [0, 1] (1.0 = skip the scale), got {r}")
+        self.first_block_frac, self.last_block_frac = float(kn.first_block_frac), float(kn.last_block_frac)
+        self.cfg_selection, self.prune_kv, self.fill = kn.cfg_selection, bool(kn.prune_kv), kn.fill
+        self.sublayers = tuple(kn.sublayers)
         if released:
             keys = [*self.prune_spec, *self.skip_spec] + ([] if self.cache_spec is None else [self.cache_spec])
             bad = [k for k in keys if not (isinstance(k, int) or str(k).isdigit()) or int(k) <= 0]
@@ -165,6 +184,30 @@ class FastVAR(Policy):
                                  "from the end) set addressing: index (preset fastvar_generalised).")
             self.prune_spec = {int(k): float(v) for k, v in self.prune_spec.items()}
         depth_block_range(32, self.first_block_frac, self.last_block_frac)  # validate early
+
+    def check_schedule(self, schedule: Sequence[tuple[int, int]], where: str) -> None:
+        """Index addressing: every prune/skip/cache_scale index must lie on the schedule (else it would
+        be silently ignored): ConfigError. Width addressing: widths absent from the schedule are
+        what the released rule ignores; a warning names them when only some are absent."""
+        n = len(schedule)
+        if self.addressing == "index":
+            keys = [("prune", k) for k in self.prune_spec] + [("skip", s) for s in self.skip_spec]
+            if self.cache_spec is not None:
+                keys.append(("cache_scale", self.cache_spec))
+            for name, k in keys:
+                try:
+                    k = int(k)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{where}.{name}: scale index {k!r} is not an integer") from None
+                if not -n <= k < n:
+                    raise ConfigError(f"{where}.{name}: scale index {k} is outside the {n}-scale schedule "
+                                      f"(valid: {-n}..{n - 1}, negative from the end); it would be silently ignored")
+        else:
+            widths = {w for _, w in schedule}
+            absent = sorted({int(k) for k in [*self.prune_spec, *self.skip_spec] if int(k) not in widths})
+            if absent and len(absent) < len(self.prune_spec) + len(self.skip_spec):
+                log.warning("%s: widths %s are not on this %d-scale schedule (widths %s); the released rule ignores them",
+                            where, absent, n, sorted(widths))
 
     # -- per generation ---------------------------------------------------------------------
     def _blocks(self, depth: int) -> range:
@@ -271,6 +314,10 @@ class FastVAR(Policy):
         if self.cache_scale is None or not any(s > si for s in self.n_keep):
             return frozenset()
         return frozenset({self.cache_scale})
+
+    def scheduled_skips(self) -> frozenset:
+        """The scales this generation never runs (`skip`, and ratio-1.0 scales), fixed at reset."""
+        return frozenset(self.skipped)
 
     def stats(self) -> dict[str, Any]:
         ctx = self.ctx

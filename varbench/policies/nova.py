@@ -74,64 +74,21 @@ its own activation and `batch_activation` reduces them (earliest: fastest; lates
 mean_curve: detect once on the batch-mean entropy curve); ratios use batch-mean entropies; the kept
 *tokens* are still chosen per image (each prompt's own entropy map; its uncond row reuses the choice).
 
-Knobs (speed <-> quality):
-  entropy_logits  guided | cond: which distribution's entropy (neutral on speed).
-  entropy_temp    tau | 1: entropy of the tempered or untempered logits.
-  entropy_norm    per_bit_mean | per_token_sum (scale of H; matters to beta_baseline and lam).
-  inflection_rule ma_below_baseline (delta_t < beta_baseline * b) | second_diff (g_t - g_{t-1} < 0).
-  ma_window       causal2 (g_{t-1}, g_t) | lookahead2 (the blog's (g_t + g_{t+1})/2; known one
-                  scale later, so pruning starts one scale later: slower, safer).
-  baseline_scales growth indices averaged into the baseline b (default the first four, g_1..g_4).
-  beta_baseline   higher -> activation earlier -> faster.
-  t_min_tokens    never activate before the first scale with this many tokens.
-  t_force         latest activation scale (index, negative from the end; None: never forced).
-                  Earlier -> faster.
-  ratio_form      monotone (r grows with t, shrinks with growth: the blog's prose) |
-                  blog_literal (sigmoid(rho*(t*+1)/t - lam*tanh(g)) as printed).
-  rho, lam, c0    the sigmoid's slope in scale, growth penalty and offset; higher rho / c0 and
-                  lower lam -> more pruning -> faster. Defaults 1.0 / 0.5 / -0.5 (RECON), chosen so
-                  that in the scenario of experiments/flops_table.py NOVA's FLOPs ratio lands near
-                  FastVAR's (both generated into results/curated/flops_analytic.md; NOVA reports
-                  2.89x latency, FastVAR 2.6-2.7x).
-  r_min, r_max    clip of every ratio (r_max = 0 makes the policy neutral).
-  ratio_is_keep   read the sigmoid as a keep fraction instead (flips the direction).
-  layer_entropy   attn_subsample (exact attention entropy of q_sub queries per block) | none.
-                  (logit_lens would need per-layer hidden states the runtime does not expose.)
-  q_sub           queries sampled for layer entropy (cost O(q_sub * keys) per block; None = all).
-  q_sub_sampling  even (RECON default: evenly spaced queries) | random (the notes' reading: a fixed
-                  pseudo-random subset per scale). Speed-neutral; changes which queries E_{t,l} sees.
-  mu              strength of layer linkage (0 = every layer gets the scale ratio).
-  layer_entropy_lag must be 1 (see above).
-  token_score     prev_scale_pred_entropy (default) | per_layer_attn (each layer ranks by its own
-                  per-query attention entropy at the previous scale; needs every query: slower).
-  upsample        area | nearest | bilinear resize of the previous scale's map.
-  cache_source    prev_scale | activation_scale | fixed (cache_scale; e.g. -5 = FastVAR's 24²).
-                  Closer caches fill better; memory: residuals are kept for every candidate scale.
-  cache_scale     index used by cache_source=fixed.
-  fill            cache (NOVA) | pass (ablation: pruned tokens unchanged).
-  prune_kv        drop pruned tokens from the scale's K/V (RECON default True, as FastVAR: faster)
-                  or keep them as keys (queries-only pruning: slower, closer to the baseline).
-  protect_first, protect_last  blocks never pruned at either end (RECON default 0: NOVA states none);
-                  counts or fractions of depth. More protection -> slower, safer.
-  sublayers       which sublayers a pruned block prunes (RECON default all three, as FastVAR);
-                  fewer -> slower, closer to the baseline.
-  min_tokens_to_prune          scales smaller than this never prune (saves nothing there).
-  skip_last_scales             FastVAR-style full skipping of the last scales (RECON default 0:
-                  NOVA states none). More -> much faster, loses the finest detail.
-  batch_rule                   per_image | shared (see Batch).
-  batch_activation             earliest | median | latest | mean_curve (batch_rule=shared; see Batch).
-  keep_multiple   round kept counts up to a multiple (8/64 help kernels; 1 = exact).
+Knobs: `NOVAKnobs` below (each knob's default, type, range, and which way it trades speed against
+quality).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import AbstractSet, Any, Optional, Sequence
 
 import torch
 
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
 from varbench.engine.policy import Policy
-from varbench.policies.common import check_choice, cond_rows, expand_to_rows, n_keep_from_ratio, protected_blocks, resolve_scale
+from varbench.policies.common import cond_rows, expand_to_rows, n_keep_from_ratio, protected_blocks, resolve_scale
+from varbench.policies.knobs import MethodKnobs, knob
 from varbench.policies.selectors import binary_entropy_from_logits, complete_map, topk_indices, upsample_map
 
 
@@ -139,89 +96,135 @@ def _sigmoid(x: float) -> float:
     return 1.0 / (1.0 + math.exp(-x))
 
 
+@dataclass(frozen=True)
+class NOVAKnobs(MethodKnobs, method="nova"):
+    """NOVA's knobs. Every default is RECON (reconstructed) unless the card above says otherwise; which
+    way each knob trades speed against quality:
+
+    entropy_logits  guided | cond: entropy of the sampled (guided) or the conditional distribution
+                    (neutral on speed).
+    entropy_temp    tau | "1": entropy of the tempered or untempered logits.
+    entropy_norm    per_bit_mean | per_token_sum (the scale of H; matters to beta_baseline and lam).
+    inflection_rule ma_below_baseline (delta_t < beta_baseline * b) | second_diff (g_t - g_{t-1} < 0:
+                    growth peaks).
+    ma_window       causal2 (g_{t-1}, g_t) | lookahead2 (the blog's (g_t + g_{t+1})/2; known one
+                    scale later, so pruning starts one scale later: slower, safer).
+    baseline_scales growth indices averaged into the baseline b (default the first four, g_1..g_4).
+    beta_baseline   higher -> activation earlier -> faster.
+    t_min_tokens    never activate before the first scale with this many tokens (256 = 16²).
+    t_force         latest activation scale (index, negative from the end; -4 = 32² on '1M'; null:
+                    never forced). Earlier -> faster.
+    ratio_form      monotone (r grows with t, shrinks with growth: the blog's prose) |
+                    blog_literal (sigmoid(rho*(t*+1)/t - lam*tanh(g)) as printed).
+    rho, lam, c0    the sigmoid's slope in scale, growth penalty (lambda) and offset; higher rho / c0
+                    and lower lam -> more pruning -> faster. Defaults 1.0 / 0.5 / -0.5 (RECON), chosen
+                    so that in the scenario of experiments/flops_table.py NOVA's FLOPs ratio lands near
+                    FastVAR's (both generated into results/curated/flops_analytic.md; NOVA reports
+                    2.89x latency, FastVAR 2.6-2.7x).
+    r_min, r_max    floor / cap of every ratio (r_max = 0 makes the policy neutral).
+    ratio_is_keep   read the sigmoid as a keep fraction instead (flips the direction).
+    layer_entropy   attn_subsample (exact attention entropy of q_sub queries per block: layer linkage
+                    on) | none. (logit_lens would need per-layer hidden states the runtime does not
+                    expose.)
+    q_sub           queries sampled for layer entropy (cost O(q_sub * keys) per block; null = all).
+    q_sub_sampling  RECON: even (evenly spaced queries, the default) | random (the reference notes'
+                    reading: a fixed pseudo-random subset per scale). Speed-neutral; changes which
+                    queries E_{t,l} sees. Not composed by default, so existing NOVA store entries keep
+                    their hash.
+    mu              strength of layer linkage (0 = every layer gets the scale ratio).
+    layer_entropy_lag  must be 1 (the previous scale): plans are fixed before a scale runs.
+    token_score     prev_scale_pred_entropy (default) | per_layer_attn (each layer ranks by its own
+                    per-query attention entropy at the previous scale; needs every query: slower).
+    upsample        area | nearest | bilinear resize of the previous scale's map.
+    cache_source    prev_scale | activation_scale | fixed (cache_scale; fixed_24 = fixed). Closer caches
+                    fill better; memory: residuals are kept for every candidate scale.
+    cache_scale     index used by cache_source=fixed (-5 = 24² on '1M', FastVAR's).
+    fill            cache (NOVA) | pass (ablation: pruned tokens unchanged).
+    -- unstated by every NOVA source; these defaults are RECONSTRUCTIONS:
+    prune_kv        RECON: drop pruned tokens from the scale's K/V, as FastVAR (faster) | false: keep
+                    them as keys (queries-only pruning: slower, closer to the baseline).
+    protect_first, protect_last  RECON: blocks never pruned at either end (0: NOVA states none);
+                    a count or a fraction of depth. More protection -> slower, safer.
+    sublayers       RECON: sublayers a pruned block prunes (all three, as FastVAR); fewer -> slower,
+                    closer to the baseline. Not composed by default, so existing NOVA store entries
+                    keep their hash.
+    skip_last_scales  RECON: FastVAR-style full skipping of the last scales (0: guessed from NOVA's
+                    latency). More -> much faster, loses the finest detail.
+    -- end of the unstated choices
+    min_tokens_to_prune  scales smaller than this never prune (saves nothing there).
+    batch_rule      per_image (each image decides alone, as at batch 1; the runtime splits a batch
+                    where images disagree) | shared (one plan per batch: faster batches, an image then
+                    depends on its batch companions; see Batch above).
+    batch_activation  batch_rule=shared: earliest (fastest) | median | latest (safest) | mean_curve.
+    keep_multiple   round kept counts up to a multiple (8/64 help kernels; 1 = exact).
+    """
+    entropy_logits: str = knob("guided", choices=("guided", "cond"))
+    entropy_temp: str = knob("tau", choices=("tau", "1"))
+    entropy_norm: str = knob("per_bit_mean", choices=("per_bit_mean", "per_token_sum"))
+    inflection_rule: str = knob("ma_below_baseline", choices=("ma_below_baseline", "second_diff"))
+    ma_window: str = knob("causal2", choices=("causal2", "lookahead2"))
+    baseline_scales: Sequence[int] = knob((1, 2, 3, 4), ge=0)
+    beta_baseline: float = knob(1.0)
+    t_min_tokens: int = knob(256, ge=0)
+    t_force: Optional[int] = knob(-4, scale="index")
+    ratio_form: str = knob("monotone", choices=("monotone", "blog_literal"))
+    rho: float = knob(1.0)
+    lam: float = knob(0.5)
+    c0: float = knob(-0.5)
+    r_min: float = knob(0.0, ge=0.0, le=1.0)
+    r_max: float = knob(0.9, ge=0.0, le=1.0)
+    ratio_is_keep: bool = knob(False)
+    layer_entropy: str = knob("attn_subsample", choices=("attn_subsample", "none"))
+    q_sub: Optional[int] = knob(256, ge=1)
+    q_sub_sampling: str = knob("even", choices=("even", "random"), composed=False)
+    mu: float = knob(0.5)
+    layer_entropy_lag: int = knob(1, choices=(1,))
+    token_score: str = knob("prev_scale_pred_entropy", choices=("prev_scale_pred_entropy", "per_layer_attn"))
+    upsample: str = knob("area", choices=("area", "nearest", "bilinear"))
+    cache_source: str = knob("prev_scale", choices=("prev_scale", "activation_scale", "fixed", "fixed_24"))
+    cache_scale: int = knob(-5, scale="index")
+    fill: str = knob("cache", choices=("cache", "pass"))
+    prune_kv: bool = knob(True)
+    protect_first: float = knob(0, ge=0)
+    protect_last: float = knob(0, ge=0)
+    skip_last_scales: int = knob(0, ge=0, scale="count")
+    min_tokens_to_prune: int = knob(256, ge=0)
+    batch_activation: str = knob("median", choices=("earliest", "median", "latest", "mean_curve"))
+    batch_rule: str = knob("per_image", choices=("per_image", "shared"))
+    keep_multiple: int = knob(1, ge=1)
+    sublayers: Sequence[str] = knob(("sa", "ca", "ffn"), choices=("sa", "ca", "ffn"), composed=False)
+
+
 class NOVA(Policy):
     name = "nova"
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
+    Knobs = NOVAKnobs
+    #: every ratio capped at 0: nothing pruned
+    NEUTRAL = {"r_max": 0.0}
+    #: on the tiny runtime's '0.06M' (7 scales, up to 16x16): token minimums scaled down to 4x4 and the
+    #: activation forced at the third scale from the end
+    ACTIVE = {"t_min_tokens": 16, "min_tokens_to_prune": 16, "t_force": -3}
 
-    def __init__(
-        self,
-        entropy_logits: str = "guided",
-        entropy_temp: str = "tau",
-        entropy_norm: str = "per_bit_mean",
-        inflection_rule: str = "ma_below_baseline",
-        ma_window: str = "causal2",
-        baseline_scales: Sequence[int] = (1, 2, 3, 4),
-        beta_baseline: float = 1.0,
-        t_min_tokens: int = 256,
-        t_force: Optional[int] = -4,
-        ratio_form: str = "monotone",
-        rho: float = 1.0,
-        lam: float = 0.5,
-        c0: float = -0.5,
-        r_min: float = 0.0,
-        r_max: float = 0.9,
-        ratio_is_keep: bool = False,
-        layer_entropy: str = "attn_subsample",
-        q_sub: Optional[int] = 256,
-        q_sub_sampling: str = "even",
-        mu: float = 0.5,
-        layer_entropy_lag: int = 1,
-        token_score: str = "prev_scale_pred_entropy",
-        upsample: str = "area",
-        cache_source: str = "prev_scale",
-        cache_scale: int = -5,
-        fill: str = "cache",
-        prune_kv: bool = True,
-        protect_first: float = 0,
-        protect_last: float = 0,
-        min_tokens_to_prune: int = 256,
-        skip_last_scales: int = 0,
-        batch_activation: str = "median",
-        batch_rule: str = "per_image",
-        keep_multiple: int = 1,
-        sublayers: Sequence[str] = ("sa", "ca", "ffn"),
-    ):
-        check_choice("entropy_logits", entropy_logits, ("guided", "cond"))
-        check_choice("entropy_temp", str(entropy_temp), ("tau", "1"))
-        check_choice("entropy_norm", entropy_norm, ("per_bit_mean", "per_token_sum"))
-        check_choice("inflection_rule", inflection_rule, ("ma_below_baseline", "second_diff"))
-        check_choice("ma_window", ma_window, ("causal2", "lookahead2"))
-        check_choice("ratio_form", ratio_form, ("monotone", "blog_literal"))
-        check_choice("token_score", token_score, ("prev_scale_pred_entropy", "per_layer_attn"))
-        check_choice("upsample", upsample, ("area", "nearest", "bilinear"))
-        if cache_source == "fixed_24":
-            cache_source = "fixed"
-        check_choice("cache_source", cache_source, ("prev_scale", "activation_scale", "fixed"))
-        check_choice("fill", fill, ("cache", "pass"))
-        check_choice("batch_activation", batch_activation, ("earliest", "median", "latest", "mean_curve"))
-        check_choice("batch_rule", batch_rule, ("per_image", "shared"))
-        check_choice("q_sub_sampling", q_sub_sampling, ("even", "random"))
-        if layer_entropy == "logit_lens":
+    def __init__(self, **knobs: Any):
+        # the two refused readings, explained before the generic choice check
+        if knobs.get("layer_entropy") == "logit_lens":
             raise ValueError("nova.layer_entropy=logit_lens needs per-layer hidden states pushed through the head; the "
                              "runtime's ScaleSignals do not carry them. Use attn_subsample or none.")
-        check_choice("layer_entropy", layer_entropy, ("attn_subsample", "none"))
-        if layer_entropy_lag != 1:
+        if knobs.get("layer_entropy_lag", 1) != 1:
             raise ValueError("nova.layer_entropy_lag must be 1: lag 0 (this scale's previous layer) would change a kept "
                              "count after the scale's plan is fixed, which static-shape plans cannot express.")
-        if not 0.0 <= r_min <= r_max <= 1.0:
-            raise ValueError(f"nova: need 0 <= r_min <= r_max <= 1, got r_min={r_min}, r_max={r_max}")
-        for key, v, lo in (("keep_multiple", keep_multiple, 1), ("skip_last_scales", skip_last_scales, 0),
-                           ("t_min_tokens", t_min_tokens, 0), ("min_tokens_to_prune", min_tokens_to_prune, 0),
-                           ("q_sub", 1 if q_sub is None else q_sub, 1)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"nova.{key} must be an integer >= {lo}{' or null' if key == 'q_sub' else ''}, got {v!r}")
-        if keep_multiple < 1 or skip_last_scales < 0:
-            raise ValueError("nova: keep_multiple must be >= 1 and skip_last_scales >= 0")
-        sublayers = tuple(sublayers)
-        if not sublayers or set(sublayers) - {"sa", "ca", "ffn"}:
-            raise ValueError(f"nova.sublayers must be a non-empty subset of (sa, ca, ffn), got {list(sublayers)}")
-        self.k = dict(locals())
-        self.k.pop("self")
-        self.k["cache_source"] = cache_source
-        self.k["entropy_temp"] = str(entropy_temp)
+        kn = NOVAKnobs(**knobs)   # types, ranges and choices (ConfigError naming the knob)
+        if not kn.r_min <= kn.r_max:
+            raise ValueError(f"nova: need 0 <= r_min <= r_max <= 1, got r_min={kn.r_min}, r_max={kn.r_max}")
+        if not kn.sublayers:
+            raise ValueError(f"nova.sublayers must be a non-empty subset of (sa, ca, ffn), got {list(kn.sublayers)}")
+        self.k = kn.as_dict()
+        self.k["cache_source"] = "fixed" if kn.cache_source == "fixed_24" else kn.cache_source
+        self.k["entropy_temp"] = str(kn.entropy_temp)
+        self.k["sublayers"] = tuple(kn.sublayers)
         for key, v in self.k.items():
             setattr(self, key, v)
-        self.baseline_scales = tuple(int(s) for s in baseline_scales)
+        self.baseline_scales = tuple(int(s) for s in kn.baseline_scales)
 
     @property
     def per_image_decisions(self) -> bool:
@@ -260,6 +263,16 @@ class NOVA(Policy):
                 and self.ctx.tokens(si) >= self.min_tokens_to_prune
                 and (self.t_star is None or si > self.t_star)
                 and (self.cache_fixed is None or si > self.cache_fixed))
+
+    def scheduled_skips(self) -> frozenset:
+        """The last `skip_last_scales` scales, never run."""
+        return frozenset(self.skipped)
+
+    def may_fill_after(self, si: int, not_run: AbstractSet[int]) -> bool:
+        """Whether a later scale that runs may still be pruned with a cache fill."""
+        if not self.enabled or self.fill != "cache":
+            return False
+        return any(self._could_prune(s) for s in range(si + 1, self.n) if s not in not_run)
 
     def _will_prune(self, si: int) -> bool:
         return self.t_star is not None and self._could_prune(si) and (self.decided_after is None or si > self.decided_after)

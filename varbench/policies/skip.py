@@ -6,8 +6,7 @@ Changes: runs only the first `run_scales` scales; the image decodes the codes su
          released `trunk_scale` of Infinity's loop). The ablation arm that separates FastVAR's
          dominant saving (skipping 48² and 64²: `run_scales: 11` on a 1M schedule) from its token
          pruning.
-Knobs:   run_scales  scales to run (negative: all but the last |k|; None: all). Fewer -> faster,
-                     less high-frequency detail.
+Knobs:   `SkipLastKnobs` below.
 
 Method card: `skipvar_fixed`
 ----------------------------
@@ -20,29 +19,39 @@ Changes: the two actions SkipVAR's decision model chooses between, as fixed poli
          unconditional K/V stop growing (released uncond1/2/3 = from 12/11/10 on).
 Reconstructed: nothing in the mechanics; the fixed combination (the paper's "hybrid w/o DM") is
          not specified, so the presets pick one and say so.
-Knobs:   skip_last   number of last scales not run (more -> faster, blurrier).
-         uncond_from scale index (negative from the end) from which the unconditional branch is
-                     dropped; None = never. Earlier -> faster (half the rows), weaker guidance
-                     on the late detail scales. Without CFG (cfg=1) it changes nothing.
+Knobs:   `SkipVARFixedKnobs` below.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from varbench.engine.plan import GenerationContext, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.policies.common import resolve_scale
+from varbench.policies.knobs import MethodKnobs, knob
+
+
+@dataclass(frozen=True)
+class SkipLastKnobs(MethodKnobs, method="skip_last"):
+    """skip_last's knob.
+
+    run_scales   scales run (negative: all but the last |k|; null: all). Fewer -> faster, less
+                 high-frequency detail.
+    """
+    run_scales: Optional[int] = knob(None, scale="run")
 
 
 class SkipLast(Policy):
     name = "skip_last"
+    Knobs = SkipLastKnobs
+    #: every scale runs
+    NEUTRAL = {"run_scales": None}
+    #: the last two scales dropped
+    ACTIVE = {"run_scales": -2}
 
-    def __init__(self, run_scales: Optional[int] = None):
-        if run_scales is not None and not isinstance(run_scales, int):
-            raise TypeError(f"skip_last.run_scales must be an int or None, got {run_scales!r}")
-        if run_scales == 0:
-            raise ValueError("skip_last.run_scales=0 would run no scale at all; use >= 1 (or negative: all but the last |k|).")
-        self.run_scales = run_scales
+    def __init__(self, **knobs: Any):
+        self.run_scales = SkipLastKnobs(**knobs).run_scales   # run_scales=0 is refused there
 
     def reset(self, ctx: GenerationContext) -> None:
         super().reset(ctx)
@@ -62,13 +71,30 @@ class SkipLast(Policy):
         return {"name": self.name, "run_scales": self.run_scales}
 
 
+@dataclass(frozen=True)
+class SkipVARFixedKnobs(MethodKnobs, method="skipvar_fixed"):
+    """skipvar_fixed's knobs: SkipVAR's two actions as fixed policies (no decision model).
+
+    skip_last    number of last scales not run; more -> faster, blurrier.
+    uncond_from  scale index (negative from the end) from which the unconditional branch is dropped
+                 (cond-only rows); null = never. Earlier -> faster (half the rows), weaker guidance
+                 on the late detail scales. Without CFG (cfg=1) it changes nothing.
+    """
+    skip_last: int = knob(0, ge=0, scale="count")
+    uncond_from: Optional[int] = knob(None, scale="index")
+
+
 class SkipVARFixed(Policy):
     name = "skipvar_fixed"
+    Knobs = SkipVARFixedKnobs
+    #: every scale runs with both CFG branches
+    NEUTRAL = {"skip_last": 0, "uncond_from": None}
+    #: the last scale skipped, the unconditional branch dropped from the third scale from the end
+    ACTIVE = {"skip_last": 1, "uncond_from": -3}
 
-    def __init__(self, skip_last: int = 0, uncond_from: Optional[int] = None):
-        if skip_last < 0:
-            raise ValueError(f"skipvar_fixed.skip_last must be >= 0, got {skip_last}")
-        self.skip_last, self.uncond_from = int(skip_last), uncond_from
+    def __init__(self, **knobs: Any):
+        kn = SkipVARFixedKnobs(**knobs)
+        self.skip_last, self.uncond_from = int(kn.skip_last), kn.uncond_from
 
     def reset(self, ctx: GenerationContext) -> None:
         super().reset(ctx)

@@ -49,20 +49,11 @@ Decision models: released folders `SkipVAR/decision_model_ssim_{84,86,88}` (2B, 
          `skipvar_release.py`), or with `trust_decision_models=true` / env
          VARBENCH_TRUST_DECISION_MODELS=1. The decision-model files' sha256 are part of the
          generation key: retraining a folder in place makes new images and a new record.
-Knobs:   decision_models  folder with the four joblib files (strict: missing/invalid -> error at
-                          the first decision); None only for `decide=` injection in tests.
-         classifier       Logistic_Regression (released default) | Decision_Tree | Random_Forest.
-         decision_scale   index of the decision scale (negative from the end; -4 = 9 on 1M).
-                          Earlier -> more scales the decision can save, less reliable features.
-         feature_scale    schedule index whose latent grid the codes are resized to (4 = 8x8).
-         fft_freq_ratio   HF_Ratio radius fraction (0.4 released).
-         batch_rule       per_image (each sample its own action) | conservative | raise (batch > 1
-                          with disagreeing samples; see 7).
-         trust_decision_models  false (default): refuse .pkl files that are not the released bytes
-                          (pickles run code); true: load them anyway (only for files you trust).
+Knobs:   `SkipVARKnobs` below.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -70,7 +61,8 @@ import torch
 
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals
 from varbench.engine.policy import Policy
-from varbench.policies.common import check_choice, resolve_scale
+from varbench.policies.common import resolve_scale
+from varbench.policies.knobs import WEIGHTS_DIR, MethodKnobs, knob
 from varbench.policies.skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, DecisionModels, batch_action, features_from_images,
                                float_decoder, load_decision_models, resize_codes)
 
@@ -78,28 +70,67 @@ from varbench.policies.skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, Dec
 MAX_ACTION = 3
 
 
+#: a decision injected instead of the models: features (B, n_features) -> (skip (B,), uncond (B,))
+Decide = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def fixed_decision(skip: int, uncond: int) -> Decide:
+    """A `decide=` stand-in for the decision models: every sample gets the action (skip, uncond)."""
+    return lambda X: (np.full(len(X), skip), np.full(len(X), uncond))
+
+
+@dataclass(frozen=True)
+class SkipVARKnobs(MethodKnobs, method="skipvar"):
+    """SkipVAR's knobs (as released; the card above): at decision_scale, frequency features of a small
+    decode choose per sample skip1/2/3 (last 1-3 scales not run) or uncond1/2/3 (cond-only rows).
+
+    decision_models  folder of the four decision-model files (strict: missing/invalid -> error at the
+                     first decision); a higher SSIM target -> fewer/lighter actions, slower. The
+                     config's default is the released ssim_84 folder under the weights folder; built
+                     from Python without it, None (only with `decide=` injection, as in tests).
+    classifier       Logistic_Regression (released default) | Decision_Tree | Random_Forest.
+    decision_scale   index of the decision scale (negative from the end; -4 = 9 on 1M). Earlier ->
+                     more scales the decision can save, less reliable features.
+    feature_scale    schedule index whose latent grid the codes are resized to before decoding (4 = 8x8
+                     on 1M).
+    fft_freq_ratio   HF_Ratio radius = int(ratio * min(H, W) / 2) (released 0.4).
+    batch_rule       per_image (each sample its own action, as at batch 1; the runtime splits a batch
+                     where samples disagree) | conservative (one plan per batch: the most conservative
+                     per-sample action) | raise (refuse a batch whose samples disagree; see step 7).
+    trust_decision_models  false (default): refuse ``.pkl`` files that are not the released bytes
+                     (joblib/pickle runs code while loading); true: load them anyway (only for files
+                     you trust; env VARBENCH_TRUST_DECISION_MODELS=1 does the same for every job). Not
+                     composed: presets that never set it keep their hashes.
+    """
+    decision_models: Optional[str] = knob(f"{WEIGHTS_DIR}/skipvar/decision_model_ssim_84")
+    classifier: str = knob("Logistic_Regression", choices=CLASSIFIERS)
+    decision_scale: int = knob(-4, scale="index")
+    feature_scale: int = knob(4, scale="index")
+    fft_freq_ratio: float = knob(FFT_FREQ_RATIO, gt=0.0, lt=2.0)
+    batch_rule: str = knob("per_image", choices=("per_image", "conservative", "raise"))
+    trust_decision_models: bool = knob(False, composed=False)
+
+
 class SkipVAR(Policy):
     name = "skipvar"
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
+    Knobs = SkipVARKnobs
+    #: the decision "no action" for every sample, injected (no decision-model files needed)
+    NEUTRAL = {"decide": fixed_decision(0, 0)}
+    #: the decision "skip the last scale" for every sample, injected
+    ACTIVE = {"decide": fixed_decision(1, 0)}
 
-    def __init__(self, decision_models: Optional[str] = None, classifier: str = "Logistic_Regression",
-                 decision_scale: int = -4, feature_scale: int = 4, fft_freq_ratio: float = FFT_FREQ_RATIO,
-                 batch_rule: str = "per_image",
-                 decide: Optional[Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]] = None,
-                 n_features: int = 2, trust_decision_models: bool = False):
-        check_choice("skipvar.classifier", classifier, CLASSIFIERS)
-        check_choice("skipvar.batch_rule", batch_rule, ("per_image", "conservative", "raise"))
-        for k, v in (("decision_scale", decision_scale), ("feature_scale", feature_scale)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise TypeError(f"skipvar.{k} must be an int (negative counts from the end), got {v!r}")
-        if not 0.0 < float(fft_freq_ratio) < 2.0:
-            raise ValueError(f"skipvar.fft_freq_ratio must be in (0, 2), got {fft_freq_ratio}")
-        self.decision_models, self.classifier = decision_models, classifier
-        self.decision_scale, self.feature_scale = decision_scale, feature_scale
-        self.fft_freq_ratio, self.batch_rule = float(fft_freq_ratio), batch_rule
+    def __init__(self, *, decide: Optional[Decide] = None, n_features: int = 2, **knobs: Any):
+        """knobs: `SkipVARKnobs`. decide / n_features: a decision (and its feature count) injected
+        instead of a folder, for tests and training."""
+        knobs.setdefault("decision_models", None)   # the config default is an interpolation into the weights folder
+        kn = SkipVARKnobs(**knobs)
+        self.decision_models, self.classifier = kn.decision_models, kn.classifier
+        self.decision_scale, self.feature_scale = kn.decision_scale, kn.feature_scale
+        self.fft_freq_ratio, self.batch_rule = float(kn.fft_freq_ratio), kn.batch_rule
         self._decide, self._n_features = decide, int(n_features)   # test/training injection instead of a folder
         self._models: Optional[DecisionModels] = None
-        self.trust_decision_models = bool(trust_decision_models)   # load pickles that are not the released files
+        self.trust_decision_models = bool(kn.trust_decision_models)   # load pickles that are not the released files
 
     @property
     def per_image_decisions(self) -> bool:

@@ -31,6 +31,7 @@ loading. A folder with both formats loads the `.skops` files.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -109,15 +110,23 @@ class DecisionModelError(FixableError, RuntimeError):
     """A SkipVAR decision-model folder is missing, incomplete or not in the released format."""
 
 
-def _require_joblib():
+def _require(modules: Sequence[str], why: str, them: str) -> Any:
+    """The first of `modules`, imported with the rest; else DecisionModelError saying what to install."""
     try:
-        import joblib  # noqa: F401
-        import sklearn  # noqa: F401
+        loaded = [importlib.import_module(m) for m in modules]
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise DecisionModelError(f"SkipVAR decision models are scikit-learn objects saved with joblib; {e}. "
-                                 f"Install them: {INSTALL_HINT}.") from None
-    import joblib
-    return joblib
+        raise DecisionModelError(f"{why}; {e}. Install {them}: {INSTALL_HINT}.") from None
+    return loaded[0]
+
+
+def require_joblib() -> Any:
+    """joblib (with scikit-learn, whose objects the released files hold), or DecisionModelError."""
+    return _require(("joblib", "sklearn"), "SkipVAR decision models are scikit-learn objects saved with joblib", "them")
+
+
+def require_skops() -> Any:
+    """skops.io (the format varbench writes decision models in), or DecisionModelError."""
+    return _require(("skops.io",), "decision models saved by varbench are in skops' format (*.skops)", "it")
 
 
 #: file formats of a decision-model folder: "skops" (safe; what varbench writes) or "pkl" (joblib, released)
@@ -211,15 +220,6 @@ def _check_pair(role: str, model: Any, scaler: Any, path: Path) -> None:
         raise DecisionModelError(f"{path}: the {role} classifier predicts classes {bad}; SkipVAR's actions are 0..3.")
 
 
-def _require_skops():
-    try:
-        import skops.io as sio
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise DecisionModelError(f"decision models saved by varbench are in skops' format (*.skops); {e}. "
-                                 f"Install it: {INSTALL_HINT}.") from None
-    return sio
-
-
 def _check_trees(obj: Any, path: Path) -> None:
     """Every tree node's child and feature index within its arrays (what scikit-learn does not check
     and a crafted .skops file could abuse to read outside them): else DecisionModelError."""
@@ -239,7 +239,7 @@ def _check_trees(obj: Any, path: Path) -> None:
 
 
 def _load_skops(path: Path, trust: bool) -> Any:
-    sio = _require_skops()
+    sio = require_skops()
     try:
         untrusted = sio.get_untrusted_types(file=path)
         unknown = [t for t in untrusted if t not in _CHECKED_TYPES]
@@ -302,7 +302,7 @@ def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regress
         released = released_folder({n: sha256_file(d / n) for n in files.values()})
         if released is None and not trust:
             _refuse_unknown_pickles(d, list(files.values()))
-    joblib = _require_joblib()
+    joblib = require_joblib()
     import warnings
 
     loaded = {}
@@ -328,7 +328,7 @@ def save_decision_models(folder: str | Path, classifier: str, skip_model, skip_s
     """Write the four files in the released layout with skops (``*.skops``: loads without running
     code); returns {role: path}. A stale ``.pkl`` set of the same classifier is removed, so the
     folder holds one set (the loader would prefer the ``.skops`` one anyway)."""
-    sio = _require_skops()
+    sio = require_skops()
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
     objs = {"skip_model": skip_model, "skip_scaler": skip_scaler, "uncond_model": uncond_model, "uncond_scaler": uncond_scaler}

@@ -56,30 +56,21 @@ than the Global layers' share (7/32 in the scenario) plus the token-pruned Detai
 How far that rests on the reconstructed layer_skip_prune, alpha, beta and detail_min_R: the
 sensitivity table in docs/methods.md (experiments/toprovar_sensitivity.py).
 
-Knobs (speed <-> quality):
-  tau 0.4, depth_rule, depth_offset (>= 1), d_min_tokens, rho_source / rho_layers / rho_queries,
-  depth_mode (prune_from_D | truncate_after_D), fixed_exit, post_scales   - scale level
-  svd_scale 5, svd_matrix (entropy_map_hxw only), svd_center, beta 1.0, global_threshold
-  (hard split on rho_l instead of detail_min_R), detail_min_R 0.5, layer_mode, layer_skip_prune
-  0.5 (lower -> more Detail layers skipped -> faster)                     - layer level
-  entropy_norm (minmax | mean | rank | sum), alpha_min 0.3, alpha_max 0.9 (higher -> faster),
-  alpha_min_semantics (min_prune: Eq. 6 | min_keep: A.5.3), head_reduce (mean only), keep_mode
-  (topk_deterministic | weighted_sample), keep_multiple 8, share_mask_cfg, prune_kv,
-  protect_first/last, min_tokens_to_prune, seed                           - token level
-  batch_rule per_image (default: each image its own depth D, Detail layers and kept counts, as at
-  batch 1; the runtime splits a batch where images disagree, `varbench.engine.batch_split`) | shared (one
-  plan per batch: batch_keep (max | mean) kept count, batch_depth (earliest | median | latest) D)
+Knobs: `ToProVARKnobs` below (each knob's default, type, range, and which way it trades speed
+against quality; FACT/RECON per knob).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
 
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
 from varbench.engine.policy import Policy
-from varbench.policies.common import check_choice, cond_rows, expand_to_rows, protected_blocks, resolve_scale
+from varbench.policies.common import cond_rows, expand_to_rows, protected_blocks, resolve_scale
+from varbench.policies.knobs import MethodKnobs, knob
 from varbench.policies.selectors import complete_map, topk_indices, upsample_map
 
 
@@ -108,77 +99,108 @@ def low_entropy_ratio(att: dict, blocks: Sequence[int], ctx: GenerationContext) 
 LAYER_MODES = ("full", "gate_detail_only", "gate_only", "skip_detail_layers", "uniform")
 
 
+@dataclass(frozen=True)
+class ToProVARKnobs(MethodKnobs, method="toprovar"):
+    """ToProVAR's knobs, for the full method (A.1.5 "Scale + Layer + Token"; the card above has the
+    provenance of every step). FACT = the paper states it, RECON = reconstructed.
+
+    tau               FACT 0.4. rho_ge_tau: lower -> earlier depth D -> faster.
+    depth_rule        rho_ge_tau (main text) | rho_le_tau (appendix Eq. 13).
+    depth_offset      first pruned scale = D + offset (>= 1: D is known only once scale D has run, and
+                      a scale's plan is fixed before it runs; larger -> slower, safer).
+    d_min_tokens      RECON: scales smaller than this cannot be D.
+    rho_source        mean_over_layers_heads | last_layer | layer_subset (with rho_layers).
+    rho_layers        blocks pooled for layer_subset.
+    rho_queries       subsample for the rho estimate (null: every query).
+    depth_mode        prune_from_D (full) | truncate_after_D (scale-only: fastest).
+    fixed_exit        last scale run for the fixed-exit ablation (null: adaptive).
+    post_scales       RECON: run only this many scales from D + offset, drop the rest (null: all).
+    svd_scale         FACT: 0-based = the paper's 1-based s=6 (12² on '1M').
+    svd_matrix        entropy_map_hxw: the only matrix the runtime's signals support.
+    svd_center        RECON: centre the map before the SVD.
+    beta              RECON (not given): R = exp(-beta (sigma1/sigma2 - 1)); higher -> more Global -> slower.
+    global_threshold  optional hard split: sigma1/sigma2 > threshold -> Global.
+    detail_min_R      RECON: Detail when R >= this.
+    layer_mode        full (A.1.5) | gate_detail_only | gate_only | skip_detail_layers (scale+layer) |
+                      uniform (scale+token).
+    layer_skip_prune  RECON (full): a Detail layer is skipped when Eq. 6 would prune >= this share of its
+                      tokens; lower -> faster.
+    entropy_norm      minmax | mean | rank | sum (paper-literal: nearly no effect).
+    alpha_min         RECON (not given); higher -> more pruning -> faster.
+    alpha_max         RECON (Fig. 3: "up to 90%" of Detail tokens); higher -> faster.
+    alpha_min_semantics  min_prune (Eq. 6) | min_keep (A.5.3).
+    head_reduce       mean: the runtime averages heads.
+    keep_mode         topk_deterministic | weighted_sample (seeded).
+    keep_multiple     kept counts rounded up to a multiple.
+    batch_rule        per_image (each image its own D, layers and kept counts, as at batch 1; the
+                      runtime splits a batch where images disagree) | shared (one plan per batch).
+    batch_keep        batch_rule=shared: max (safer) | mean: one kept count for the batch.
+    batch_depth       batch_rule=shared: earliest | median | latest per-image D.
+    share_mask_cfg    uncond rows reuse the cond choice.
+    prune_kv          RECON (paper silent): drop pruned tokens from the scale's K/V (faster).
+    protect_first, protect_last  blocks never pruned at either end (count or fraction of depth);
+                      more -> slower, safer.
+    min_tokens_to_prune  scales with fewer tokens never prune.
+    seed              seed of weighted_sample.
+    """
+    tau: float = knob(0.4, ge=0.0, le=1.0)
+    depth_rule: str = knob("rho_ge_tau", choices=("rho_ge_tau", "rho_le_tau"))
+    depth_offset: int = knob(1, ge=1)
+    d_min_tokens: int = knob(256, ge=0)
+    rho_source: str = knob("mean_over_layers_heads", choices=("mean_over_layers_heads", "last_layer", "layer_subset"))
+    rho_layers: Optional[Sequence[int]] = knob(None)
+    rho_queries: Optional[int] = knob(None, ge=1)
+    depth_mode: str = knob("prune_from_D", choices=("prune_from_D", "truncate_after_D"))
+    fixed_exit: Optional[int] = knob(None, scale="index")
+    post_scales: Optional[int] = knob(None, ge=1)
+    svd_scale: int = knob(5, scale="index")
+    svd_matrix: str = knob("entropy_map_hxw", choices=("entropy_map_hxw",))
+    svd_center: bool = knob(True)
+    beta: float = knob(1.0)
+    global_threshold: Optional[float] = knob(None)
+    detail_min_R: float = knob(0.5)
+    layer_mode: str = knob("full", choices=LAYER_MODES)
+    layer_skip_prune: float = knob(0.5, gt=0.0, le=1.0)
+    entropy_norm: str = knob("minmax", choices=("minmax", "mean", "rank", "sum"))
+    alpha_min: float = knob(0.3, ge=0.0, le=1.0)
+    alpha_max: float = knob(0.9, ge=0.0, le=1.0)
+    alpha_min_semantics: str = knob("min_prune", choices=("min_prune", "min_keep"))
+    head_reduce: str = knob("mean", choices=("mean",))
+    keep_mode: str = knob("topk_deterministic", choices=("topk_deterministic", "weighted_sample"))
+    keep_multiple: int = knob(8, ge=1)
+    batch_keep: str = knob("max", choices=("max", "mean"))
+    batch_depth: str = knob("median", choices=("earliest", "median", "latest"))
+    batch_rule: str = knob("per_image", choices=("per_image", "shared"))
+    share_mask_cfg: bool = knob(True)
+    prune_kv: bool = knob(True)
+    protect_first: float = knob(0, ge=0)
+    protect_last: float = knob(0, ge=0)
+    min_tokens_to_prune: int = knob(256, ge=0)
+    seed: int = knob(0, ge=0)
+
+
 class ToProVAR(Policy):
     name = "toprovar"
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
+    Knobs = ToProVARKnobs
+    #: the token gate prunes nothing (alpha 0); on the tiny runtime ('0.06M', up to 16x16) the depth
+    #: and SVD scales are moved onto its schedule so the observation path runs too
+    NEUTRAL = {"alpha_min": 0.0, "alpha_max": 0.0, "d_min_tokens": 16, "svd_scale": 2}
+    #: every layer gated from the first candidate scale (tau 0) on the tiny runtime's schedule
+    ACTIVE = {"d_min_tokens": 16, "min_tokens_to_prune": 16, "svd_scale": 2, "layer_mode": "uniform", "tau": 0.0}
 
-    def __init__(
-        self,
-        tau: float = 0.4,
-        depth_rule: str = "rho_ge_tau",
-        depth_offset: int = 1,
-        d_min_tokens: int = 256,
-        rho_source: str = "mean_over_layers_heads",
-        rho_layers: Optional[Sequence[int]] = None,
-        rho_queries: Optional[int] = None,
-        depth_mode: str = "prune_from_D",
-        fixed_exit: Optional[int] = None,
-        svd_scale: int = 5,
-        svd_matrix: str = "entropy_map_hxw",
-        svd_center: bool = True,
-        beta: float = 1.0,
-        global_threshold: Optional[float] = None,
-        detail_min_R: float = 0.5,
-        layer_mode: str = "full",
-        layer_skip_prune: float = 0.5,
-        post_scales: Optional[int] = None,
-        entropy_norm: str = "minmax",
-        alpha_min: float = 0.3,
-        alpha_max: float = 0.9,
-        alpha_min_semantics: str = "min_prune",
-        head_reduce: str = "mean",
-        keep_mode: str = "topk_deterministic",
-        keep_multiple: int = 8,
-        batch_keep: str = "max",
-        batch_depth: str = "median",
-        batch_rule: str = "per_image",
-        share_mask_cfg: bool = True,
-        prune_kv: bool = True,
-        protect_first: float = 0,
-        protect_last: float = 0,
-        min_tokens_to_prune: int = 256,
-        seed: int = 0,
-    ):
-        check_choice("depth_rule", depth_rule, ("rho_ge_tau", "rho_le_tau"))
-        check_choice("rho_source", rho_source, ("mean_over_layers_heads", "last_layer", "layer_subset"))
-        check_choice("depth_mode", depth_mode, ("prune_from_D", "truncate_after_D"))
-        if svd_matrix != "entropy_map_hxw":
-            raise ValueError(f"toprovar.svd_matrix={svd_matrix!r} needs per-head entropies or hidden states, which the "
-                             "runtime's ScaleSignals do not carry (attention entropy comes averaged over heads). "
-                             "Use entropy_map_hxw.")
-        if head_reduce != "mean":
+    def __init__(self, **knobs: Any):
+        # readings the runtime's signals cannot support, explained before the generic choice check
+        if knobs.get("svd_matrix", "entropy_map_hxw") != "entropy_map_hxw":
+            raise ValueError(f"toprovar.svd_matrix={knobs['svd_matrix']!r} needs per-head entropies or hidden states, "
+                             "which the runtime's ScaleSignals do not carry (attention entropy comes averaged over "
+                             "heads). Use entropy_map_hxw.")
+        if knobs.get("head_reduce", "mean") != "mean":
             raise ValueError("toprovar.head_reduce must be 'mean': the runtime returns attention entropy averaged over heads.")
-        check_choice("layer_mode", layer_mode, LAYER_MODES)
-        if not 0.0 < layer_skip_prune <= 1.0:
-            raise ValueError(f"toprovar.layer_skip_prune={layer_skip_prune} must lie in (0, 1]: a Detail layer is skipped "
-                             "when the token gate would prune at least this fraction of its tokens")
-        if post_scales is not None and (int(post_scales) != post_scales or post_scales < 1):
-            raise ValueError(f"toprovar.post_scales={post_scales!r} must be null or a count >= 1 of scales run from the onset")
-        check_choice("entropy_norm", entropy_norm, ("minmax", "mean", "rank", "sum"))
-        check_choice("alpha_min_semantics", alpha_min_semantics, ("min_prune", "min_keep"))
-        check_choice("keep_mode", keep_mode, ("topk_deterministic", "weighted_sample"))
-        check_choice("batch_keep", batch_keep, ("max", "mean"))
-        check_choice("batch_depth", batch_depth, ("earliest", "median", "latest"))
-        check_choice("batch_rule", batch_rule, ("per_image", "shared"))
-        if depth_offset < 1:
-            raise ValueError("toprovar.depth_offset must be >= 1: D is known only after scale D has been sampled, and a "
-                             "scale's plan is fixed before it runs.")
-        if rho_source == "layer_subset" and not rho_layers:
+        kn = ToProVARKnobs(**knobs)   # types, ranges and choices (ConfigError naming the knob)
+        if kn.rho_source == "layer_subset" and not kn.rho_layers:
             raise ValueError("toprovar.rho_source=layer_subset needs rho_layers (block indices).")
-        if not 0.0 <= alpha_min <= 1.0 or not 0.0 <= alpha_max <= 1.0:
-            raise ValueError("toprovar: alpha_min and alpha_max must lie in [0, 1]")
-        self.k = dict(locals())
-        self.k.pop("self")
+        self.k = kn.as_dict()
         for key, v in self.k.items():
             setattr(self, key, v)
 
