@@ -293,13 +293,15 @@ def paired_ratio(num: list[float], den: list[float], n_boot: int = 2000, seed: i
             "n": n}
 
 
-def _jsonable(x):
+def jsonable(x):
+    """``x`` as JSON types for the bench's files: small tensors as lists (large ones as a shape note),
+    non-finite floats as strings, anything unknown as its ``str``."""
     if isinstance(x, torch.Tensor):
         return x.tolist() if x.numel() <= 64 else f"<tensor {tuple(x.shape)}>"
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     if x is None or isinstance(x, (bool, int, float, str)):
@@ -563,7 +565,7 @@ class Bench:
         except Exception as e:  # noqa: BLE001
             self.record["targets"] = [{"target": "targets could not be computed", "measured": f"{type(e).__name__}: {e}",
                                        "verdict": "ERROR", "detail": traceback.format_exc()[-800:]}]
-        atomic_write_bytes(self.out_dir / "device_bench.json", (json.dumps(_jsonable(self.record), indent=1) + "\n").encode())
+        atomic_write_bytes(self.out_dir / "device_bench.json", (json.dumps(jsonable(self.record), indent=1) + "\n").encode())
         try:
             md = render_markdown(self.record)
         except Exception as e:  # noqa: BLE001
@@ -822,7 +824,7 @@ class Bench:
         if it.bits is None:
             it.bits = bits
             it.flops = float(out.flops["total"])
-            it.policy_stats = _jsonable(out.policy_stats)
+            it.policy_stats = jsonable(out.policy_stats)
             if not it.variant:
                 self.bits[(sec.role, sec.batch, it.mode, it.method)] = bits
         elif it.repeatable:

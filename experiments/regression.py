@@ -254,7 +254,7 @@ def measure_target(target: Target, methods: list[str], prof: dict, device: torch
             n_img = sum(len(ch) for ch in target.chunks)
             row["flops"] = sum(float(g.flops["total"]) for g in gens) / n_img
             row["hash"] = {"eager": bits_hash(gens[0].bits), "graphed": None}
-            row["policy_stats"] = db._jsonable(gens[0].policy_stats)
+            row["policy_stats"] = db.jsonable(gens[0].policy_stats)
             if isinstance(target, BigTarget):
                 a = target.analytic_flops(pcfg)
                 row["flops_analytic"] = {"runtime": float(gens[0].flops["total"]), "plans": a}
@@ -454,7 +454,7 @@ def main(argv=None) -> int:
             measured = measure(device, a.smoke, a.model_list)
         finally:
             torch.set_num_threads(old)
-        measured = json.loads(json.dumps(db._jsonable(measured)))   # compared as a reference file will be read
+        measured = json.loads(json.dumps(db.jsonable(measured)))   # compared as a reference file will be read
         if a.out:
             Path(a.out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.out).write_text(json.dumps(measured, indent=1) + "\n")
@@ -469,7 +469,7 @@ def main(argv=None) -> int:
             return 1
         cmd = "python -m experiments.regression " + " ".join(argv if argv is not None else sys.argv[1:])
         ref_path.parent.mkdir(parents=True, exist_ok=True)
-        ref_path.write_text(json.dumps(db._jsonable(as_reference(measured, cmd)), indent=1) + "\n")
+        ref_path.write_text(json.dumps(db.jsonable(as_reference(measured, cmd)), indent=1) + "\n")
         print(f"wrote {ref_path} for {kind!r} (review the diff, then commit it)")
         return 0
     if not ref_path.exists():

@@ -302,7 +302,8 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
 def records_to_frame(paths: Iterable[str | os.PathLike]):
     """Tidy ``pandas.DataFrame``: one row per finished record.
 
-    ``paths``: entry folders or ``record.json`` files (see :func:`find_entries`). Columns:
+    ``paths``: entry folders or ``record.json`` files (see :func:`varbench.harness.records.find_entries`);
+    ``frame.attrs["higher_is_better"]``: the records' metric directions (:func:`higher_is_better`). Columns:
     experiment, entry_id, generation_id, created, status, model, preset (the model's), method (the
     policy name, e.g. ``nova``), method_preset (the config chosen, e.g. ``nova_fast``; tables show
     it), method_label, resolution ("HxW"), h_div_w, benchmark, benchmark_sha256, prompts_sha256,
@@ -330,11 +331,10 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     method_effect_reason / unchanged_images (did the method change anything: "none" | "partial" |
     "some", why not, how many images it left unchanged; record ``method.effect``), skipped_metrics
     (evaluator parts skipped, e.g. LPIPS without weights), wall_s, git_sha and git_dirty
-    (``provenance.git`` of the code that wrote the record), path, and per metric ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the
-    evaluator's standard error of the mean; fidelity's PSNR mean caps identical pairs, see
-    ``identical_images``).
+    (``provenance.git`` of the code that wrote the record), path, and per metric
+    ``<evaluator>/<metric>`` and ``<evaluator>/<metric>_err`` (the evaluator's standard error of the
+    mean; fidelity's PSNR mean caps identical pairs, see ``identical_images``).
     """
-
     import pandas as pd
 
     rows, legacy, directions = [], [], {}
