@@ -52,7 +52,7 @@ ToProVAR's attention-entropy share (target <= 5%): ToProVAR is timed against the
 with the entropy computation removed. The bench (only the bench; the runtime is untouched) records, in one
 untimed eager ToProVAR generation, every attention entropy the runtime computes, then, in the
 "toprovar~entropy_off" item, answers every entropy request from that recording without computing anything:
-`varbench.engine.runtime.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
+`varbench.engine.pruned.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
 kernel `flash_attention_with_entropy` (the runtime's CUDA path: attention and entropy in one pass) becomes
 plain SDPA plus the recorded entropy (see `EntropyPatch`, `--entropy-fn`). The policy therefore sees the
 same entropies and makes the same plan (checked: equal analytic FLOPs), and the AR-time difference is what
@@ -313,7 +313,8 @@ def jsonable(x):
 # the entropy replay (bench-only monkeypatch)
 #: where the runtime may take its attention entropy from (module:function); those that exist are patched.
 #: `attention_entropy(q, k)` -> entropy; `flash_attention_with_entropy(q, k, v, scale)` -> (out, entropy).
-ENTROPY_FNS = ("varbench.engine.runtime:attention_entropy", "varbench.engine.runtime:flash_attention_with_entropy",
+ENTROPY_FNS = ("varbench.engine.pruned:attention_entropy",
+               "varbench.engine.runtime:attention_entropy", "varbench.engine.runtime:flash_attention_with_entropy",
                "varbench.engine.block_step:attention_entropy", "varbench.engine.block_step:flash_attention_with_entropy",
                "varbench.engine.kernels:flash_attention_with_entropy",
                "varbench.engine.kernels.flash_entropy:flash_attention_with_entropy")

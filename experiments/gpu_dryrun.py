@@ -81,7 +81,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
             cfg = rt.cfg
             out = fc.generate(rt, make_policy(preset), batch)
             ran = [t for t in out.trace if t["ran"]]
-            # the KV cache: one bf16 buffer (2, rows, H, capacity, c) per block (`_KVCache`)
+            # the KV cache: one bf16 buffer (2, rows, H, capacity, c) per block (`varbench.engine.state.KVCache`)
             cap = sum(h * w for h, w in out.schedule)
             kv = cfg.depth * 2 * 2 * batch * cap * cfg.embed_dim * 2
             row.update(

@@ -104,9 +104,9 @@ def hot_block_us(rt, pn: str = "0.25M", cfg: float = 4.0, repeats: int = 200) ->
     """Per scale: median us of one baseline block (the middle one) run again and again on its real input,
     so its weights, KV cache and activations stay hot in cache. `depth x` this is a floor for the blocks'
     share of the scale step with today's kernels: what is left once cache misses between blocks are gone
-    (Python and dispatch overhead of the block's ops stay in). Needs `_GenState._full_block` (this tree)."""
-    from varbench.engine import runtime as rt_mod
-    full_block, depth = rt_mod._GenState._full_block, len(rt.model.blocks)
+    (Python and dispatch overhead of the block's ops stay in). Needs `GenState.full_block` (this tree)."""
+    from varbench.engine.state import GenState
+    full_block, depth = GenState.full_block, len(rt.model.blocks)
     seen = {}
 
     def recording(state, si, bi, x):
@@ -114,11 +114,11 @@ def hot_block_us(rt, pn: str = "0.25M", cfg: float = 4.0, repeats: int = 200) ->
             seen[si] = (state, x.clone(), state.kv.len[bi])
         return full_block(state, si, bi, x)
 
-    rt_mod._GenState._full_block = recording
+    GenState.full_block = recording
     try:
         rt.generate(["x"], [0], pn=pn, cfg=cfg, text=_text(), decode=False)
     finally:
-        rt_mod._GenState._full_block = full_block
+        GenState.full_block = full_block
     out = []
     with torch.no_grad():
         for si in sorted(seen):

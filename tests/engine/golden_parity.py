@@ -105,7 +105,7 @@ def run_case(golden, case: str, force: bool = True, **overrides) -> CaseRun:
 
     force=True feeds the fixture's bits forward after each scale (module docstring). `overrides`
     replace entries of the case's inputs (the tests' mutations: a wrong cfg must be caught)."""
-    import varbench.engine.runtime as rtmod
+    import varbench.engine.state as rtmod   # the scale step samples there
 
     g, model, vae = golden
     c = g["cases"][case]

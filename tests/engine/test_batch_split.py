@@ -196,10 +196,10 @@ def test_each_image_observes_its_own_rows(rt):
 def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
     """After a split the parts' KV caches and residual caches live in the parent's memory (rows
     permuted in place): a split must not hold a second copy of the cache (8B at batch 8: ~90 GiB)."""
-    from varbench.engine.runtime import _GenState
+    from varbench.engine.state import GenState
 
     seen = []
-    real = _GenState.split
+    real = GenState.split
 
     def spy(self, parts):
         parent = {t.untyped_storage().data_ptr() for t in self.kv.kv if t is not None}
@@ -211,6 +211,6 @@ def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
             seen.append(mine <= parent and bool(mine))
         return subs
 
-    monkeypatch.setattr(_GenState, "split", spy)
+    monkeypatch.setattr(GenState, "split", spy)
     rt.generate(PROMPTS, SEEDS, build_policy("nova", **NOVA), pn=PN, cfg=CFG)
     assert seen and all(seen)

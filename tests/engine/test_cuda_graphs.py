@@ -18,7 +18,8 @@ from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.policies import build_policy
 from varbench.engine.policy import Policy
-from varbench.engine.runtime import _GenState
+from varbench.engine.graphs import StepGraphs
+from varbench.engine.state import GenState
 from varbench.engine.testing import tiny_runtime
 
 PN = "0.25M"
@@ -52,14 +53,14 @@ def _copy_into(static, new):
             _copy_into(static[k], new[k])
 
 
-def _emulated_capture(self, fn):
+def _emulated_capture(graphs, state, fn):
     out = fn()
 
     class Graph:
         def replay(self_graph):
-            host_kv_len = list(self.kv.len)  # a real replay runs no Python: host state stays as it was
+            host_kv_len = list(state.kv.len)  # a real replay runs no Python: host state stays as it was
             fresh = fn()
-            self.kv.len = host_kv_len
+            state.kv.len = host_kv_len
             for f in dataclasses.fields(out):
                 _copy_into(getattr(out, f.name), getattr(fresh, f.name))
 
@@ -78,7 +79,7 @@ def test_emulated_graphs_give_the_eager_bits(monkeypatch, make_policy):
     rt = tiny_runtime(seed=0)
     rt.cuda_graphs = True
     captured = []
-    monkeypatch.setattr(_GenState, "_capture", lambda self, fn: captured.append(1) or _emulated_capture(self, fn))
+    monkeypatch.setattr(StepGraphs, "capture", lambda graphs, state, fn: captured.append(1) or _emulated_capture(graphs, state, fn))
     graphed = _run(rt, make_policy, PROMPTS)
     assert captured, "no step was captured"
     for g, (a, b) in enumerate(zip(eager, graphed)):
@@ -90,11 +91,11 @@ def test_emulated_graphs_give_the_eager_bits(monkeypatch, make_policy):
         assert [t["blocks"] for t in a.trace] == [t["blocks"] for t in b.trace]
     state = next(iter(rt._graph_states.values()))
     n_ran = sum(1 for t in graphed[-1].trace if t["ran"])
-    assert len(state.graphs) >= n_ran - 1  # every executed step is captured by the 4th generation
+    assert len(state.graphs.steps) >= n_ran - 1  # every executed step is captured by the 4th generation
 
 
 def test_graph_mode_keeps_one_state_per_shape_and_restarts_it(monkeypatch):
-    monkeypatch.setattr(_GenState, "_capture", _emulated_capture)
+    monkeypatch.setattr(StepGraphs, "capture", _emulated_capture)
     rt = tiny_runtime(seed=0)
     rt.cuda_graphs = True
     a = rt.generate(["a red circle"], [1], pn=PN, cfg=3.0, decode=False)
@@ -135,7 +136,7 @@ def test_cuda_graphed_bits_equal_eager_bits(dtype, method):
             if out_e.bits[si] is not None:
                 assert torch.equal(out_e.bits[si], out_g.bits[si]), f"{method} {dtype}: scale {si} differs"
     state = next(iter(graphed._graph_states.values()))
-    assert state.graphs, "nothing was captured"
+    assert state.graphs.steps, "nothing was captured"
 
 
 # ------------------------------------------------------------------ nothing in a captured step reads the device
@@ -182,26 +183,26 @@ def test_captured_steps_of_every_method_preset_never_read_device_values(monkeypa
 
     detector = _HostReadDetector()
 
-    def capture(self, fn):
+    def capture(graphs, state, fn):
         # default device "meta": a tensor made without device= (CPU on a CUDA run: a crash or a host
         # copy inside the capture) meets the step's real tensors and fails loudly
         with detector, torch.device("meta"):
-            return _emulated_capture(self, fn)
+            return _emulated_capture(graphs, state, fn)
 
-    init = _GenState.__init__
+    init = StepGraphs.__init__
 
     def init_seeing_all(self, *a, **k):
         init(self, *a, **k)
         self.seen = _SeenAll()
 
-    monkeypatch.setattr(_GenState, "_capture", capture)
-    monkeypatch.setattr(_GenState, "__init__", init_seeing_all)
+    monkeypatch.setattr(StepGraphs, "capture", capture)
+    monkeypatch.setattr(StepGraphs, "__init__", init_seeing_all)
     rt = tiny_runtime(seed=0)
     rt.cuda_graphs = True
     graphable = []  # per executed scale: does graph mode capture it (or keep it eager)?
-    run_core = _GenState._run_core
-    monkeypatch.setattr(_GenState, "_run_core", lambda self, si, plan, *a: graphable.append(
-        (si, self._graph_key(si, plan, *a) is not None)) or run_core(self, si, plan, *a))
+    run_core = GenState.run_core
+    monkeypatch.setattr(GenState, "run_core", lambda self, si, plan, *a: graphable.append(
+        (si, self.graphs.key(self, si, plan, *a) is not None)) or run_core(self, si, plan, *a))
     c = load_preset(preset)
     knobs = dict(c.get("knobs") or {})
     if "decision_models" in knobs:  # SkipVAR's released decision models are weights: the toy's stand in

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from varbench.engine.kernels import flash_entropy as fe
 from varbench.engine.kernels.flash_entropy import flash_attention_with_entropy
-from varbench.engine.runtime import attention_entropy
+from varbench.engine.attention import attention_entropy
 
 ROOT = Path(__file__).resolve().parents[2]
 BF16_EPS = 2.0 ** -8          # relative spacing of bf16 (8 significant bits): 1 ulp <= |x| * 2^-7

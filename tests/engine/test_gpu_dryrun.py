@@ -14,7 +14,7 @@ from experiments import gpu_dryrun
 from varbench.engine.fake_cuda import FakeCuda, HostReadInStep, cuda_sdpa_backend
 from varbench.engine.models.infinity import PRESETS
 from varbench.policies import build_policy
-from varbench.engine.runtime import _GenState
+from varbench.engine.graphs import StepGraphs
 from varbench.engine.testing import tiny_runtime
 
 
@@ -73,22 +73,22 @@ def test_ledger_agrees_with_memtracker(monkeypatch):
 
 
 def test_a_host_read_inside_a_step_fails(monkeypatch):
-    import varbench.engine.runtime as runtime
+    import varbench.engine.state as state_mod   # where the step calls bit_entropy
 
-    real = runtime.bit_entropy
-    monkeypatch.setattr(runtime, "bit_entropy", lambda g: real(g) * float(g.max()))   # .item() in the step
+    real = state_mod.bit_entropy
+    monkeypatch.setattr(state_mod, "bit_entropy", lambda g: real(g) * float(g.max()))   # .item() in the step
     with pytest.raises(Exception, match="_local_scalar_dense|reads a device value"):
         _gen()
-    monkeypatch.setattr(runtime, "bit_entropy", lambda g: real(g) * torch.tensor([1.0], device=g.device))
+    monkeypatch.setattr(state_mod, "bit_entropy", lambda g: real(g) * torch.tensor([1.0], device=g.device))
     with pytest.raises(HostReadInStep, match="lift_fresh"):
         _gen()
 
 
 def test_a_device_mismatch_inside_a_step_fails(monkeypatch):
-    import varbench.engine.runtime as runtime
+    import varbench.engine.state as state_mod   # where the step calls bit_entropy
 
-    real = runtime.bit_entropy
-    monkeypatch.setattr(runtime, "bit_entropy", lambda g: real(g) + torch.zeros(g.shape[1]))   # a CPU tensor
+    real = state_mod.bit_entropy
+    monkeypatch.setattr(state_mod, "bit_entropy", lambda g: real(g) + torch.zeros(g.shape[1]))   # a CPU tensor
     with pytest.raises(Exception, match="[Dd]evice"):
         _gen()
 
@@ -115,15 +115,15 @@ def test_failed_capture_falls_back_to_eager(monkeypatch, caplog):
     rt = tiny_runtime(seed=0)
     rt.cuda_graphs = True   # graph mode's bookkeeping on the CPU; the capture itself fails as on a bad driver
 
-    def broken(self, fn):
+    def broken(graphs, state, fn):
         # a real capture runs nothing on the device, but its host side has run part of the step (KV
         # lengths advanced) and the generators were registered (their offsets moved) when the driver refuses
-        self.kv.len = [n + 1 for n in self.kv.len]
-        for g in self.generators:
+        state.kv.len = [n + 1 for n in state.kv.len]
+        for g in state.generators:
             torch.rand(1, generator=g)
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(_GenState, "_capture", broken)
+    monkeypatch.setattr(StepGraphs, "capture", broken)
     with caplog.at_level(logging.WARNING, logger="varbench.engine.runtime"):
         outs = [rt.generate(["a red circle"], [3], pn="0.25M", cfg=3.0, decode=False) for _ in range(2)]
     for a, b in zip(eager, outs):
@@ -141,7 +141,7 @@ def test_failed_triton_kernel_falls_back_to_sdpa(monkeypatch, caplog):
 
     with caplog.at_level(logging.WARNING, logger="varbench.engine.runtime"):
         with FakeCuda() as fc:
-            monkeypatch.setattr(flash_entropy, "_kernel", broken)
+            monkeypatch.setattr(flash_entropy, "kernel", broken)
             rt = fc.runtime("infinity_2b", depth=2)
             out = fc.generate(rt, gpu_dryrun.make_policy("toprovar"), 1)
     assert out.images is not None

@@ -7,7 +7,7 @@ position (the dense table, no gather of positions), then the kept tokens are sel
 run on the kept tokens; pruned positions keep their input (fill="pass") or receive the cached
 scale's branch outputs area-resized to this grid (fill="cache"). The neutral-prune tests keep every
 token, so they cannot see a kept token rotated at a wrong position; this test does (checked by
-mutating `table[idx]` in `_GenState._block`: it fails).
+mutating `table[idx]` in `pruned.planned_block`: it fails).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from varbench.engine import runtime as R
+from varbench.engine import pruned as pruned_mod
 from varbench.engine.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
@@ -82,20 +82,20 @@ def reference(state, x, idx, fill, prune_kv, prev_k, prev_v):
 @pytest.mark.parametrize("prune_kv", [True, False])
 @pytest.mark.parametrize("fill", ["pass", "cache"])
 def test_pruned_block_equals_dense_forward_on_kept_tokens(tiny_rt, monkeypatch, fill, prune_kv):
-    orig = R._GenState._block
+    orig = pruned_mod.planned_block
     seen = {}
 
-    def block(self, si, bi, x, bp, *a, **k):
+    def block(state, si, bi, x, bp, *a, **k):
         if (si, bi) == (SCALE, BLOCK):
-            kv = self.kv.kv[bi]
-            prev_k, prev_v = (t.narrow(2, 0, self.kv.len[bi]).clone() for t in kv.unbind(0))
-            ref = reference(self, x.clone(), bp.keep, fill, prune_kv, prev_k, prev_v)
-            out = orig(self, si, bi, x, bp, *a, **k)
+            kv = state.kv.kv[bi]
+            prev_k, prev_v = (t.narrow(2, 0, state.kv.len[bi]).clone() for t in kv.unbind(0))
+            ref = reference(state, x.clone(), bp.keep, fill, prune_kv, prev_k, prev_v)
+            out = orig(state, si, bi, x, bp, *a, **k)
             seen["out"], seen["ref"], seen["x"] = out, ref, x
             return out
-        return orig(self, si, bi, x, bp, *a, **k)
+        return orig(state, si, bi, x, bp, *a, **k)
 
-    monkeypatch.setattr(R._GenState, "_block", block)
+    monkeypatch.setattr(pruned_mod, "planned_block", block)
     pol = Scripted(fill, prune_kv)
     out = tiny_rt.generate(["a red circle"], [0], pol, cfg=3.0, pn=PN, decode=False)
     assert out.trace[SCALE]["blocks"][BLOCK]["sa"] == pol.keep.shape[1]

@@ -9,7 +9,7 @@ from varbench.engine.models.infinity import PRESETS
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.runtime import attention_entropy
+from varbench.engine.attention import attention_entropy
 
 PN = "0.25M"
 
@@ -188,7 +188,7 @@ def test_attention_entropy_equals_naive_softmax():
 def test_runtime_attention_entropy_signal_matches_naive_recomputation(tiny_rt, monkeypatch):
     """The signal equals a naive softmax over the same block's actual q and cached k (block 2's
     rotated q, k as the step computed them; their own correctness is the upstream golden test's)."""
-    import varbench.engine.runtime as rtmod
+    import varbench.engine.pruned as rtmod   # blocks asked for entropy take the planned path
 
     want = {2}
     captured = []

@@ -16,13 +16,13 @@ def test_baseline_block_dispatches_at_most_40_ops_at_every_scale():
 
 def test_hot_block_floor_times_every_scale_and_leaves_the_runtime_as_it_was():
     from experiments.runtime_ops import _runtime, _text, hot_block_us
-    from varbench.engine import runtime as rt_mod
-    full_block = rt_mod._GenState._full_block
+    from varbench.engine.state import GenState
+    full_block = GenState.full_block
     rt = _runtime(depth=4, width=64, heads=2)
     before = rt.generate(["x"], [0], pn="0.06M", cfg=4.0, text=_text(), decode=False)
     hot = hot_block_us(rt, pn="0.06M", repeats=3)
     assert len(hot) == len(before.schedule) and all(t > 0 for t in hot)
-    assert rt_mod._GenState._full_block is full_block  # the recording hook is gone
+    assert GenState.full_block is full_block  # the recording hook is gone
     # re-running a block in place must not have disturbed what the next generation computes
     after = rt.generate(["x"], [0], pn="0.06M", cfg=4.0, text=_text(), decode=False)
     assert all(a.equal(b) for a, b in zip(before.bits, after.bits))

@@ -133,7 +133,7 @@ def test_entropy_replay_keeps_the_plan_zeros_would_not():
     """Replaying recorded entropies reproduces ToProVAR's plan and bits exactly; answering with zeros would
     change the plan (why the bench replays rather than zeroes)."""
     from varbench.policies import build_policy
-    import varbench.engine.runtime as R
+    import varbench.engine.pruned as R   # the runtime's unfused entropy call
 
     spec = db.model_specs(True, None)["2b"]
     cpu = torch.device("cpu")
@@ -148,7 +148,7 @@ def test_entropy_replay_keeps_the_plan_zeros_would_not():
 
     orig = R.attention_entropy
     patch = db.EntropyPatch()
-    assert "varbench.engine.runtime:attention_entropy" in patch.names
+    assert "varbench.engine.pruned:attention_entropy" in patch.names
     store: dict = {}
     with patch.recording(store):
         on = run()

@@ -122,8 +122,9 @@ def test_every_registered_method_has_a_documented_knob_dataclass():
     from varbench.policies import REGISTRY
     from varbench.policies.knobs import SCHEMAS
 
-    assert set(SCHEMAS) == set(REGISTRY)
-    for name, cls in SCHEMAS.items():
+    packaged = REGISTRY.packaged()
+    assert all(name in SCHEMAS for name in packaged)
+    for name, cls in ((n, SCHEMAS[n]) for n in packaged):
         fields = [f.name for f in dataclasses.fields(cls)]
         assert cls.__doc__ and all(k in cls.__doc__ for k in fields), f"{cls.__name__} docstring misses a knob"
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from varbench.engine import runtime as R
+from varbench.engine.state import GenState
 from varbench.policies import build_policy
 
 PN = "0.25M"
@@ -42,7 +42,7 @@ EXPECTED_ALIVE = {
 
 def run(rt, monkeypatch, policy, release=True, **kw):
     """Generate; return (output, per-scale (plan, alive residual scales after the step))."""
-    orig = R._GenState.step
+    orig = GenState.step
     log = []
 
     def step(self, si, plan, *a, **k):
@@ -53,7 +53,7 @@ def run(rt, monkeypatch, policy, release=True, **kw):
         return out
 
     with monkeypatch.context() as mp:
-        mp.setattr(R._GenState, "step", step)
+        mp.setattr(GenState, "step", step)
         kw = {"cfg": 3.0, "pn": PN, **kw}
         out = rt.generate(kw.pop("prompts", ["a red circle"]), kw.pop("seeds", [0]), policy, **kw)
     return out, log

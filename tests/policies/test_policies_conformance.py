@@ -49,7 +49,7 @@ def baseline(tiny_rt):
     return gen(tiny_rt)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))
 def test_every_registered_method_declares_its_settings(name):
     assert isinstance(declared(name, "NEUTRAL"), dict), f"{name}.NEUTRAL must be a dict of knobs"
     active = declared(name, "ACTIVE")
@@ -85,14 +85,14 @@ def same_bits(a, b) -> bool:
     return torch.equal(a.summed_codes, b.summed_codes)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))
 def test_neutral_setting_reproduces_the_baseline(tiny_rt, baseline, name):
     out = gen(tiny_rt, build_policy(name, **declared(name, "NEUTRAL")))
     assert same_bits(out, baseline), f"{name}'s neutral setting changed the bits"
     assert torch.equal(out.images, baseline.images)   # (FLOPs may differ: toprovar still measures entropy)
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))
 def test_active_setting_changes_flops_or_bits(tiny_rt, baseline, name):
     active = declared(name, "ACTIVE")
     if active is None:

@@ -24,7 +24,7 @@ PN = "0.06M"
 def declared(what: str) -> dict:
     """Each method's declared NEUTRAL or ACTIVE setting (the baseline is the reference; skipvar's
     injected decisions are run in tests/policies/test_skipvar.py)."""
-    return {name: getattr(REGISTRY.load(name), what) for name in REGISTRY if name not in ("baseline", "skipvar")}
+    return {name: getattr(REGISTRY.load(name), what) for name in REGISTRY.packaged() if name not in ("baseline", "skipvar")}
 
 
 NEUTRAL = declared("NEUTRAL")

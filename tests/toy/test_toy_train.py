@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-import varbench.engine.runtime as runtime_mod
+import varbench.engine.state as runtime_mod   # the scale step guides and samples there
 from varbench.engine.models.infinity import PRESETS, Infinity
 from varbench.engine.runtime import InfinityRuntime
 from varbench.engine.testing import perturb_

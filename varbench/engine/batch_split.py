@@ -9,7 +9,7 @@ the runtime gives each image its own copy of the policy, reset for a batch of on
      which blocks are skipped or pruned to how many tokens, fills, guidance, entropy requests) and
      merges each group's plans into one (`merge_plans`: the kept indices stack row by row);
   3. runs each group as one sub-batch: where a group splits, its generation state splits too
-     (`_GenState.split`: the KV-cache rows, text constants, residual caches, codes and generators
+     (`GenState.split`: the KV-cache rows, text constants, residual caches, codes and generators
      follow their images; the caches are permuted in place and viewed, never copied), and the
      sub-batches continue apart for the rest of the generation;
   4. hands each image's policy the signals of its own rows (`select_signals`).

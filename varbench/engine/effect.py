@@ -31,6 +31,16 @@ NEUTRAL_REASON = "every plan was neutral"
 IDENTICAL_REASON = "every image bit-identical to the baseline's"
 
 
+
+def no_effect_reason(policy, trace: list[dict]) -> Optional[str]:
+    """Why `policy` changed nothing for an image whose every plan was neutral (its own
+    `no_effect_reason()`, or the generic :data:`NEUTRAL_REASON`); None if some plan was not neutral.
+    `trace`: the image's per-scale runtime trace (`GenerationOutput.image_traces`)."""
+    if not all(tr.get("neutral") for tr in trace):
+        return None
+    hook = getattr(policy, "no_effect_reason", None)
+    return (hook() if hook is not None else None) or NEUTRAL_REASON
+
 def image_unchanged(trace: Mapping, psnr: Optional[float] = None) -> Optional[bool]:
     """True / False / None (unknown) for one image's trace row and its fidelity PSNR (or None)."""
     flags = [sc.get("plan_neutral") for sc in trace.get("scales") or []]

@@ -10,7 +10,7 @@ dtypes, strides and devices (`cuda:0`) but no data and no memory, so a device mi
 dtype or a shape error fails here as it would on the GPU. What the mode cannot do is stood in, and
 each stand-in is stated:
 
-- Host reads *inside a scale step* (`_GenState._run_core`) are errors: `_local_scalar_dense`
+- Host reads *inside a scale step* (`GenState.run_core`) are errors: `_local_scalar_dense`
   (`.item()`, `int(t)`, `.tolist()`) raises under fake tensors, ops with value-dependent output
   shapes (`nonzero`, boolean indexing) raise, and the ops `tests/engine/test_cuda_graphs.py` lists as host
   reads (`HOST_READS`, e.g. `torch.tensor(<host data>)` inside a step) raise `HostReadInStep`.
@@ -258,7 +258,7 @@ def _tagged_generator(device, seed):
 
 
 class _StandInKernel:
-    """`flash_entropy._kernel(...)`: `[grid](*args)` checks the launch's tensors instead of running it."""
+    """`flash_entropy.kernel(...)`: `[grid](*args)` checks the launch's tensors instead of running it."""
 
     def __init__(self, ledger: _Ledger):
         self.ledger = ledger
@@ -361,13 +361,13 @@ class _StandInDecoder:
 
 
 class _MemoFullBlock:
-    """`_GenState._full_block` for the dry run: a full block's fake computation depends only on
+    """`GenState.full_block` for the dry run: a full block's fake computation depends only on
     (scale, input shape and dtype, rows, this block's KV length and whether its KV buffer exists),
     so after two real runs with the same key agree on their transient peak and op count, further
     blocks with that key are stood in by what a real block leaves behind (its K/V appended to the
-    cache through the runtime's own `_KVCache.append`, a new residual stream tensor) with the
+    cache through the runtime's own `KVCache.append`, a new residual stream tensor) with the
     measured transient peak added to the ledger and the measured ops counted. Blocks under a plan
-    (`_block`) always run for real."""
+    (`varbench.engine.pruned.planned_block`) always run for real."""
 
     def __init__(self, real, ledger: _Ledger):
         self.real, self.led = real, ledger
@@ -438,35 +438,34 @@ class FakeCuda:
         self._stack: Optional[contextlib.ExitStack] = None
 
     def __enter__(self) -> "FakeCuda":
-        from varbench.engine import runtime
+        from varbench.engine import state
         from varbench.engine.kernels import flash_entropy
-
         from varbench.engine.models import schedules
 
         s = self._stack = contextlib.ExitStack()
         # a module-level cache of CPU tensors: real ones must not enter the fake mode, fake ones must
         # not outlive it (a later real run in this process would get them)
-        schedules._freqs_grid.cache_clear()
-        s.callback(schedules._freqs_grid.cache_clear)
+        schedules.freqs_grid.cache_clear()
+        s.callback(schedules.freqs_grid.cache_clear)
         s.enter_context(mock.patch.object(torch.cuda, "Event", _NoEvent))
         s.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
-        s.enter_context(mock.patch.object(runtime, "new_generator", _tagged_generator))
-        s.enter_context(mock.patch.object(flash_entropy, "_kernel", _StandInKernel(self.ledger)))
+        s.enter_context(mock.patch.object(state, "new_generator", _tagged_generator))
+        s.enter_context(mock.patch.object(flash_entropy, "kernel", _StandInKernel(self.ledger)))
         s.enter_context(mock.patch.object(torch, "multinomial", self._multinomial))
         led = self.ledger
-        run_core = runtime._GenState._run_core
+        run_core = state.GenState.run_core
 
-        def stepped(state, si, *a, **k):
+        def stepped(gen_state, si, *a, **k):
             led.step = si
             try:
-                return run_core(state, si, *a, **k)
+                return run_core(gen_state, si, *a, **k)
             finally:
                 led.step = None
 
-        s.enter_context(mock.patch.object(runtime._GenState, "_run_core", stepped))
+        s.enter_context(mock.patch.object(state.GenState, "run_core", stepped))
         if self.memo_blocks:
-            s.enter_context(mock.patch.object(runtime._GenState, "_full_block",
-                                              _MemoFullBlock(runtime._GenState._full_block, led)))
+            s.enter_context(mock.patch.object(state.GenState, "full_block",
+                                              _MemoFullBlock(state.GenState.full_block, led)))
         s.enter_context(self.mode)
         self.dispatch = _DryRunMode(self.ledger)
         s.enter_context(self.dispatch)

@@ -54,6 +54,25 @@ def text_flops(cfg, text_tokens: int, rows: int) -> float:
     return float(pool + proj + per_block_kv)
 
 
+
+def image_flops(cfg, trace: list[dict], tokens: tuple[int, int]) -> dict:
+    """One image's FLOPs: every count is linear in the rows except cross-attention's, which goes with
+    each row's text length, so an image's share is its scale entries counted for its own rows and
+    its own prompt's text tokens (`tokens`: cond row, uncond row). They sum to the batch's count
+    (`GenerationOutput.image_flops`)."""
+    cond, uncond = tokens
+
+    def own(tr):
+        if not tr["ran"]:
+            return tr
+        both = tr["rows"] == 2 * tr["batch"]
+        return {**tr, "rows": 2 if both else 1, "batch": 1, "text_tokens": cond + uncond if both else cond}
+
+    per_scale = [scale_flops(cfg, own(tr)) for tr in trace]
+    rows0 = 2 if trace and trace[0]["rows"] == 2 * trace[0]["batch"] else 1
+    text = text_flops(cfg, cond + (uncond if rows0 == 2 else 0), rows0)
+    return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}
+
 def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tokens: dict[int, int]) -> list[dict]:
     """The trace the runtime records for `plans`, derived from the plans alone (no model run).
 

@@ -10,7 +10,7 @@ are O(elements), not counted). The tests check each count against FlopCounterMod
 What runs, and so what is counted:
   VAE decoder   once per image, on the final latent grid, whatever the method did: a skipped scale
                 only adds no codes, the summed codes (and the decode) stay at the full grid
-                (``runtime._GenState.latent_size`` is the schedule's last grid). Every convolution
+                (``state.GenState.latent_size`` is the schedule's last grid). Every convolution
                 of :class:`varbench.engine.models.bsq_vae.Decoder` (conv_in, mid and up ResNet blocks,
                 1x1 shortcuts, upsampling convs, conv_out); the decoder has no attention (the
                 released checkpoints hold no attention weights).

@@ -141,12 +141,16 @@ def schema_node(name: str, *, resolve: bool = False) -> dict:
 
 
 def register() -> None:
-    """Store ``<method>_schema`` in Hydra's ConfigStore for every registered method with a knob dataclass
-    (idempotent). Called when :mod:`varbench.harness` is imported; it imports every registered method."""
+    """Store ``<method>_schema`` in Hydra's ConfigStore for every packaged method with a knob dataclass
+    (idempotent). Called when :mod:`varbench.harness` is imported; it imports every packaged method.
+    Methods from other packages (entry points) are not imported here: a broken plugin must fail only
+    the run that names it, and their YAML carries its own defaults instead of ``<method>_schema``."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for method in SCHEMAS:
+    for method in REGISTRY.packaged():
+        if knobs_class(method) is None:
+            continue
         node = schema_node(method)
         cs.store(group="method", name=f"{method}_schema", node=node)
         cs.store(name=f"{method}_schema", node=node)   # conf/method as the config dir (experiments' loaders)

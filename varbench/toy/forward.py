@@ -33,7 +33,7 @@ from varbench.engine.models.text import TextBatch
 
 
 def condition(model: Infinity, text: TextBatch, drop: Optional[torch.Tensor] = None, ca_bf16: bool = True):
-    """(ca_text, ca_mask, cond, shared_gss) as `InfinityRuntime._condition` computes them.
+    """(ca_text, ca_mask, cond, shared_gss) as the runtime's text conditioning (`varbench.engine.state`) computes them.
 
     drop: (B,) bool; rows where True use the learned unconditional placeholder instead of the
     prompt's tokens (same length and mask as the prompt), exactly the runtime's CFG uncond rows.

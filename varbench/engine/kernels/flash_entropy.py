@@ -20,7 +20,7 @@ the P V product (fp32 accumulation); O is normalised by l in fp32 and stored in 
 Inputs that are neither bf16 nor fp16 (fp32) are cast to bf16 for the kernel and the output is cast
 back to q's dtype (the entropy is then that of the bf16-rounded q, k). The PyTorch fallback (CPU
 tensors, or force_triton=False) does NOT round through bf16: `F.scaled_dot_product_attention` in q's
-dtype plus the chunked fp32 `varbench.engine.runtime.attention_entropy`, i.e. what the runtime did before.
+dtype plus the chunked fp32 `varbench.engine.attention.attention_entropy`, i.e. what the runtime did before.
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from varbench.engine.attention import attention_entropy
 
 __all__ = ["flash_attention_with_entropy", "entropy_reference_per_head", "MAX_HEAD_DIM"]
 
@@ -131,8 +133,11 @@ def _triton_interpreting() -> bool:
     return isinstance(tl.zeros, InterpretedFunction)
 
 
-def _kernel(interpret: bool):
-    """triton.jit / interpreter wrapper of `_flash_entropy_fwd`, built once per mode."""
+def kernel(interpret: bool):
+    """triton.jit / interpreter wrapper of `_flash_entropy_fwd`, built once per mode.
+
+    The one launch point (`kernel(interpret)[grid](...)`), public so that the fake-CUDA dry run
+    (`varbench.engine.fake_cuda`) and the fallback tests can stand in for the compiled kernel."""
     if interpret not in _KERNELS:
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction
@@ -205,7 +210,7 @@ def flash_attention_with_entropy(
 
     q: (rows, H, Lq, c); k, v: (rows, H, Lk, c); any strides (no .contiguous() is made). No mask.
     Returns (out, entropy): out (rows, H, Lq, c) in q's dtype, entropy fp32 (rows, Lq) = mean over
-    heads (the convention of `varbench.engine.runtime.attention_entropy`), or (rows, H, Lq) with
+    heads (the convention of `varbench.engine.attention.attention_entropy`), or (rows, H, Lq) with
     `return_per_head=True`. Entropy is in nats of softmax(scale * q k^T).
 
     Dispatch (`force_triton`): None -> Triton kernel on CUDA tensors, and on CPU tensors only when
@@ -226,8 +231,6 @@ def flash_attention_with_entropy(
         out = F.scaled_dot_product_attention(q, kk, vv, scale=scale)
         if return_per_head:
             return out, entropy_reference_per_head(q, k, scale)
-        from varbench.engine.runtime import attention_entropy
-
         return out, attention_entropy(q if scale == 1.0 else q.float() * scale, k)
 
     if c > MAX_HEAD_DIM:
@@ -244,7 +247,7 @@ def flash_attention_with_entropy(
         bm, bn, num_warps, num_stages = _launch_config(Lq, block_d, block_m, block_n)
         grid = ((Lq + bm - 1) // bm, rows * H)
         extra = {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
-        _kernel(interpret)[grid](
+        kernel(interpret)[grid](
             qq, kk, vv, out, ent,
             *qq.stride(), *kk.stride(), *vv.stride(), *out.stride(),
             H, Lq, Lk, c, float(scale),

@@ -64,11 +64,12 @@ def rope_reference_grid(h_div_w: float) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=64)
-def _freqs_grid(head_dim: int, max_edge: int, base: float) -> torch.Tensor:
+def freqs_grid(head_dim: int, max_edge: int, base: float) -> torch.Tensor:
     """cos/sin of position x frequency, (2, max_edge, max_edge, head_dim // 2), as released.
 
     Half of the rotary pairs encode the row, half the column, with base-10000 frequencies over
-    half the head dimension.
+    half the head dimension. Cached per argument (`freqs_grid.cache_clear()` drops the CPU tensors,
+    as the fake-CUDA dry run does around its fake mode).
     """
     half = head_dim // 2
     inv_freq = 1.0 / (base ** (torch.arange(0, half, 2, dtype=torch.int64).float() / half))
@@ -89,7 +90,7 @@ def rope_table(head_dim: int, grid: tuple[int, int], ref: tuple[int, int], max_e
     uh, uw = ref
     if max(uh, uw) > max_edge:
         raise ValueError(f"reference grid {ref} exceeds the RoPE table edge {max_edge}")
-    fg = _freqs_grid(head_dim, max_edge, base)
+    fg = freqs_grid(head_dim, max_edge, base)
     rows = (torch.arange(h) * (uh / h)).reshape(h, 1).expand(h, w)
     cols = (torch.arange(w) * (uw / w)).reshape(1, w).expand(h, w)
     idx = torch.stack([rows, cols], dim=-1).round().int().reshape(-1, 2)

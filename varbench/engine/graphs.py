@@ -1,0 +1,130 @@
+"""CUDA graphs of scale steps: capture once, replay, and fall back to eager when capture fails.
+
+On a GPU an eager scale step is ~40 kernel launches per block; replayed from a CUDA graph it is one
+launch per scale. `StepGraphs` keeps the graphs of one generation state (`GenState.graphs`, set by
+the runtime on the whole-batch states it keeps alive between calls in graph mode):
+
+- a step is keyed by everything a graph bakes in (`key`): scale, plan shape, KV lengths, the
+  addresses of the residuals it may read, sampling settings. A key's first sighting runs eagerly
+  (allocations, lazy inits and kernel compilation happen there), its second is captured, later
+  ones replay;
+- kept indices are copied into static buffers (a replay reads their addresses, so a plan's
+  indices may change between generations, their shape may not);
+- after a replay the host-side KV lengths are restored to what the captured step left;
+- a failed capture (driver, stream capture refused) undoes the capture's host-side effects (KV
+  lengths, generator offsets), turns graph mode off for the runtime (`fall_back`, one warning
+  naming `runtime.cuda_graphs=false`) and runs the step eagerly.
+
+Every captured step of a runtime allocates from one memory pool (`InfinityRuntime.graph_pool`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from varbench.engine.plan import ScalePlan
+from varbench.engine.state import GenState, StepOut
+
+
+@dataclasses.dataclass
+class _CapturedStep:
+    graph: "torch.cuda.CUDAGraph"
+    out: StepOut                         # static tensors: every replay overwrites them
+    kv_len: list                         # KV lengths after the step (host state the replay must restore)
+
+
+class StepGraphs:
+    """The captured scale steps of one generation state, and what their replays read."""
+
+    def __init__(self, rt):
+        """`rt`: the `InfinityRuntime` (its device, its shared `graph_pool`, and `fall_back`)."""
+        self.rt = rt
+        self.steps: dict = {}                  # key -> _CapturedStep
+        self.seen: set = set()                 # keys run once eagerly (captured at the second sighting)
+        self.keep_buffers: dict = {}           # static copies of plans' kept indices, read by graphs
+        self.static_ptrs: set = set()          # residual tensors that are captured steps' outputs
+
+    def run(self, state: GenState, si: int, plan: ScalePlan, cfg, tau, top_k, top_p) -> StepOut:
+        """`state.core(...)` for scale si, eager or through a CUDA graph: first sighting of a key
+        eager, second captured, then replayed. Returns the step's `StepOut` (bits and entropy
+        copied out of a replay's static tensors)."""
+        key = self.key(state, si, plan, cfg, tau, top_k, top_p)
+        if key is None:
+            return state.core(si, plan, cfg, tau, top_k, top_p)
+        plan = self._static_keeps(si, plan)
+        step = self.steps.get(key)
+        if step is None:
+            if key not in self.seen:  # allocations, lazy inits and kernel compilation happen here
+                self.seen.add(key)
+                return state.core(si, plan, cfg, tau, top_k, top_p)
+            kv_len, rng = list(state.kv.len), [g.get_state() for g in state.generators]
+            try:
+                graph, out = self.capture(state, lambda: state.core(si, plan, cfg, tau, top_k, top_p))
+            except Exception as err:  # noqa: BLE001 - any capture failure: degrade to eager, don't die
+                # a capture runs nothing on the device: undo its host-side effects and run the step eagerly
+                state.kv.len = kv_len
+                for g, st in zip(state.generators, rng):
+                    g.set_state(st)
+                state.graphs = None
+                self.rt.fall_back("runtime.cuda_graphs", err)
+                return state.core(si, plan, cfg, tau, top_k, top_p)
+            if out.residual_store is not None:
+                self.static_ptrs.update(t.data_ptr() for t in out.residual_store.values())
+            step = self.steps[key] = _CapturedStep(graph, out, list(state.kv.len))
+        else:
+            step.graph.replay()
+        state.kv.len = list(step.kv_len)
+        out = step.out  # static tensors: overwritten by the next replay, so keep copies of what outlives it
+        return dataclasses.replace(out, bits=out.bits.clone(), entropy=out.entropy.clone())
+
+    def capture(self, state: GenState, fn):
+        """Capture `fn` (one scale step of `state`) as a CUDA graph, then replay it once (capture
+        runs nothing). The tests stand in for it to run graph mode's bookkeeping on the CPU."""
+        if self.rt.graph_pool is None:
+            self.rt.graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        for g in state.generators:  # per-image generators advance on every replay as in eager mode
+            graph.register_generator_state(g)
+        with torch.cuda.graph(graph, pool=self.rt.graph_pool):
+            out = fn()
+        graph.replay()
+        return graph, out
+
+    def key(self, state: GenState, si: int, plan: ScalePlan, cfg, tau, top_k, top_p) -> Optional[tuple]:
+        """Everything a captured step bakes in: the plan's shape (not its kept indices, which are
+        copied into static buffers), the KV lengths, and the addresses of the residuals it may read.
+        None (run eagerly): the plan has a selector that is not a dataclass (no stable signature), or
+        residuals of an eager step are alive (a graph would read their soon-freed memory)."""
+        blocks = []
+        for bi, bp in sorted(plan.blocks.items()):
+            sel = None
+            if bp.selector is not None:
+                if not dataclasses.is_dataclass(bp.selector):
+                    return None
+                sel = (type(bp.selector).__qualname__, dataclasses.astuple(bp.selector))
+            blocks.append((bi, bp.mode, bp.n_keep, tuple(bp.sublayers), bp.fill, bp.cache_from, bp.prune_kv,
+                           None if bp.keep is None else tuple(bp.keep.shape), sel))
+        residuals = tuple((src, k, t.data_ptr()) for src, d in sorted(state.residuals.items()) for k, t in sorted(d.items()))
+        if any(ptr not in self.static_ptrs for *_, ptr in residuals):
+            return None  # residuals from an eager step live in memory a graph must not hold on to
+        return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
+                plan.attention_entropy_queries, plan.attention_entropy_sampling, state.rows, tuple(state.kv.len), residuals,
+                cfg, tau, top_k, top_p)
+
+    def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
+        """The plan with every `keep` copied into a buffer that lives as long as this state."""
+        if not any(bp.keep is not None for bp in plan.blocks.values()):
+            return plan
+        blocks = {}
+        for bi, bp in plan.blocks.items():
+            if bp.keep is not None:
+                key = (si, bi, tuple(bp.keep.shape))
+                buf = self.keep_buffers.get(key)
+                if buf is None:
+                    buf = self.keep_buffers[key] = torch.empty(bp.keep.shape, dtype=torch.long, device=self.rt.device)
+                buf.copy_(bp.keep)
+                bp = dataclasses.replace(bp, keep=buf)
+            blocks[bi] = bp
+        return dataclasses.replace(plan, blocks=blocks)

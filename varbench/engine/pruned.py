@@ -1,0 +1,150 @@
+"""One block under a plan: pruned sublayers and their fill, kept residuals, attention entropy.
+
+A block whose plan is anything but the plain full block (`BlockPlan(mode="prune")`, a scale that
+keeps residuals for a later cache fill, a block asked for attention entropy) runs here instead of
+the lean `GenState.full_block`. Its full sublayers compute with the lean block's ops, so a neutral
+plan reproduces the baseline bit for bit; its pruned sublayers run on the kept tokens only:
+
+- self-attention: kept tokens query; with `prune_kv` only they make q, k, v (at their true RoPE
+  positions), else every token gives K/V;
+- cross-attention and FFN: on the kept tokens;
+- the pruned positions are then filled: `fill="pass"` leaves them as they came in, `fill="cache"`
+  adds the branch output cached at an earlier scale (`cache_from`, default the nearest one that
+  kept residuals), area-resized to this grid.
+
+Attention entropy (when asked): from the fused kernel on CUDA (`runtime.fused_entropy`, falling
+back once to SDPA on failure), else the exact chunked pass (`varbench.engine.attention`), for every
+query or `attention_entropy_queries` of them.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from varbench.engine.attention import attention_entropy
+from varbench.engine.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.plan import BlockPlan, SelectorContext, entropy_query_pick
+
+
+def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x (rows, L, C), idx (rows, K) -> (rows, K, C)."""
+    return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+
+def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
+                  want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict,
+                  entropy_sampling: str = "even"):
+    """Block `bi` of scale `si` on the residual stream `x` (rows, n, C) of `state` (a `GenState`)
+    under `bp`. Fills `counts` (executed tokens per sublayer), `residual_store` ((bi, sublayer) ->
+    gated branch output, when the scale keeps residuals), and, with `want_entropy`, `attn_ent[bi]`
+    (rows, queries) and `attn_idx[bi]` (their token positions). Returns the new residual stream."""
+    bc = state.consts[bi]
+    h, w = state.sched[si]
+    rows, n, _ = x.shape
+    pruned = bp.mode == "prune"
+
+    def indices(sub):
+        if not pruned or sub not in bp.sublayers:
+            return None
+        if bp.keep is not None:
+            idx = bp.keep
+        else:
+            idx = bp.selector(x, SelectorContext(scale=si, block=bi, sublayer=sub, h=h, w=w, batch=state.batch,
+                                                 cfg_rows=rows == 2 * state.batch))
+        idx = idx.to(x.device)
+        return idx[:rows] if idx.shape[0] >= rows else idx.repeat(rows // idx.shape[0], 1)
+
+    # --- self-attention
+    idx = indices("sa")
+    xin = modulated_norm(x, bc.scale1, bc.shift1, bc.eps)
+    table = state.rope[si]
+    if idx is not None and bp.prune_kv:  # only kept tokens make q, k, v
+        rot = qkv_rope(bc, _gather_rows(xin, idx), table[idx])
+        counts["qkv"] = idx.shape[1]
+    else:
+        rot = qkv_rope(bc, xin, table)
+        counts["qkv"] = n
+    kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype)
+    q = rot[0]
+    if idx is not None and not bp.prune_kv:  # every token gives K/V, kept tokens query
+        q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
+    qpos = idx
+    counts["kv"] = kk.shape[2]
+    fused = want_entropy and state.rt.fused_entropy and x.device.type == "cuda"
+    if fused:  # entropy of every query from the attention pass itself (ToProVAR's Flash Attention Entropy)
+        from varbench.engine.kernels import flash_attention_with_entropy
+
+        try:
+            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0)
+        except Exception as err:  # noqa: BLE001 - Triton/driver/SM mismatch: SDPA + a second pass instead
+            state.rt.fall_back("runtime.fused_entropy", err)
+            fused = False
+    if not fused:
+        attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
+    if want_entropy:
+        sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
+        pick = None
+        if entropy_queries is not None and entropy_queries < q.shape[2]:
+            pick = entropy_query_pick(q.shape[2], entropy_queries, si, entropy_sampling, x.device)
+            sub_pos = sub_pos[:, pick]
+        if fused:
+            attn_ent[bi] = ent_all if pick is None else ent_all[:, pick]
+        else:
+            attn_ent[bi] = attention_entropy(q if pick is None else q[:, :, pick], kk)
+        attn_idx[bi] = sub_pos
+        counts["ent_q"] = sub_pos.shape[1]
+    counts["sa"] = q.shape[2]
+    x = _apply_branch(state, si, bi, "sa", x, sa_out(bc, attn), bc.g1, idx, bp, residual_store)
+
+    # --- cross-attention
+    idx = indices("ca")
+    xq = x if idx is None else _gather_rows(x, idx)
+    counts["ca"] = xq.shape[1]
+    x = _apply_branch(state, si, bi, "ca", x, cross_attention(bc, xq), None, idx, bp, residual_store)
+
+    # --- FFN
+    idx = indices("ffn")
+    xq = x if idx is None else _gather_rows(x, idx)
+    counts["ffn"] = xq.shape[1]
+    return _apply_branch(state, si, bi, "ffn", x, ffn(bc, xq), bc.g2, idx, bp, residual_store)
+
+
+def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, residual_store):
+    """x + gate * branch. Full sublayers compute it as the lean block does (bit for bit); pruned
+    ones fill the pruned positions first (cached residual or nothing)."""
+    if idx is None:
+        if residual_store is not None:
+            residual_store[(bi, sub)] = branch.float() if gate is None else branch.float().mul(gate)
+        return x + branch if gate is None else torch.addcmul(x, branch, gate)
+    rows, n, c = x.shape
+    branch = branch.float() if gate is None else branch.float().mul(gate)
+    if bp.fill == "pass":
+        return x.scatter_add(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
+    base = _cached_branch(state, si, bi, sub, rows, bp.cache_from)
+    full = base.scatter(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
+    if residual_store is not None:
+        residual_store[(bi, sub)] = full
+    return x + full
+
+
+def _cached_branch(state, si, bi, sub, rows, cache_from) -> torch.Tensor:
+    """The branch output cached at `cache_from` (default: the nearest earlier scale that kept
+    residuals), area-resized to this scale's grid."""
+    src = cache_from
+    if src is None:
+        src = next((c for c in sorted(state.residuals, reverse=True) if c < si and (bi, sub) in state.residuals[c]), None)
+    return _resize_cached(state, si, bi, sub, rows, src)
+
+
+def _resize_cached(state, si, bi, sub, rows, src) -> torch.Tensor:
+    if src is None or (bi, sub) not in state.residuals.get(src, {}):
+        raise ValueError(f"scale {si} block {bi}: fill='cache' needs an earlier scale run with keep_residuals=True "
+                         f"(none found for sublayer {sub}); set keep_residuals on the cache scale or use fill='pass'")
+    cached = state.residuals[src][(bi, sub)][:rows]
+    hs, ws = state.sched[src]
+    h, w = state.sched[si]
+    c = cached.shape[-1]
+    grid = cached.transpose(1, 2).reshape(rows, c, hs, ws)
+    return F.interpolate(grid, size=(h, w), mode="area").reshape(rows, c, h * w).transpose(1, 2)

@@ -1,0 +1,360 @@
+"""The state of one generation and the scale step that advances it.
+
+    state = GenState(rt, ctx, text, negative, schedule, h_div_w, seeds)
+    signals = state.step(si, plan, cfg, tau, top_k, top_p)      # once per scale, in order
+
+A `GenState` holds everything a generation accumulates: the KV cache (`KVCache`), the summed codes,
+the residual caches of scales that kept them, the per-image generators, the per-scale bits,
+entropies and trace, and the per-block constants of its rows (text, AdaLN). Its `step` runs one
+scale: the blocks under the plan, the head, guidance, sampling per image, and the accumulation of
+the sampled codes; it returns the `ScaleSignals` the policy observes.
+
+Inside a step, a full block takes the lean path (`GenState.full_block`, `varbench.engine.block_step`);
+a block under a plan (pruned, keeping residuals, asked for attention entropy) takes
+`varbench.engine.pruned.planned_block`, which computes its full sublayers with the same ops, so a
+neutral plan reproduces the baseline bit for bit. In graph mode (`graphs` set, by the runtime) the
+device work of a step (`core`) is captured and replayed by `varbench.engine.graphs.StepGraphs`.
+
+Design rule: `core` reads no GPU value on the host and every shape in it follows from the
+schedule and the plan, so it can be captured as a CUDA graph. Host reads happen between steps
+(the policy's observe) and after the loop (traces).
+
+Per-image decisions split a state into sub-batches (`split`, `varbench.engine.batch_split`): the
+parts view the parent's cache rows instead of copying them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from varbench.engine import pruned
+from varbench.engine.batch_split import image_rows, take_rows
+from varbench.engine.block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.models.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
+from varbench.engine.models.infinity import CrossAttnBlock, key_runs
+from varbench.engine.models.text import TextBatch
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, is_neutral
+from varbench.engine.sampling import bit_entropy, guided_logits, sample_bits
+
+_FULL = BlockPlan()
+
+
+class KVCache:
+    """Per-block K/V buffers (2, rows, H, capacity, c) preallocated for the whole schedule; blocks may
+    hold different lengths (pruned K/V, skipped blocks). Static capacity keeps each step's shapes static."""
+
+    def __init__(self, depth: int, capacity: int):
+        self.full: list[Optional[torch.Tensor]] = [None] * depth   # all rows, as allocated
+        self.kv: list[Optional[torch.Tensor]] = [None] * depth     # the rows in use
+        self.len = [0] * depth
+        self.capacity = capacity
+
+    def restart(self) -> None:
+        """Empty, keeping the buffers (graph mode: captured steps write to these addresses)."""
+        self.kv, self.len = list(self.full), [0] * len(self.len)
+
+    def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c)."""
+        if self.kv[bi] is None:
+            two, rows, heads, _, c = kv.shape
+            self.kv[bi] = self.full[bi] = kv.new_empty((2, rows, heads, self.capacity, c), dtype=dtype)
+        buf, start = self.kv[bi], self.len[bi]
+        self.len[bi] = end = start + kv.shape[3]
+        buf.narrow(3, start, kv.shape[3]).copy_(kv)
+        return buf.narrow(3, 0, end).unbind(0)
+
+    def view(self, rows) -> "KVCache":
+        """A cache over `rows(buffer)` of every block's rows in use (views: appends write into this
+        cache's memory), with the same capacity and lengths."""
+        new = KVCache(len(self.len), self.capacity)
+        new.kv = [None if t is None else rows(t) for t in self.kv]
+        new.full, new.len = list(new.kv), list(self.len)
+        return new
+
+    def drop_uncond(self, batch: int) -> None:
+        self.kv = [None if t is None else t[:, :batch] for t in self.kv]
+
+
+@dataclasses.dataclass
+class StepOut:
+    """What one scale step produced (in graph mode: the captured step's static tensors)."""
+
+    logits: torch.Tensor                 # (rows, n, 2d) head output
+    guided: torch.Tensor                 # (B, n, 2d) tempered, guided logits
+    bits: torch.Tensor                   # (B, h, w, d)
+    entropy: torch.Tensor                # (B, n)
+    attn_ent: dict
+    attn_idx: dict
+    counts: list                         # per block executed tokens (host ints)
+    residual_store: Optional[dict]
+
+
+def new_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The per-image sampling generator on `device`, seeded. One function so that the fake-CUDA dry
+    run (`varbench.engine.fake_cuda`), where no CUDA generator can exist without a driver, can stand one in."""
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+def _condition(rt, text: TextBatch, negative: Optional[TextBatch], cfg_rows: bool):
+    """Normalised text for cross-attention, the pooled SOS/condition, and the shared AdaLN."""
+    m = rt.model
+    feats, mask = text.features, text.mask
+    if cfg_rows:
+        if negative is not None:
+            un_f, un_m = negative.features, negative.mask
+            if un_f.shape[0] == 1 and feats.shape[0] > 1:
+                un_f, un_m = un_f.expand(feats.shape[0], -1, -1), un_m.expand(feats.shape[0], -1)
+        else:
+            # the learned placeholder replaces the prompt's tokens, same length as the prompt
+            un_f = m.cfg_uncond[: feats.shape[1]].to(feats.dtype).unsqueeze(0).expand(feats.shape[0], -1, -1) * mask.unsqueeze(-1)
+            un_m = mask
+        lmax = max(feats.shape[1], un_f.shape[1])
+        feats = torch.cat([F.pad(feats, (0, 0, 0, lmax - feats.shape[1])), F.pad(un_f, (0, 0, 0, lmax - un_f.shape[1]))])
+        mask = torch.cat([F.pad(mask, (0, lmax - mask.shape[1])), F.pad(un_m, (0, lmax - un_m.shape[1]))])
+    feats = m.text_norm(feats)
+    cond = m.text_proj_for_sos(feats, mask, rt.ca_bf16)
+    ca_text = m.text_proj_for_ca(feats)
+    shared_gss = m.shared_ada_lin(cond.float()).float()
+    return ca_text, mask, cond, shared_gss
+
+
+class GenState:
+    """Mutable state of one generation: residual stream input, KV cache, codes, residual caches.
+
+    `rt` is the `InfinityRuntime` (model, dtype, device, RoPE tables, fallbacks); `ctx` the
+    generation's context; `negative` the negative prompt's text or None (the learned placeholder).
+    `graphs` is None (eager) or the `varbench.engine.graphs.StepGraphs` that capture this state's
+    steps; the runtime sets it on the whole-batch states it keeps for graph mode."""
+
+    def __init__(self, rt, ctx: GenerationContext, text: TextBatch, negative: Optional[TextBatch],
+                 sched: list[tuple[int, int]], h_div_w: float, seeds: Sequence[int]):
+        self.rt, self.m, self.ctx, self.sched = rt, rt.model, ctx, sched
+        self.batch = ctx.batch
+        self.rows = self.rows0 = ctx.rows
+        self.ca_text, self.ca_mask, self.cond, self.shared_gss = _condition(rt, text, negative, ctx.cfg_rows)
+        self.blocks: list[CrossAttnBlock] = self.m.blocks
+        self._build_text_consts()
+        self.kv = KVCache(len(self.blocks), sum(h * w for h, w in sched))
+        self.kv_dtype = torch.float32 if rt.dtype == torch.float32 else torch.bfloat16
+        self.rope = [rt.rope_qkv(hw, h_div_w) for hw in sched]
+        self.patch = 2 if rt.cfg.patchify else 1
+        hl, wl = sched[-1]
+        self.latent_size = (1, hl * self.patch, wl * self.patch)
+        d_vae = rt.cfg.vae_codebook_dim
+        self.summed_codes = torch.zeros(self.batch, d_vae, *self.latent_size, device=rt.device)
+        self.generators = [new_generator(rt.device, s) for s in seeds]
+        self.residuals: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
+        self.bits: list[Optional[torch.Tensor]] = []
+        self.entropies: list[Optional[torch.Tensor]] = []
+        self.trace: list[dict] = []
+        self.dropped_uncond = False
+        self.consts_full = self.consts
+        self.h_div_w = h_div_w
+        self.graphs = None                     # graph mode: this state's StepGraphs (varbench.engine.graphs)
+
+    def _build_text_consts(self, row_tokens: Optional[list[int]] = None) -> None:
+        """Per-block constants of this state's rows. Host reads happen here, once, before the loop:
+        text tokens per row (FLOPs, text-length runs), unless `row_tokens` already gives them."""
+        mask = self.ca_mask
+        self.row_tokens = mask.sum(1).tolist() if row_tokens is None else row_tokens
+        self.text_tokens = {self.rows0: sum(self.row_tokens), self.batch: sum(self.row_tokens[: self.batch])}
+        runs = key_runs(mask, self.row_tokens)
+        self.consts = [BlockConsts.build(b, self.shared_gss, self.ca_text, mask, runs, self.rt.ca_bf16) for b in self.blocks]
+
+    def image_text_tokens(self, i: int) -> tuple[int, int]:
+        """Text tokens of image i's conditional row and of its unconditional row (0 without CFG)."""
+        return self.row_tokens[i], (self.row_tokens[self.batch + i] if self.rows0 == 2 * self.batch else 0)
+
+    # -------------------------------------------------------------- sub-batches and reuse
+    def split(self, parts: Sequence[Sequence[int]]) -> list["GenState"]:
+        """States for `parts` (lists of image positions that together make this batch), to continue
+        apart (per-image decisions, `varbench.engine.batch_split`). The big tensors are not copied: the KV
+        cache's and the residual caches' rows are permuted in place so that each part's rows ([cond;
+        uncond] of its images) lie together, and each part's state views its slice (one block's
+        buffer is copied at a time, so a split costs no second cache). This state is spent after.
+        The parts run eagerly: graph mode captures whole-batch states only, whose tensors live
+        across generations."""
+        B, parts = self.batch, [list(p) for p in parts]
+
+        def permute(t: torch.Tensor, dim: int) -> None:
+            rows = [r for p in parts for r in image_rows(p, B, t.shape[dim])]
+            if rows != list(range(len(rows))):
+                t.copy_(t.index_select(dim, torch.tensor(rows, device=t.device)))
+
+        for t in self.kv.kv:
+            if t is not None:
+                permute(t, 1)
+        for cached in self.residuals.values():
+            for t in cached.values():
+                permute(t, 0)
+        subs, first = [], 0
+        for p in parts:
+            subs.append(self._part(p, first))
+            first += len(p)
+        return subs
+
+    def _part(self, images: list[int], first: int) -> "GenState":
+        """The state of `images`, whose cache rows start at image `first` after `split`'s permutation."""
+        sub = object.__new__(GenState)
+        sub.__dict__.update(self.__dict__)   # rt, model, schedule, RoPE tables, latent size: shared
+        b, B = len(images), self.batch
+
+        def rows_of(t: torch.Tensor, dim: int) -> torch.Tensor:   # this part's slice of a permuted tensor
+            per = t.shape[dim] // B
+            return t.narrow(dim, first * per, b * per)
+
+        idx = torch.tensor(images, device=self.rt.device)
+        sub.ctx = dataclasses.replace(self.ctx, batch=b)
+        sub.batch, sub.rows0 = b, len(image_rows(images, B, self.rows0))
+        sub.rows = b if self.dropped_uncond else sub.rows0
+        sub.ca_text, sub.ca_mask, sub.cond, sub.shared_gss = (take_rows(t, images, B) for t in
+                                                              (self.ca_text, self.ca_mask, self.cond, self.shared_gss))
+        sub._build_text_consts([self.row_tokens[r] for r in image_rows(images, B, self.rows0)])
+        sub.consts_full = sub.consts
+        if self.dropped_uncond:
+            sub.consts = [bc.first_rows(b) for bc in sub.consts]
+        sub.kv = self.kv.view(lambda t: rows_of(t, 1))
+        sub.residuals = {s: {k: rows_of(t, 0) for k, t in d.items()} for s, d in self.residuals.items()}
+        sub.summed_codes = self.summed_codes.index_select(0, idx)
+        sub.generators = [self.generators[i] for i in images]   # each image keeps drawing from its own
+        sub.bits = [None if t is None else t.index_select(0, idx) for t in self.bits]
+        sub.entropies = [None if t is None else t.index_select(0, idx) for t in self.entropies]
+        sub.trace = list(self.trace)          # the entries so far are shared (they ran for these images too)
+        sub.graphs = None
+        return sub
+
+    def restart(self, text: TextBatch, negative: Optional[TextBatch], seeds: Sequence[int]) -> None:
+        """Graph mode: begin a new generation in the same tensors (captured steps read their addresses)."""
+        fresh = GenState(self.rt, self.ctx, text, negative, self.sched, self.h_div_w, seeds)
+        for old, new in zip(self.consts_full, fresh.consts):
+            for name in BlockConsts.PER_PROMPT:
+                getattr(old, name).copy_(getattr(new, name))
+        self.cond.copy_(fresh.cond)
+        self.ca_text, self.ca_mask, self.shared_gss = fresh.ca_text, fresh.ca_mask, fresh.shared_gss
+        self.summed_codes.zero_()
+        for g, seed in zip(self.generators, seeds):
+            g.manual_seed(int(seed))
+        self.text_tokens = fresh.text_tokens
+        self.consts, self.rows, self.dropped_uncond = self.consts_full, self.rows0, False
+        self.kv.restart()
+        self.residuals, self.bits, self.entropies, self.trace = {}, [], [], []
+
+    # -------------------------------------------------------------- one scale
+    def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> Optional[ScaleSignals]:
+        """Run scale `si` under `plan` (host side: checks, trace, signals; device side: `run_core`).
+        None when the plan skips the scale."""
+        h, w = self.sched[si]
+        n = h * w
+        if not plan.run:
+            self.bits.append(None)
+            self.entropies.append(None)
+            self.trace.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": self.batch, "tokens": n, "blocks": [],
+                               "neutral": False})
+            return None
+        if plan.drop_uncond and self.ctx.cfg_rows and not self.dropped_uncond:
+            self.dropped_uncond = True
+            self.rows = self.batch
+            self.kv.drop_uncond(self.batch)
+            self.consts = [bc.first_rows(self.batch) for bc in self.consts]
+        elif self.dropped_uncond and not plan.drop_uncond:
+            raise ValueError(f"scale {si}: the unconditional branch was dropped at an earlier scale and cannot return")
+        for bi, bp in plan.blocks.items():
+            if not 0 <= bi < len(self.blocks):
+                raise ValueError(f"plan for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
+            bp.validate(n)
+        out = self.run_core(si, plan, cfg, tau, top_k, top_p)
+        if out.residual_store is not None:
+            self.residuals[si] = out.residual_store
+        for s in plan.release_residuals:
+            self.residuals.pop(s, None)
+        self.entropies.append(out.entropy)
+        self.bits.append(out.bits)
+        self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": self.rows, "batch": self.batch, "tokens": n,
+                           "text_tokens": self.text_tokens[self.rows], "blocks": out.counts,
+                           "neutral": is_neutral(plan)})   # the image is what the released model makes (varbench.engine.effect)
+        cfg_active = self.rows == 2 * self.batch
+        d = out.guided.shape[-1] // 2
+        return ScaleSignals(
+            scale=si, h=h, w=w, token_entropy=out.entropy, logits=out.guided.view(self.batch, n, d, 2),
+            cond_logits=(out.logits[: self.batch].mul(1 / tau).view(self.batch, n, d, 2) if cfg_active else None),
+            attention_entropy=out.attn_ent, attention_query_index=out.attn_idx,
+            executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(out.counts)},
+            tau=tau, cfg=cfg, summed_codes=self.summed_codes, decode=self.rt.decode if self.rt.vae is not None else None,
+        )
+
+    def run_core(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> StepOut:
+        """The device work of scale `si`: eagerly, or in graph mode through this state's captured
+        steps (`StepGraphs.run`). The fake-CUDA dry run wraps this to tell steps from the gaps between."""
+        if self.graphs is None:
+            return self.core(si, plan, cfg, tau, top_k, top_p)
+        return self.graphs.run(self, si, plan, cfg, tau, top_k, top_p)
+
+    def core(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> StepOut:
+        """The device work of one scale: blocks, head, guidance, sampling, code accumulation. No host
+        reads of GPU values, so it can be captured as a CUDA graph."""
+        h, w = self.sched[si]
+        n = h * w
+        x = self._scale_input(si)
+        counts_all, attn_ent, attn_idx = [], {}, {}
+        residual_store = {} if plan.keep_residuals else None
+        for bi in range(len(self.blocks)):
+            bp = plan.blocks.get(bi, _FULL)
+            counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
+            if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for:
+                x = self.full_block(si, bi, x)
+                counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
+            elif bp.mode != "skip":
+                x = pruned.planned_block(self, si, bi, x, bp, counts, residual_store,
+                                         bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx,
+                                         plan.attention_entropy_sampling)
+            counts_all.append(counts)
+        logits = self.m.logits(x, self.cond[:self.rows])
+        guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
+        bits = sample_bits(guided, self.generators, top_k, top_p).view(self.batch, h, w, -1)
+        entropy = bit_entropy(guided)
+        self._accumulate(si, bits)
+        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store)
+
+    def _scale_input(self, si: int) -> torch.Tensor:
+        """The residual stream entering scale si: SOS (+ start position) at scale 0, else the word
+        embedding of the summed codes interpolated to this grid; plus the level embedding."""
+        m = self.m
+        if si == 0:
+            x = self.cond.unsqueeze(1) + m.pos_start.expand(self.rows0, 1, -1)
+            x = x[: self.rows]
+        else:
+            h, w = self.sched[si]
+            nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
+            if self.patch > 1:
+                nxt = patchify_codes(nxt)
+            nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
+            x = self.rt.embed_codes(nxt).repeat(self.rows // self.batch, 1, 1)
+        return x + self.m.lvl_embed.weight[si]
+
+    def _accumulate(self, si: int, bits_grid: torch.Tensor) -> None:
+        """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released."""
+        b = bits_grid
+        if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d), the released pixel_shuffle order
+            b = unpatchify_bits(b)
+        codes = bits_to_codes(b).unsqueeze(1).permute(0, 4, 1, 2, 3)            # (B, d, 1, H, W)
+        if si != len(self.sched) - 1:
+            self.summed_codes += F.interpolate(codes, size=self.latent_size, mode="trilinear")
+        else:
+            self.summed_codes += codes
+
+    def full_block(self, si: int, bi: int, x: torch.Tensor) -> torch.Tensor:
+        """The baseline block: every token, the fewest ops (see `varbench.engine.block_step`).
+        Public as the hook that `experiments/runtime_ops.py` and the fake-CUDA dry run wrap."""
+        bc = self.consts[bi]
+        rot = qkv_rope(bc, modulated_norm(x, bc.scale1, bc.shift1, bc.eps), self.rope[si])   # (3, rows, H, n, c)
+        k, v = self.kv.append(bi, rot[1:], self.kv_dtype)
+        q = rot[0]
+        attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, scale=1.0)
+        x = torch.addcmul(x, sa_out(bc, attn), bc.g1)
+        x = x + cross_attention(bc, x)
+        return torch.addcmul(x, ffn(bc, x), bc.g2)
