@@ -41,7 +41,7 @@ MOVED = {
     "varbench.validate": "varbench.harness.config", "varbench.prompts": "varbench.harness.prompts",
     "varbench.timing": "varbench.harness.timing", "varbench.scoring": "varbench.harness.scoring",
     "varbench.provenance": "varbench.harness.provenance", "varbench.store": "varbench.harness.store",
-    "varbench.records": "varbench.harness.records", "varbench.schema": "varbench.harness.schema",
+    "varbench.records": ("varbench.harness.records", "varbench.analysis.frame"),   # split in two "varbench.schema": "varbench.harness.schema",
     "varbench.sharding": "varbench.harness.sharding",
     "varbench.tables": "varbench.analysis.tables", "varbench.plots": "varbench.analysis.plots",
     "varbench.image_grid": "varbench.analysis.image_grid", "varbench.wandb_sink": "varbench.loggers.wandb",
@@ -52,8 +52,9 @@ MOVED = {
 
 
 class _Alias(importlib.abc.Loader):
-    def __init__(self, target: str, deprecated: bool):
-        self.target, self.deprecated = target, deprecated
+    def __init__(self, target: str | tuple[str, ...], deprecated: bool):
+        self.targets = (target,) if isinstance(target, str) else tuple(target)
+        self.target, self.deprecated = ", ".join(self.targets), deprecated
 
     def create_module(self, spec):
         return types.ModuleType(spec.name)
@@ -62,14 +63,21 @@ class _Alias(importlib.abc.Loader):
         if self.deprecated:
             warnings.warn(f"{module.__name__} moved to {self.target}; import it from there",
                           DeprecationWarning, stacklevel=3)
-        target = importlib.import_module(self.target)
-        module.__dict__["__getattr__"] = lambda name: getattr(target, name)
-        module.__dict__["__doc__"] = target.__doc__
-        module.__dict__["__all__"] = [n for n in vars(target) if not n.startswith("_")]
+        targets = [importlib.import_module(t) for t in self.targets]
+
+        def lookup(name: str):
+            for target in targets:       # a module split in two: the first that has the name
+                if hasattr(target, name):
+                    return getattr(target, name)
+            raise AttributeError(f"{module.__name__} (now {', '.join(self.targets)}) has no attribute {name!r}")
+
+        module.__dict__["__getattr__"] = lookup
+        module.__dict__["__doc__"] = targets[0].__doc__
+        module.__dict__["__all__"] = [n for t in targets for n in vars(t) if not n.startswith("_")]
 
     def get_code(self, fullname: str):
         """What ``python -m <old path>`` runs: the new module, as ``__main__``."""
-        src = f"import runpy\nrunpy.run_module({self.target!r}, run_name='__main__', alter_sys=True)\n"
+        src = f"import runpy\nrunpy.run_module({self.targets[0]!r}, run_name='__main__', alter_sys=True)\n"
         return compile(src, f"<{fullname}: alias of {self.target}>", "exec")
 
 
