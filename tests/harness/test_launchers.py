@@ -23,10 +23,12 @@ LAUNCHER_DIR = ROOT / "varbench" / "conf" / "hydra" / "launcher"
 
 # Without the `slurm` extra there is no `hydra_plugins` package at all, so `find_spec` of the dotted
 # name raised ModuleNotFoundError (it imports the parent) instead of returning None. Import the
-# launcher module itself, which also needs `submitit`: missing -> the module skips with the fix;
-# installed but broken (an ImportError that is not ModuleNotFoundError) -> an error, not a skip.
-pytest.importorskip("hydra_plugins.hydra_submitit_launcher.submitit_launcher",
-                    reason="hydra-submitit-launcher is not installed: pip install -e .[slurm]")
+# launcher module and `submitit` (which it imports only when it launches): either missing -> this
+# module skips, naming the fix; installed but broken (an ImportError that is not
+# ModuleNotFoundError) -> an error, not a skip.
+SLURM_EXTRA = "hydra-submitit-launcher is not installed: pip install -e .[slurm]"
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher.submitit_launcher", reason=SLURM_EXTRA)
+pytest.importorskip("submitit", reason=SLURM_EXTRA)
 
 
 def _launcher_cfg(name: str, *overrides: str) -> dict:
