@@ -28,6 +28,7 @@ def wheel(tmp_path_factory) -> Path:
     return whl
 
 
+@pytest.mark.integration
 def test_wheel_holds_only_varbench_with_its_configs_and_bundled_files(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
@@ -47,6 +48,7 @@ def test_no_production_config_points_into_the_tests_folder():
     assert not offenders, offenders
 
 
+@pytest.mark.integration
 def test_installed_cli_runs_a_job_outside_a_checkout(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

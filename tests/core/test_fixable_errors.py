@@ -148,6 +148,7 @@ def test_other_errors_keep_their_traceback():
         fixable_exits(bug)
 
 
+@pytest.mark.integration
 def test_the_command_prints_a_read_only_store_without_traceback_and_exits_2(tmp_path):
     """End to end through Hydra: `python -m varbench` on a store whose disk refuses writes (EROFS
     injected at the temp-file step every store write takes; root ignores chmod, so no real read-only

@@ -47,6 +47,7 @@ HOLD = """
 """
 
 
+@pytest.mark.integration
 def test_lock_of_a_killed_process_is_taken_over(tmp_path, capsys):
     ready = tmp_path / "ready"
     child = _child(HOLD, str(tmp_path), str(ready), "60")
@@ -69,6 +70,7 @@ def test_lock_of_a_killed_process_is_taken_over(tmp_path, capsys):
     assert f"died without releasing it" in capsys.readouterr().out and not lock.exists()
 
 
+@pytest.mark.integration
 def test_live_holder_makes_the_second_acquirer_wait_then_succeed(tmp_path, capsys):
     ready = tmp_path / "ready"
     child = _child(HOLD, str(tmp_path), str(ready), "1.5")
@@ -142,6 +144,7 @@ def test_generation_lock_serialises_generation(tmp_path):
 
 # ---- umask ----------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_every_store_and_record_file_honours_the_umask(tmp_path):
     code = """
         import os, sys
@@ -237,6 +240,7 @@ LOOP = """
 """
 
 
+@pytest.mark.integration
 def test_sigterm_ends_a_loop_after_the_current_unit_with_exit_code_143(tmp_path):
     log = tmp_path / "log"
     child = _child(LOOP, str(log))
@@ -255,6 +259,7 @@ def test_sigterm_ends_a_loop_after_the_current_unit_with_exit_code_143(tmp_path)
     assert "SIGTERM: finishing the current unit of work" in err and "Traceback" not in err
 
 
+@pytest.mark.integration
 def test_second_signal_and_signal_outside_a_unit_stop_at_once(tmp_path):
     code = """
         import os, signal, sys, time
@@ -293,6 +298,7 @@ def test_second_signal_and_signal_outside_a_unit_stop_at_once(tmp_path):
     assert "noted only" in proc.stdout
 
 
+@pytest.mark.integration
 def test_a_signal_between_jobs_is_noted_then_raised_when_the_next_job_starts(tmp_path):
     """The ``varbench`` command's outer block only notes a signal (it must not raise inside Hydra's
     config composition, where it surfaced as a config error with exit code 1); the next job's block
@@ -323,6 +329,7 @@ def test_a_signal_between_jobs_is_noted_then_raised_when_the_next_job_starts(tmp
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_a_first_checkpoint_hash_stops_between_chunks_on_a_noted_signal(tmp_path):
     """Hashing a multi-GB checkpoint runs before the job's own (immediate) block, under the
     command's deferring one; it checks for a noted stop between its 4 MiB chunks, so Ctrl-C during
@@ -358,6 +365,7 @@ def test_a_first_checkpoint_hash_stops_between_chunks_on_a_noted_signal(tmp_path
     assert "stopped after 1 chunk(s), exit 130" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_a_handler_installed_before_is_called_at_the_safe_point(tmp_path):
     """Under Slurm, submitit installs its own SIGUSR2 handler (checkpoint, requeue, exit) before the
     job runs. The job's GracefulStop must not swallow it: the unit in flight finishes, then the

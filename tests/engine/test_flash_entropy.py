@@ -253,11 +253,13 @@ def _check_against_references(cs, res, *, ent_fp64_atol=5e-5, min_frac_1ulp=0.99
     return errs
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", MAIN_CASES)
 def test_interpreter_matches_references(interp, name):
     _check_against_references(CASES[name], interp[name])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["strided", "sharp", "scale", "fp16", "fp32"])
 def test_interpreter_layouts_scales_dtypes(interp, name):
     # fp32 in -> bf16 kernel -> fp32 out (the references above are computed on the bf16-rounded
@@ -265,6 +267,7 @@ def test_interpreter_layouts_scales_dtypes(interp, name):
     _check_against_references(CASES[name], interp[name])
 
 
+@pytest.mark.integration
 def test_rescale_of_ps_accumulator_matters(interp):
     """With logits rising along the keys the max moves in every block: the kernel matches the oracle,
     while variants that skip the rescale of the p*s accumulator are far off (so the check has teeth)."""
@@ -309,6 +312,7 @@ def test_shape_errors():
         flash_attention_with_entropy(q, k, v[:, :1], force_triton=False)
 
 
+@pytest.mark.integration
 def test_package_import_is_light():
     code = ("import sys, varbench.engine.kernels as K; assert callable(K.flash_attention_with_entropy); "
             "assert 'varbench.engine.kernels.flash_entropy' not in sys.modules; assert 'triton' not in sys.modules")

@@ -25,6 +25,7 @@ def _gen(policy="baseline", batch=1, model="infinity_2b", depth=2, memo=True, **
         return fc, rt, out
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("model,preset", [("infinity_2b", "toprovar"), ("infinity_8b", "fastvar_8b_paper")])
 def test_cli_reduced_depth_exits_0_and_prints_peaks(capsys, model, preset):
     """The CI run: the CLI at depth 2, real 1024² shapes, the 8B patchify path and the fused-entropy path."""
@@ -103,6 +104,7 @@ def test_non_flash_attention_is_reported():
     assert cuda_sdpa_backend(q, q, q, attn_mask=torch.ones(1, 1, 1, 4, dtype=torch.bool)) == "efficient"
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["infinity_2b", "infinity_8b"])
 def test_full_size_every_default_preset(model):

@@ -242,6 +242,7 @@ def test_sampler_logits_match_before_sampling(golden, runs, case):
             f"{case} scale {si}: max |diff| {float(d.max()):.3g} > {LOGIT_TOL[CASES[case]]:g}"
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("label", [label for label, _ in SETTINGS])
 def test_portable_parity_passes_on_other_cpu_kernel_paths(label):

@@ -150,6 +150,7 @@ open(out, "w").write("".join(json.dumps(r) + "\\n" for r in rows))
 '''
 
 
+@pytest.mark.integration
 def test_official_backend_layout_and_parsing(tmp_path):
     repo = tmp_path / "geneval"
     (repo / "evaluation").mkdir(parents=True)

@@ -33,6 +33,7 @@ def _rows(rec, **kw):
     return [r for r in rec["rows"] if all(r.get(k) == v for k, v in kw.items())]
 
 
+@pytest.mark.integration
 def test_smoke_run_finishes(smoke):
     rc, rec, _, secs = smoke
     assert rc == 0 and rec["status"] == "done" and rec["smoke"] is True
@@ -44,6 +45,7 @@ def test_smoke_run_finishes(smoke):
     print(f"smoke run: {secs:.1f}s")
 
 
+@pytest.mark.integration
 def test_a_timed_row_per_method_and_batch(smoke):
     _, rec, _, _ = smoke
     for role in ("2b", "8b"):
@@ -66,6 +68,7 @@ def test_a_timed_row_per_method_and_batch(smoke):
     assert rec["bitchecks"] and all(b["result"] == "skipped: no CUDA" for b in rec["bitchecks"])
 
 
+@pytest.mark.integration
 def test_paired_speedups(smoke):
     _, rec, _, _ = smoke
     for r in _rows(rec, mode="eager"):
@@ -82,6 +85,7 @@ def test_paired_speedups(smoke):
             assert p["vs"].startswith("baseline (")
 
 
+@pytest.mark.integration
 def test_flops_ratios(smoke):
     _, rec, _, _ = smoke
     for role in ("2b", "8b"):
@@ -97,6 +101,7 @@ def test_flops_ratios(smoke):
             assert base["flops_ratio_vs_baseline"] == 1.0
 
 
+@pytest.mark.integration
 def test_entropy_share_is_measured_on_the_same_plan(smoke):
     _, rec, _, _ = smoke
     ok = [e for e in rec["entropy"] if e["status"] == "ok"]
@@ -108,6 +113,7 @@ def test_entropy_share_is_measured_on_the_same_plan(smoke):
         assert e["share"] == pytest.approx(1 - e["off_ar_ms"] / e["on_ar_ms"], rel=1e-6)
 
 
+@pytest.mark.integration
 def test_markdown_and_targets(smoke):
     _, rec, md, _ = smoke
     for role in ("2b", "8b"):
@@ -224,6 +230,7 @@ def test_random_fill_is_finite_and_sized():
     assert w.std().item() == pytest.approx(1 / math.sqrt(3 * w.shape[1]), rel=0.1)
 
 
+@pytest.mark.integration
 @pytest.mark.gpu
 def test_gpu_smoke_bit_check(tmp_path):
     """On CUDA: tiny models, eager and graphed, every method's bits equal in both modes."""

@@ -29,6 +29,7 @@ def smoke(tmp_path_factory):
     return d, proc, json.loads((d / "measured.json").read_text())
 
 
+@pytest.mark.integration
 def test_without_a_reference_the_gate_says_how_to_make_one(smoke):
     d, proc, _ = smoke
     out = proc.stdout + proc.stderr
@@ -45,6 +46,7 @@ def test_default_reference_path_is_per_device_kind():
     assert rg.default_reference("NVIDIA H200", smoke=True).name == "nvidia-h200-smoke.json"
 
 
+@pytest.mark.integration
 def test_every_method_was_measured_and_the_invariants_hold(smoke):
     _, _, m = smoke
     assert set(m["models"]) == {"toy", "2b"}
@@ -60,6 +62,7 @@ def test_every_method_was_measured_and_the_invariants_hold(smoke):
     assert all(0 <= r["toy_geneval"] <= 1 and r["psnr"] < 100 for k, r in toy.items() if k != "baseline")
 
 
+@pytest.mark.integration
 def test_flops_ratios_equal_the_analytic_counter(smoke):
     """Static plans: the runtime's count equals the count from the plans alone (experiments.flops_table),
     and the gate's ratio is exactly baseline / method of those counts."""
@@ -83,6 +86,7 @@ def test_flops_ratios_equal_the_analytic_counter(smoke):
     assert rows["skip_last_2"]["flops_x"] > 2                       # it really skipped work
 
 
+@pytest.mark.integration
 def test_a_reference_round_trips_through_update_and_check_in_fresh_processes(tmp_path):
     """Bits are deterministic across processes and the paired speed-ups land within tolerance."""
     ref = tmp_path / "ref.json"
@@ -101,6 +105,7 @@ def _problems_after(m: dict, edit) -> list[str]:
     return rg.check(m, ref)
 
 
+@pytest.mark.integration
 def test_a_tampered_reference_fails_naming_method_and_quantity(smoke, tmp_path):
     d, _, m = smoke
     assert rg.check(m, rg.as_reference(m, "test")) == []
@@ -133,6 +138,7 @@ def test_a_tampered_reference_fails_naming_method_and_quantity(smoke, tmp_path):
     assert "REGRESSION: toy/nova_toy: FLOPs ratio" in proc.stdout
 
 
+@pytest.mark.integration
 def test_invariants_catch_graphed_bits_and_flops_count_mismatches(smoke):
     _, _, m = smoke
     bad = copy.deepcopy(m)

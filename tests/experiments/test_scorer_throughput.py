@@ -32,6 +32,7 @@ def _run(tmp_path, scorers: str, images: int = 4, batch: int = 2):
     return rc, json.loads(out.read_text())
 
 
+@pytest.mark.integration
 def test_tiny_run_times_every_scorer(tmp_path):
     """All four scorers run through build_evaluator/setup/update on weights written by the real-size writers."""
     rc, rec = _run(tmp_path, "hpsv2,imagereward,geneval,fidelity", images=4, batch=2)
@@ -49,6 +50,7 @@ def test_tiny_run_times_every_scorer(tmp_path):
     assert rec["scorers"]["fidelity"]["version_info"]["lpips"].startswith("on")
 
 
+@pytest.mark.integration
 def test_failed_scorer_is_recorded_and_fails_the_run(tmp_path, monkeypatch):
     real = st.prepare
 

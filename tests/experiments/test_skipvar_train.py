@@ -33,6 +33,7 @@ def trained(tmp_path_factory):
     return out, time.perf_counter() - t0
 
 
+@pytest.mark.integration
 def test_training_command_writes_the_released_layout(trained):
     from varbench.policies.skipvar_features import CLASSIFIERS, load_decision_models, model_files
 
@@ -54,6 +55,7 @@ def test_training_command_writes_the_released_layout(trained):
     assert sum(rep["skip_label_counts"].values()) == 8
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("threshold", [0.935, 0.995])
 def test_policy_applies_the_fitted_decision(trained, tmp_path, threshold):
     from experiments.skipvar_train import fit_models

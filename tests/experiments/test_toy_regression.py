@@ -17,11 +17,13 @@ def reference():
     return json.loads(tr.REFERENCE.read_text())
 
 
+@pytest.mark.integration
 def test_every_method_default_stays_within_its_reference(reference):
     measured = tr.measure(methods=list(reference["methods"]), n_prompts=reference["n_prompts"])
     assert tr.check(measured, reference) == []
 
 
+@pytest.mark.integration
 def test_a_much_more_aggressive_default_is_caught(reference):
     """FastVAR (generalised) pruning 90% at its two pruned scales instead of 40/50%: the gate must fail."""
     measured = tr.measure(methods=["baseline", "fastvar_generalised"], n_prompts=reference["n_prompts"],

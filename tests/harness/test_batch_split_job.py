@@ -6,6 +6,8 @@ import pytest
 from varbench.harness.job import run_job
 from varbench.harness.testing import job_config
 
+pytestmark = pytest.mark.integration   # every test here runs whole toy jobs (run_job)
+
 
 def _traces(tmp_path, method, batch):
     cfg = job_config(tmp_path, "model=toy", "benchmark=toy", f"method={method}", "evaluator=[toy_geneval]",

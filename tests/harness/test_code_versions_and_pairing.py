@@ -37,6 +37,7 @@ def test_no_code_version_note_when_every_record_is_one_commit(tmp_path):
     assert "code versions" not in (tmp_path / "out" / "table.md").read_text()
 
 
+@pytest.mark.integration
 def test_a_relaunch_says_which_commit_wrote_the_entry_it_skips(tmp_path, capsys):
     from varbench.harness.job import run_job
     from varbench.harness.provenance import git_info

@@ -10,6 +10,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration   # every test here starts `python -m varbench -m` sweeps in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

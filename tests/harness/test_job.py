@@ -13,6 +13,7 @@ def _cfg(tmp_path, *extra):
                       "runtime.progress=false", "timing.repeats=2", "timing.warmup=0", *extra)
 
 
+@pytest.mark.integration
 def test_record_then_skip_then_reuse_then_resume(tmp_path, capsys):
     cfg = _cfg(tmp_path)
     entry = run_job(cfg)
@@ -47,6 +48,7 @@ def test_record_then_skip_then_reuse_then_resume(tmp_path, capsys):
     assert (other / "DONE").exists()
 
 
+@pytest.mark.integration
 def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
     from varbench.cli.callbacks import aggregate_experiment
 
@@ -64,6 +66,7 @@ def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
     assert row["fidelity/ssim"] < 1.0              # and changes the image
 
 
+@pytest.mark.integration
 def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     from varbench.cli.run import run   # the command's wiring: logger=wandb subscribes W&B to the job
@@ -75,6 +78,7 @@ def test_logger_wandb_offline_mirrors_the_finished_record(tmp_path, monkeypatch,
     assert f"W&B offline run: {runs[0]} (upload it with `wandb sync {runs[0]}`)" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_smoke_record_carries_every_weight_free_scorer(tmp_path):
     """The smoke experiment's own evaluator list (tiny random HPSv2, ImageReward and native GenEval
     backbones + fidelity) runs through the real scorer code and lands in the record with provenance."""

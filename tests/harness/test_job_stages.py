@@ -22,6 +22,7 @@ def _rows(entry: Path, name: str) -> list[dict]:
     return [json.loads(line) for line in (entry / f"samples_{name}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_path, capsys, monkeypatch):
     import varbench.harness.job as job_mod
 
@@ -66,6 +67,7 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     assert (e0 / "DONE").exists() and "assembled the record of sharded entry" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_scoring_resumes_per_batch_after_a_crash(tmp_path, monkeypatch, capsys):
     from varbench.evaluators.fidelity import FidelityEvaluator
 
@@ -98,6 +100,7 @@ def test_scoring_resumes_per_batch_after_a_crash(tmp_path, monkeypatch, capsys):
     assert rec["metrics"] == json.loads((fresh / "record.json").read_text())["metrics"]
 
 
+@pytest.mark.integration
 def test_record_carries_per_image_flops_and_executed_tokens(tmp_path):
     entry = run_job(_cfg(tmp_path, "evaluator=[]"))
     rec = json.loads((entry / "record.json").read_text())
@@ -115,6 +118,7 @@ def test_record_carries_per_image_flops_and_executed_tokens(tmp_path):
     assert all(t["work"]["flops"]["vae_decode"] == f["vae_decode"] for t in traces)   # skipping scales skips no decode
 
 
+@pytest.mark.integration
 def test_a_failed_wandb_mirror_is_published_by_the_next_launch(tmp_path, monkeypatch, capsys):
     pytest.importorskip("wandb")
     from varbench.cli.run import run   # the command's wiring: logger=wandb subscribes W&B to the job
@@ -182,6 +186,7 @@ def test_a_garbled_versions_file_is_named(tmp_path):
         read_json(path)
 
 
+@pytest.mark.integration
 def test_a_limited_run_stores_the_bits_the_full_run_makes(tmp_path, monkeypatch):
     """Images are generated in whole batches of fixed members (varbench/harness/sharding.py), so a run on
     a subset (benchmark.limit=3 cuts the batch [2, 3]) stores the bits the full run stores. At
@@ -217,6 +222,7 @@ def test_a_limited_run_stores_the_bits_the_full_run_makes(tmp_path, monkeypatch)
     assert not store_a.has(3, 0)
 
 
+@pytest.mark.integration
 def test_check_record_names_missing_undocumented_and_nested_keys(tmp_path):
     rec = json.loads((run_job(_cfg(tmp_path, "evaluator=[]", "timing=quick", "timing.repeats=1",
                                    "timing.warmup=0")) / "record.json").read_text())

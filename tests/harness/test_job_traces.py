@@ -25,6 +25,7 @@ def _unfinish(entry):
     (entry / "record.json").unlink()
 
 
+@pytest.mark.integration
 def test_a_partial_trace_copy_is_replaced_before_done_and_a_short_store_stops_the_job(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path)
     entry = run_job(cfg)

@@ -5,7 +5,6 @@ The local test is a real sweep with the real `submitit_local` launcher: two tiny
 separate processes, at the same time, and the end-of-sweep callback aggregates one table with both rows.
 The Slurm config is checked as Hydra composes it (no cluster here): one GPU per job and the documented
 time-limit, partition and requeue knobs reach the launcher."""
-import importlib.util
 import json
 import os
 import re
@@ -22,9 +21,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_DIR = ROOT / "varbench" / "conf" / "hydra" / "launcher"
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
-    reason="hydra-submitit-launcher is not installed: pip install -e .[slurm]")
+# Without the `slurm` extra there is no `hydra_plugins` package at all, so `find_spec` of the dotted
+# name raised ModuleNotFoundError (it imports the parent) instead of returning None. Import the
+# launcher module and `submitit` (which it imports only when it launches): either missing -> this
+# module skips, naming the fix; installed but broken (an ImportError that is not
+# ModuleNotFoundError) -> an error, not a skip.
+SLURM_EXTRA = "hydra-submitit-launcher is not installed: pip install -e .[slurm]"
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher.submitit_launcher", reason=SLURM_EXTRA)
+pytest.importorskip("submitit", reason=SLURM_EXTRA)
 
 
 def _launcher_cfg(name: str, *overrides: str) -> dict:
@@ -36,6 +40,7 @@ def _launcher_cfg(name: str, *overrides: str) -> dict:
     return yaml.safe_load(proc.stdout)   # printed as the node itself (`# @package hydra.launcher`)
 
 
+@pytest.mark.integration
 def test_slurm_launcher_composes_one_gpu_per_job_with_its_knobs():
     c = _launcher_cfg("slurm")
     assert c["_target_"].endswith("SlurmLauncher")
@@ -73,6 +78,7 @@ def _span(log: str) -> tuple[datetime, datetime]:
     return when["Starting"], when["Job completed"]
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(240)
 def test_local_submitit_sweep_runs_jobs_in_parallel_processes_and_aggregates_one_table(tmp_path):
     sweep = tmp_path / "sweep"
@@ -142,6 +148,7 @@ def _start_one_job_local_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, 
     return proc, sweep, store
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the job's process through /proc")
 def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
@@ -174,6 +181,7 @@ def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
     assert (tmp_path / "results" / "smoke" / "table.md").exists(), out
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the job's process through /proc")
 def test_ctrl_c_in_the_launching_process_stops_waiting_for_submitit_jobs_at_once(tmp_path):

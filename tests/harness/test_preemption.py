@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration   # every test here starts `python -m varbench -m` sweeps in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ["+experiment=smoke", "evaluator=[fidelity]", "timing=none", "benchmark.limit=3", "runtime.batch_size=1",
          "runtime.progress=false", "method=baseline,skip_last_1"]

@@ -147,6 +147,7 @@ def _traced(store):
     return {(r["prompt_index"], r["sample_index"]) for r in read_jsonl(store.dir / "traces.jsonl")}
 
 
+@pytest.mark.integration
 def test_swapped_image_is_regenerated_and_reported(tmp_path, capsys):
     from varbench.harness.job import run_job
 
@@ -165,6 +166,7 @@ def test_swapped_image_is_regenerated_and_reported(tmp_path, capsys):
     RunEntry.from_dir(entry).verify()
 
 
+@pytest.mark.integration
 def test_finished_entry_with_broken_or_legacy_seal_is_not_skipped_silently(tmp_path):
     from varbench.harness.job import run_job
 
@@ -181,6 +183,7 @@ def test_finished_entry_with_broken_or_legacy_seal_is_not_skipped_silently(tmp_p
     RunEntry.from_dir(entry).verify()
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("where", ["traces", "commit"])
 def test_kill_between_images_and_traces_leaves_no_image_without_its_trace(tmp_path, monkeypatch, capsys, where):
     import varbench.harness.job as job

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from PIL import Image
@@ -39,7 +40,9 @@ def _with(cfg, dotted, value):
 def test_hash_is_stable_and_order_independent():
     reordered = dict(reversed(list(CFG.items())))
     assert config_hash(CFG) == config_hash(reordered)
-    assert len(config_hash(CFG)) == 16 and int(config_hash(CFG), 16) >= 0
+    # exactly 16 lowercase hex digits (int(h, 16) would also take "0x..", "_", upper case, spaces)
+    assert re.fullmatch(r"[0-9a-f]{16}", config_hash(CFG)), config_hash(CFG)
+    assert config_hash(_with(CFG, "model.cfg", 4.0)) != config_hash(CFG)   # and it depends on the values
 
 
 @pytest.mark.parametrize("key,value,gen_changes,entry_changes", [

@@ -13,6 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.integration
 def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     sweep = tmp_path / "sweep"
     (sweep).mkdir()
@@ -49,6 +50,7 @@ def _run(tmp_path, *args):
     return proc.returncode, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_missing_weights_fail_every_job_alike_and_are_said_once_without_a_traceback(tmp_path):
     """Forgetting VARBENCH_WEIGHTS fails every job of a sweep with the same error. The first job
     prints it in full; the others point at it; the end of the sweep names all jobs on one line. The
@@ -64,6 +66,7 @@ def test_missing_weights_fail_every_job_alike_and_are_said_once_without_a_traceb
     assert "no job of this sweep finished: no table written" in out, out
 
 
+@pytest.mark.integration
 def test_a_sweep_whose_every_job_failed_does_not_reprint_an_earlier_table(tmp_path):
     env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
     common = ["+experiment=smoke", "evaluator=[]", "timing=none", "benchmark.limit=1", "runtime.progress=false",
@@ -82,6 +85,7 @@ def test_a_sweep_whose_every_job_failed_does_not_reprint_an_earlier_table(tmp_pa
     assert table.stat().st_mtime_ns == before
 
 
+@pytest.mark.integration
 def test_missing_weights_in_a_single_run_exit_2_with_the_message_only(tmp_path):
     rc, out = _run(tmp_path, "hydra.mode=RUN", "method=baseline")
     assert rc == 2, out
@@ -89,6 +93,7 @@ def test_missing_weights_in_a_single_run_exit_2_with_the_message_only(tmp_path):
     assert "fix: put the file there" in out, out
 
 
+@pytest.mark.integration
 def test_third_party_info_logs_stay_out_of_the_console(tmp_path):
     """open_clip logs every model build at INFO to the root logger (8 lines per scorer); the job's
     logging keeps the root at WARNING, so the console shows varbench's lines and real warnings."""
@@ -102,6 +107,7 @@ def test_third_party_info_logs_stay_out_of_the_console(tmp_path):
     assert "[root][INFO]" not in out, out
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_asked_for_on_a_machine_without_it_is_a_config_error(tmp_path):
     env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}

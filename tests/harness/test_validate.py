@@ -202,6 +202,7 @@ def test_a_torn_last_line_is_still_dropped(tmp_path, tail):
     assert read_jsonl(f) == [json.loads(ROW)]
 
 
+@pytest.mark.integration
 def test_cli_refuses_a_bad_knob_before_any_compute(tmp_path):
     """`python -m varbench method=nova method.knobs.keep_multiple=2.5` on the tiny CPU model: exits
     non-zero within seconds naming the knob, its value and the allowed range; nothing is written to the

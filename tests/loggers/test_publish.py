@@ -140,6 +140,7 @@ def _job(root, *extra):
 
 
 # -- a job's run ---------------------------------------------------------------------------------
+@pytest.mark.integration
 def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, wb):
     root, base_dir, method_dir = store
     job = _job(root, "method=skip_last_2")
@@ -196,6 +197,7 @@ def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, 
     assert len(runs_in(wb)) == 1
 
 
+@pytest.mark.integration
 def test_without_a_finished_baseline_the_summary_says_so(store, wb):
     root, base_dir, method_dir = store
     shutil.rmtree(base_dir)
@@ -208,6 +210,7 @@ def test_without_a_finished_baseline_the_summary_says_so(store, wb):
     assert not any(k.endswith("_delta") for k in r["summary"]) and "paired/flops_x" not in r["summary"]
 
 
+@pytest.mark.integration
 def test_a_wandb_error_in_finish_leaves_no_marker_and_the_next_launch_publishes(store, wb, monkeypatch, capsys):
     import wandb
 
@@ -230,6 +233,7 @@ def test_a_wandb_error_in_finish_leaves_no_marker_and_the_next_launch_publishes(
     assert (method_dir / MARKER).exists() and len(runs_in(wb)) == 2
 
 
+@pytest.mark.integration
 def test_fail_marks_the_run_failed(store, wb):
     root, _, method_dir = store
     job = _job(root, "method=skip_last_2")
@@ -268,6 +272,7 @@ def test_online_without_api_key_fails_at_open_naming_the_fix(wb, tmp_path, monke
     assert "WANDB_MODE=offline" in str(e.value)
 
 
+@pytest.mark.integration
 def test_logger_none_does_nothing(store, wb):
     root, _, method_dir = store
     from varbench.harness.job import prepare_job
@@ -284,6 +289,7 @@ def test_logger_none_does_nothing(store, wb):
     assert not (method_dir / MARKER).exists() and not wb.exists()
 
 
+@pytest.mark.integration
 def test_disabled_mode_publishes_nothing_and_writes_no_marker(store, wb, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     root, _, method_dir = store
@@ -293,6 +299,7 @@ def test_disabled_mode_publishes_nothing_and_writes_no_marker(store, wb, monkeyp
 
 
 # -- later, from the records alone -------------------------------------------------------------
+@pytest.mark.integration
 def test_cli_publishes_each_record_once_and_the_sweep_table(store, wb, capsys):
     root, base_dir, method_dir = store
     args = [str(root / "store" / "exp"), "--mode", "offline", "--dir", str(wb), "--results", str(root / "res")]
@@ -323,6 +330,7 @@ def test_cli_publishes_each_record_once_and_the_sweep_table(store, wb, capsys):
     assert len(runs_in(wb)) == 3
 
 
+@pytest.mark.integration
 def test_cli_bad_mode_exits_2(store, wb, capsys):
     root, _, _ = store
     assert main([str(root / "store" / "exp"), "--mode", "bogus", "--dir", str(wb)]) == 2
@@ -330,6 +338,7 @@ def test_cli_bad_mode_exits_2(store, wb, capsys):
     assert "--mode" in err and "online, offline, disabled" in err and "logger.mode" not in err  # this CLI's option
 
 
+@pytest.mark.integration
 def test_cli_disabled_mode_does_not_say_published(store, wb, capsys):
     root, base_dir, _ = store
     assert main([str(root / "store" / "exp"), "--mode", "disabled", "--dir", str(wb), "--no-sweep"]) == 0
@@ -339,6 +348,7 @@ def test_cli_disabled_mode_does_not_say_published(store, wb, capsys):
 
 
 # -- the sweep run at the end of a sweep -------------------------------------------------------
+@pytest.mark.integration
 def test_aggregate_experiment_logs_the_sweep_run_and_survives_a_wandb_failure(store, wb, monkeypatch, capsys):
     from varbench.cli.callbacks import aggregate_experiment
     from varbench.loggers.wandb import WandbSink
@@ -359,6 +369,7 @@ def test_aggregate_experiment_logs_the_sweep_run_and_survives_a_wandb_failure(st
 
 
 # -- the job's wiring (varbench/cli/run.py subscribes W&B to the job's hooks) -------------------------
+@pytest.mark.integration
 def test_run_job_with_logger_wandb_offline_publishes_the_paired_summary(toy_store, tmp_path, wb):
     from varbench.cli.run import run
 
@@ -375,6 +386,7 @@ def test_run_job_with_logger_wandb_offline_publishes_the_paired_summary(toy_stor
     assert (entry / MARKER).exists()
 
 
+@pytest.mark.integration
 def test_a_job_that_finds_its_entry_finished_after_waiting_opens_no_run(store, wb, monkeypatch):
     """Another job finished the entry while this one waited for its lock: this job skips it and,
     because the run opens only inside the lock, leaves no empty W&B run behind (it used to)."""

@@ -74,6 +74,7 @@ def _cfg(tmp_path, *extra):
                       "runtime.progress=false", "timing=none", *extra)
 
 
+@pytest.mark.integration
 def test_a_no_op_job_is_recorded_said_once_and_marked_in_the_table(tmp_path, capsys):
     from varbench.cli.callbacks import aggregate_experiment
 

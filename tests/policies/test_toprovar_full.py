@@ -157,6 +157,7 @@ def test_calibrate_picks_the_centre_of_the_good_points():
     assert cal.depth_for({4: 0.3, 5: 0.45}, 0.4, "rho_le_tau") == 4
 
 
+@pytest.mark.integration
 def test_calibration_command_runs_on_the_toy_model(tmp_path, capsys):
     """The A.2 procedure end to end on the shipped toy model (a few prompts; CPU)."""
     out = tmp_path / "cal.json"

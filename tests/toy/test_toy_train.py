@@ -132,6 +132,7 @@ def test_short_training_run_lowers_loss():
     assert losses[-1] < losses[0] - 0.05, losses
 
 
+@pytest.mark.integration
 def test_training_driver_checkpoints_and_resumes(tmp_path):
     """`--save-every` writes loadable weights during the run (a kill loses at most N steps) and
     `--resume` continues from them, recording what it resumed."""
@@ -206,6 +207,7 @@ def test_modified_or_missing_weight_file_is_refused(tmp_path):
 QUALITY_MARGIN = 0.17
 
 
+@pytest.mark.integration
 @needs_shipped
 def test_trained_toy_model_draws_the_world_and_a_random_one_does_not():
     from varbench.toy.train import evaluate_runtime, random_runtime
