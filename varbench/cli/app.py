@@ -83,8 +83,10 @@ def cli() -> None:
     (``immediate=False``): raised while Hydra composes the next job's config, it would surface as a
     garbled config error with exit code 1. The next job's own block (immediate) raises it on entry,
     and a stop still pending when the sweep ends is raised here."""
+    from varbench.cli.overrides import check_overrides
     from varbench.core.interrupt import GracefulStop
 
+    fixable_exits(check_overrides, sys.argv[1:])   # a typo'd option or key: one line naming the closest, exit 2
     with GracefulStop(immediate=False):
         main()
 
