@@ -4,6 +4,7 @@ Two real tiny jobs (the toy model, 3 prompts, toy GenEval: the baseline and skip
 score drops to 0) make a store once per module; each test copies it, so markers never leak."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import struct
@@ -14,7 +15,7 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from varbench.loggers.publish import MARKER, JobRun, main, republish  # noqa: E402
+from varbench.loggers.publish import MARKER, SWEEP_MARKER, JobRun, main, republish  # noqa: E402
 from varbench.harness.testing import job_config  # noqa: E402
 from varbench.core.errors import ConfigError  # noqa: E402
 
@@ -359,6 +360,11 @@ def test_aggregate_experiment_logs_the_sweep_run_and_survives_a_wandb_failure(st
     assert (out / "table.csv").exists() and (out / "image_grid.png").exists()
     [r] = runs_in(wb)
     assert r["job_type"] == "sweep" and "table" in {k.split("/")[0] for k in r["summary"]}
+    marker = root / "store" / "exp" / SWEEP_MARKER      # written by the end-of-sweep run too, not only by publish
+    assert json.loads(marker.read_text())["table_sha256"] == hashlib.sha256((out / "table.csv").read_bytes()).hexdigest()
+    assert main([str(root / "store" / "exp"), "--mode", "offline", "--dir", str(wb), "--results", str(out)]) == 0
+    assert "this table was logged already" in capsys.readouterr().out
+    assert len([x for x in runs_in(wb) if x["job_type"] == "sweep"]) == 1   # publish did not log the sweep again
 
     def refuse(self, **kw):
         raise ConfigError("no network")

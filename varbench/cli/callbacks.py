@@ -76,10 +76,12 @@ def aggregate_experiment(cfg: DictConfig, failed: list[dict] | None = None) -> P
         print(f"[varbench] no table written: {e}")
         return None
     if sink is not None:
-        from varbench.loggers.publish import log_sweep, sweep_figures
+        from varbench.loggers.publish import log_sweep, mark_sweep_logged, sweep_figures
 
         figures = sweep_figures(paired, out)
-        log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(paired))
+        info = log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(paired))
+        if info is not None:       # the next `varbench.publish` then skips this table (it used to log it again)
+            mark_sweep_logged(sink, src, out, info)
     print((out / "table.md").read_text(encoding="utf-8"))
     print(f"[varbench] tables and figures: {out}")
     return out

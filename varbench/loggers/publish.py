@@ -578,7 +578,6 @@ def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False
     (``src/.published_sweep``). 0 ok / skipped, 1 failed."""
     from varbench.analysis.aggregate import AggregationError, aggregate
     from varbench.harness.records import SealError
-    from varbench.core.jsonio import atomic_write_bytes
 
     try:
         paired = aggregate(src, results, baseline=baseline, figures=False)
@@ -598,10 +597,21 @@ def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False
     info = log_sweep(sink, results, src.name, figs, n_records=len(paired))
     if info is None:
         return 1
-    if sink.mode != "disabled":
-        atomic_write_bytes(marker, json.dumps({**info, "table_sha256": digest}, indent=1, default=str).encode())
+    mark_sweep_logged(sink, src, results, info)
     print(f"[varbench] sweep run {info.get('name')} logged ({sink.mode})")
     return 0
+
+
+def mark_sweep_logged(sink: WandbSink, src: str | Path, results: str | Path, info: Mapping) -> None:
+    """Write ``src/.published_sweep`` (the run's info and the sha256 of ``results/table.csv``) after
+    the sweep run logged that table, so neither the next ``python -m varbench.publish`` nor a rerun
+    logs the same table twice. Nothing is written when W&B is disabled (nothing was logged)."""
+    from varbench.core.jsonio import atomic_write_bytes
+
+    if sink.mode == "disabled":
+        return
+    digest = _sha256(Path(results) / "table.csv")
+    atomic_write_bytes(Path(src) / SWEEP_MARKER, json.dumps({**info, "table_sha256": digest}, indent=1, default=str).encode())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
