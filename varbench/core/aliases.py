@@ -21,6 +21,7 @@ COMMANDS = {
     "varbench.aggregate": "varbench.cli.aggregate",
     "varbench.publish": "varbench.loggers.publish",
     "varbench.job": "varbench.cli.assemble",
+    "varbench.list": "varbench.cli.listing",
     "varbench.evaluators.geneval_convert_mmdet": "varbench.evaluators.geneval.convert_mmdet",
 }
 

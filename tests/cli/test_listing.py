@@ -1,0 +1,49 @@
+"""`python -m varbench.list`: every option of the search path, with what it is (varbench/cli/listing.py)."""
+from __future__ import annotations
+
+import re
+
+from omegaconf import OmegaConf
+
+from varbench.cli.listing import main, method_family
+from varbench.core.resources import CONF_DIR
+
+
+def _run(capsys, *argv) -> str:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
+    out = _run(capsys, "methods")
+    options = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
+    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "families"))]
+    assert sorted(listed) == options and not any(n.endswith("_schema") for n in listed)
+    row = next(line for line in out.splitlines() if line.startswith("nova_fast "))
+    assert "NOVA fast (reconstructed)" in row and re.search(r"\snova\s", row)
+    composed = next(line for line in out.splitlines() if line.startswith("nova_on_fastvar "))
+    assert " compose " in composed                                          # a composed method's family
+    assert "  fastvar: `fastvar`: cached token pruning" in out                                 # the card's first sentence
+
+
+def test_a_family_follows_the_defaults_chain():
+    options = {p.stem: p for p in (CONF_DIR / "method").glob("*.yaml")}
+    assert method_family("nova_fast", options) == "nova"           # defaults: [nova, _self_] -> nova_schema
+    assert method_family("skip_last_2", options) == "skip_last"
+
+
+def test_experiments_list_their_jobs_from_the_sweep(capsys):
+    out = _run(capsys, "experiments")
+    params = OmegaConf.load(CONF_DIR / "experiment" / "nova_sweep.yaml").hydra.sweeper.params
+    methods = [m.strip() for m in str(params.method).split(",")]
+    lines = out.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("+experiment=nova_sweep "))
+    assert f"({len(methods)} jobs)" in lines[i] and lines[i + 1].strip() == f"method: {', '.join(methods)}"
+
+
+def test_evaluators_name_their_weight_files_and_a_users_config_dir_adds_options(capsys, tmp_path):
+    (tmp_path / "evaluator").mkdir()
+    (tmp_path / "evaluator" / "mine.yaml").write_text("# My metric.\nmine:\n  name: my_pkg.m:Metric\n  checkpoint: mine.pt\n")
+    out = _run(capsys, "evaluators", "--config-dir", str(tmp_path))
+    assert "evaluator=hpsv2  (hpsv2)" in out and "filename: HPS_v2.1_compressed.pt" in out
+    assert "evaluator=mine  (my_pkg.m:Metric)  My metric." in out and "checkpoint: mine.pt" in out
