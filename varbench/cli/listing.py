@@ -15,15 +15,12 @@ import sys
 from pathlib import Path
 from typing import Iterable, Optional
 
+from varbench.cli.overrides import option_files
 from varbench.core.resources import CONF_DIR
 
 
 def _options(group: str, search: Iterable[Path]) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for root in search:                      # the packaged folder first: it wins on a shared name, as in Hydra
-        for p in sorted((Path(root) / group).glob("*.yaml")):
-            found.setdefault(p.stem, p)
-    return found
+    return option_files(group, search) or {}
 
 
 def first_sentence(text: str, width: int = 110) -> str:

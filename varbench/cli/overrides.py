@@ -49,16 +49,25 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[Path]]:
     return overrides, dirs
 
 
-def group_options(group: str, search: Iterable[Path]) -> list[str] | None:
-    """The options of config group `group` (``method``, ``benchmark/protocol``) over the search path,
-    without internal ``*_schema`` entries; None when no folder of that name exists."""
-    found, any_dir = set(), False
+def option_files(group: str, search: Iterable[Path]) -> dict[str, Path] | None:
+    """``{option: its YAML}`` of config group `group` (``method``, ``benchmark/protocol``) over the
+    search path, the first folder winning on a shared name (as in Hydra); None when no folder of that
+    name exists."""
+    found, any_dir = {}, False
     for root in search:
         folder = Path(root) / group
         if folder.is_dir():
             any_dir = True
-            found |= {p.stem for p in folder.glob("*.yaml")}
-    return sorted(n for n in found if not n.endswith("_schema")) if any_dir else None
+            for p in sorted(folder.glob("*.yaml")):
+                found.setdefault(p.stem, p)
+    return found if any_dir else None
+
+
+def group_options(group: str, search: Iterable[Path]) -> list[str] | None:
+    """The options of config group `group`, without internal ``*_schema`` entries; None when the
+    group does not exist."""
+    files = option_files(group, search)
+    return None if files is None else sorted(n for n in files if not n.endswith("_schema"))
 
 
 def _closest(name: str, names: Sequence[str]) -> str:
