@@ -55,7 +55,7 @@ def test_missing_weights_fail_every_job_alike_and_are_said_once_without_a_traceb
     """Forgetting VARBENCH_WEIGHTS fails every job of a sweep with the same error. The first job
     prints it in full; the others point at it; the end of the sweep names all jobs on one line. The
     message names the fix, so no traceback is printed (it once printed 309 lines for a 9-job sweep)."""
-    rc, out = _run(tmp_path, "-m", "method=baseline,skip_last_1")
+    rc, out = _run(tmp_path, "-m", "method=baseline,skip_last_1", "--no-preflight")   # the jobs' own reports
     assert rc == 1, out
     assert "Traceback" not in out, out
     assert "2 job(s) of this sweep failed" in out, out
@@ -87,10 +87,30 @@ def test_a_sweep_whose_every_job_failed_does_not_reprint_an_earlier_table(tmp_pa
 
 @pytest.mark.integration
 def test_missing_weights_in_a_single_run_exit_2_with_the_message_only(tmp_path):
-    rc, out = _run(tmp_path, "hydra.mode=RUN", "method=baseline")
+    rc, out = _run(tmp_path, "hydra.mode=RUN", "method=baseline", "--no-preflight")
     assert rc == 2, out
     assert "Traceback" not in out and "[varbench] WeightsNotFound: Infinity transformer weights not found" in out, out
     assert "fix: put the file there" in out, out
+
+
+@pytest.mark.integration
+def test_the_preflight_names_every_missing_file_of_a_sweep_once_before_any_job_starts(tmp_path):
+    """Without the weights and with an evaluator whose checkpoint is absent, the sweep stops before
+    its first job with one list: the model's three files and the HPSv2 checkpoint, each once for
+    both jobs (the jobs would have named one file per launch)."""
+    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store"), "VARBENCH_WEIGHTS": str(tmp_path / "no_weights")}
+    cmd = [sys.executable, "-m", "varbench", "-m", "method=baseline,skip_last_1", "+experiment=smoke",
+           "model=infinity_2b", "evaluator=[hpsv2]", "timing=none", "benchmark.limit=1", f"paths.output_root={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    rc, out = proc.returncode, proc.stdout + proc.stderr
+    assert rc == 2, out
+    assert "Traceback" not in out, out
+    assert "4 files the sweep needs are missing (no job was started; 2 jobs checked)" in out, out
+    for name in ("infinity_2b_reg.pth", "infinity_vae_d32reg.pth", "flan-t5-xl", "HPS_v2.1_compressed.pt"):
+        heads = [line for line in out.splitlines() if line.lstrip()[:2].rstrip(".").isdigit() and name in line]
+        assert len(heads) == 1, (name, out)              # named once for both jobs
+    assert out.count("(every job)") == 4, out
+    assert "job 1" not in out and not (tmp_path / "store" / "smoke").exists(), out   # nothing started
 
 
 @pytest.mark.integration

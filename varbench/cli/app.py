@@ -86,7 +86,45 @@ def cli() -> None:
     from varbench.cli.overrides import check_overrides
     from varbench.core.interrupt import GracefulStop
 
-    fixable_exits(check_overrides, sys.argv[1:])   # a typo'd option or key: one line naming the closest, exit 2
+    argv = sys.argv[1:]
+    if any(a in ("--help", "-h") for a in argv):       # Hydra's own help lists internal *_schema entries
+        from varbench.cli.help import print_help
+
+        print_help(argv)
+        return
+    own = {a for a in argv if a in OWN_FLAGS}
+    argv = [a for a in argv if a not in OWN_FLAGS]
+    sys.argv[1:] = argv                                # Hydra never sees varbench's own flags
+    fixable_exits(check_overrides, argv)   # a typo'd option or key: one line naming the closest, exit 2
+    if "--dry-run" in own:
+        from varbench.cli.dry_run import dry_run
+
+        raise SystemExit(fixable_exits(dry_run, argv))
+    if "--no-preflight" not in own:
+        fixable_exits(preflight, argv)     # every missing file of the sweep in one list, before any job starts
     with GracefulStop(immediate=False):
         main()
+
+
+#: flags `varbench` reads itself (removed before Hydra parses the command line)
+OWN_FLAGS = ("--dry-run", "--no-preflight")
+
+
+def preflight(argv: list[str]) -> None:
+    """Compose the command's jobs (:mod:`varbench.cli.sweep_plan`) and raise one error naming every
+    file they need and lack (:func:`varbench.harness.preflight.check_files`). A command Hydra must
+    plan itself (a glob sweep, ``--cfg``), or one whose config does not compose, is left to Hydra,
+    which reports it as before."""
+    from varbench.cli.sweep_plan import plan_command
+    from varbench.harness.preflight import check_files
+
+    try:
+        plan = plan_command(argv)
+    except Exception:  # noqa: BLE001 - Hydra's own message follows when the command runs
+        return
+    if plan is None:
+        return
+    varying = plan.varying()
+    labels = [" ".join(o for o in j.overrides if o.partition("=")[0] in varying) or "the job" for j in plan.jobs]
+    check_files([j.cfg for j in plan.jobs], labels)
 

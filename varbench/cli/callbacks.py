@@ -113,7 +113,10 @@ class AggregateOnMultirunEnd(Callback):
     reports the failed jobs and exits non-zero if any failed."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from varbench.cli.report import DONE_LOG
+
         failures_path(config.hydra.sweep.dir).unlink(missing_ok=True)  # a relaunch into the same folder
+        (Path(config.hydra.sweep.dir) / DONE_LOG).unlink(missing_ok=True)   # the ETA counts this launch's jobs
         _announce_sweep_size(config)
         if not str(config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
             from varbench.core.interrupt import set_immediate

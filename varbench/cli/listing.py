@@ -6,16 +6,18 @@
 - evaluators: each ``evaluator=`` option with the evaluator it builds and the weight file it reads.
 
 Read from the YAML files of the search path (the packaged ``varbench/conf`` and a ``--config-dir``),
-without composing a config or loading a model, so it answers in about a second.
+without loading a model. The methods' ``models`` column checks each method's knobs against each
+model's schedule (:func:`model_support`: one config per model, ~6 s for 38 methods x 4 models on
+2 cores); experiments and evaluators answer in about a second.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
-from varbench.cli.overrides import option_files
+from varbench.cli.overrides import group_options, option_files
 from varbench.core.resources import CONF_DIR
 
 
@@ -73,21 +75,95 @@ def _card_line(family: str) -> str:
     return first_sentence(doc.split("\n\n")[0]) if doc else ""
 
 
+def method_node(option: str, options: dict[str, Path]):
+    """The ``method`` node an option composes to, merged down its defaults list as Hydra does (a
+    ``<name>_schema`` entry is the policy's knob dataclass from Hydra's ConfigStore)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    import varbench.harness  # noqa: F401 - registers the *_schema nodes
+
+    own = OmegaConf.load(options[option])
+    merged = OmegaConf.create({})
+    for entry in own.get("defaults") or []:
+        if not isinstance(entry, str) or entry == "_self_":
+            continue
+        if entry in options:
+            merged = OmegaConf.merge(merged, method_node(entry, options))
+        else:
+            merged = OmegaConf.merge(merged, ConfigStore.instance().load(f"method/{entry}.yaml").node)
+    return OmegaConf.merge(merged, OmegaConf.masked_copy(own, [k for k in own if k != "defaults"]))
+
+
+def model_support(search: list[Path], methods: Sequence[str], options: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """``{method: {model: ""}}`` for each model option the method's config validates on
+    (:func:`varbench.harness.config.validate_config` against that model's schedule), with the
+    warning the check logged as the value when there was one (e.g. FastVAR's scale widths that are
+    not on a small model's schedule: the method then changes nothing there). Models it fails on
+    are left out."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from varbench.cli.sweep_plan import compose_job
+    from varbench.core.errors import ConfigError
+    from varbench.harness.config import validate_config
+
+    class Catch(logging.Handler):
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.seen: list[str] = []
+
+        def emit(self, record):
+            self.seen.append(record.getMessage())
+
+    bases = {m: OmegaConf.to_container(compose_job(search, [f"model={m}"]), resolve=False)
+             for m in group_options("model", search) or []}
+    logger = logging.getLogger("varbench")
+    out: dict[str, dict[str, str]] = {}
+    for name in methods:
+        node = OmegaConf.to_container(method_node(name, options), resolve=False)
+        out[name] = {}
+        for model, base in bases.items():
+            catch = Catch()
+            logger.addHandler(catch)
+            propagate, logger.propagate = logger.propagate, False   # the listing prints the warning itself
+            try:
+                validate_config(OmegaConf.create({**base, "method": node}))
+            except (ConfigError, ValueError, TypeError, KeyError):
+                continue
+            finally:
+                logger.removeHandler(catch)
+                logger.propagate = propagate
+            out[name][model] = "; ".join(catch.seen)
+    return out
+
+
 def list_methods(search: list[Path]) -> list[str]:
     from omegaconf import OmegaConf
 
     options = _options("method", search)
-    rows, families = [], {}
-    for name, path in options.items():
-        if name.endswith("_schema"):
-            continue
+    names = [n for n in options if not n.endswith("_schema")]
+    support = model_support(search, names, options)
+    rows, families, notes = [], {}, {}
+    for name in names:
+        path = options[name]
         family = method_family(name, options) or "?"
         label = OmegaConf.load(path).get("label") or ""
-        rows.append((name, str(label), family, _comment(path)))
+        models = []
+        for model, warning in support.get(name, {}).items():
+            if warning:
+                mark = notes.setdefault(warning.split(" (")[0], f"[{len(notes) + 1}]")
+                model += mark
+            models.append(model)
+        rows.append((name, str(label), family, ", ".join(models) or "none", _comment(path)))
         families.setdefault(family, None)
-    w = [max(len(r[i]) for r in rows) for i in range(3)]
-    out = [f"{'method=':<{w[0]}}  {'label':<{w[1]}}  {'family':<{w[2]}}  description"]
-    out += [f"{n:<{w[0]}}  {lab:<{w[1]}}  {fam:<{w[2]}}  {desc}" for n, lab, fam, desc in rows]
+    w = [max(len(r[i]) for r in rows + [("method=", "label", "family", "models")]) for i in range(4)]
+    out = [f"{'method=':<{w[0]}}  {'label':<{w[1]}}  {'family':<{w[2]}}  {'models':<{w[3]}}  description"]
+    out += [f"{n:<{w[0]}}  {lab:<{w[1]}}  {fam:<{w[2]}}  {mod:<{w[3]}}  {desc}" for n, lab, fam, mod, desc in rows]
+    out += ["", "models: the model= options the method's knobs validate on"
+            + (" ([k]: with the warning below; the method may change nothing there)" if notes else "")]
+    out += [f"  {mark} {text}" for text, mark in notes.items()]
     out += ["", "families (the policy's card, varbench/policies/<file>.py):"]
     out += [f"  {fam}: {_card_line(fam)}" for fam in sorted(families)]
     return out

@@ -98,7 +98,7 @@ def check_groups(overrides, search: list[Path]) -> None:
                                   f"Options: {', '.join(options)}")
 
 
-def _first_choice(o) -> str:
+def first_choice(o) -> str:
     """The override as a plain (non-sweep) group selection, for composing one config to read keys from."""
     prefix = "+" if o.is_add() else ""
     if o.is_sweep_override():
@@ -118,7 +118,7 @@ def check_keys(overrides, search: list[Path]) -> None:
 
     import varbench.harness  # noqa: F401 - the method schemas the presets name
 
-    groups = [_first_choice(o) for o in overrides if o not in keys and not o.key_or_group.startswith("hydra")]
+    groups = [first_choice(o) for o in overrides if o not in keys and not o.key_or_group.startswith("hydra")]
     extra = [f"hydra.searchpath=[{','.join('file://' + str(d.resolve()) for d in search[1:])}]"] if search[1:] else []
     GlobalHydra.instance().clear()
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from varbench.harness.events import JobObserver
@@ -19,22 +20,13 @@ ENV_SWEEP_JOBS = "VARBENCH_SWEEP_JOBS"
 
 def sweep_size(task_overrides: Iterable[str], sweeper_params: Mapping[str, Any] | None = None) -> int | None:
     """Jobs in a basic-sweeper multirun: the product of the sizes of its sweep overrides (the
-    command line's winning over ``hydra.sweeper.params`` of the same key). None when a sweep
-    cannot be counted without the config repository (``glob(...)``)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    command line's winning over ``hydra.sweeper.params`` of the same key;
+    :func:`varbench.cli.sweep_plan.job_overrides`). None when a sweep cannot be counted without the
+    config repository (``glob(...)``)."""
+    from varbench.cli.sweep_plan import job_overrides
 
-    strings = [f"{k}={v}" for k, v in (sweeper_params or {}).items()] + list(task_overrides)
-    by_key = {}
-    for o in OverridesParser.create().parse_overrides(strings):
-        by_key[o.key_or_group] = o
-    n = 1
-    for o in by_key.values():
-        if o.is_sweep_override():
-            try:
-                n *= len(list(o.sweep_string_iterator()))
-            except Exception:  # noqa: BLE001 - glob sweeps need the config loader
-                return None
-    return n
+    jobs = job_overrides(dict(sweeper_params or {}), list(task_overrides))
+    return None if jobs is None else len(jobs)
 
 
 def job_position(job_num: int | None) -> str:
@@ -93,16 +85,69 @@ def _timed(paired: Mapping) -> str:
     return f"{int(n_p)} prompts × {n // int(n_p)} repeats"
 
 
+#: the sweep folder's log of finished jobs, one JSON line each (``{"wall_s": s, "skipped": bool}``): the ETA's data
+DONE_LOG = ".jobs_done.jsonl"
+
+
+def note_done(sweep_dir: str | Path, wall_s: float, skipped: bool) -> list[dict]:
+    """Append this job to the sweep's :data:`DONE_LOG`; every line so far (this one last). One
+    ``write`` of one short line in append mode: jobs of parallel launchers do not interleave."""
+    import json
+
+    path = Path(sweep_dir) / DONE_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"wall_s": float(wall_s), "skipped": bool(skipped)}) + "\n")
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue                      # a line cut by a kill: one job less in the estimate
+    return rows
+
+
+def eta_text(done: list[dict], total: int | None) -> str | None:
+    """``sweep ≈ 12 min left (4 jobs)``: the mean wall time of the jobs that ran (not of those a
+    relaunch skipped) times the jobs not yet done; None when nothing is left or nothing ran yet.
+    It assumes the jobs run one after another (the local and basic launchers' default)."""
+    if not total:
+        return None
+    left = int(total) - len(done)
+    ran = [float(d["wall_s"]) for d in done if not d.get("skipped")]
+    if left <= 0 or not ran:
+        return None
+    s = sum(ran) / len(ran) * left
+    when = f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+    return f"sweep ≈ {when} left ({left} job{'s' if left != 1 else ''})"
+
+
 class ResultLine(JobObserver):
     """Prints a job's result line (:func:`result_line`, with its place in the sweep) when it
-    finishes with a record, and when a relaunch finds its entry finished."""
+    finishes with a record, and when a relaunch finds its entry finished; in a sweep, the line
+    ends with the sweep's ETA (:func:`eta_text`)."""
 
     def job_skipped(self, job: Any, record: Mapping) -> None:
-        print(result_line(record, job_position(_job_num())))
+        print(result_line(record, job_position(_job_num())) + _eta(0.0, skipped=True))
 
     def job_finished(self, job: Any, record: Mapping | None) -> None:
         if record is not None:                 # None: a shard that did not assemble the record
-            print(result_line(record, job_position(_job_num())))
+            print(result_line(record, job_position(_job_num())) + _eta(float(record.get("wall_s") or 0.0), False))
+
+
+def _eta(wall_s: float, skipped: bool) -> str:
+    """`` · sweep ≈ ... left`` for a job of a sweep, else ""."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        if hc.mode.name != "MULTIRUN":
+            return ""
+        total = os.environ.get(ENV_SWEEP_JOBS)
+        text = eta_text(note_done(hc.sweep.dir, wall_s, skipped), int(total) if total else None)
+    except Exception:  # noqa: BLE001 - outside Hydra (tests, the Python API) or an unwritable folder: no ETA
+        return ""
+    return f" · {text}" if text else ""
 
 
 def _job_num() -> int | None:

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from varbench.core.errors import FixableError
+from varbench.core.missing import MissingFile, note
 from varbench.engine.models.checkpoints import load_state_dict_strict
 from varbench.core.filehash import sha256_file
 
@@ -29,7 +30,8 @@ def resolve_file(path: Optional[str], weights_dir: Optional[str], filename: str,
     """Return the local path of `what`, or raise `WeightsNotFoundError` naming the fix.
 
     `path` wins when given; otherwise `weights_dir / filename`. The error lists the exact path that was
-    searched and where the file can be obtained, because no evaluator downloads anything.
+    searched and where the file can be obtained, because no evaluator downloads anything. Inside a
+    preflight (:func:`varbench.core.missing.collecting`) a missing file is noted and its path returned.
     """
     if path:
         candidate = Path(os.path.expanduser(str(path)))
@@ -38,6 +40,9 @@ def resolve_file(path: Optional[str], weights_dir: Optional[str], filename: str,
     else:
         candidate = Path(filename)
     if not candidate.exists():
+        if note(MissingFile(f"{what} {filename}", str(candidate.resolve()), published,
+                            "set `weights`/`weights_dir` of the evaluator config (usually via paths.weights_dir)")):
+            return candidate        # a preflight collecting every missing file: go on to the next check
         raise WeightsNotFoundError(
             f"{what}: file {filename!r} not found; searched {str(candidate.resolve())!r}. "
             f"It is published at {published}; download it there and point the evaluator config at it "

@@ -1,0 +1,184 @@
+"""``python -m varbench [+experiment=NAME] [overrides] --dry-run``: the jobs a command would run,
+without running them.
+
+One line per job (:mod:`varbench.cli.sweep_plan`): what tells it apart, its store entry, whether
+that entry is already finished (a relaunch skips it), partly done (the images stored so far are
+reused) or new, and its estimated time. Then the files the jobs need and lack (the preflight's
+list, :mod:`varbench.harness.preflight`), the total, and where the store and results go.
+
+Estimates come from the store's own past records (``wall_s``, a job's whole wall time), on the
+same device label only (:func:`varbench.harness.provenance.device_label`: times of another machine
+say nothing here), in this order:
+
+1. ``past run``: a finished record of the same method preset, model, resolution and image count;
+2. ``from k runs``: the seconds per image of this model and resolution (preset and aspect ratio) under any method, times
+   the job's images (a pruning method is usually faster than that; a baseline-like estimate);
+3. ``unknown``: no record of this model and resolution on this device.
+
+A finished entry costs nothing; a partly done one is estimated in full (its stored images save
+generation time, not scoring and timing).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from varbench.cli.sweep_plan import SweepPlan, plan_command
+from varbench.core.errors import ConfigError, FixableError
+
+
+@dataclass
+class PastRun:
+    """What the estimate reads from one finished record."""
+
+    preset: str
+    model: str
+    resolution: str
+    n_images: int
+    device: str
+    wall_s: float
+
+
+def past_runs(store_root: Path) -> list[PastRun]:
+    """Every finished record under ``store_root`` (all experiments), as :class:`PastRun` rows;
+    unreadable records are left out (an estimate never fails the dry run)."""
+    from varbench.harness.records import find_entries
+
+    out = []
+    for entry in find_entries(store_root) if Path(store_root).is_dir() else []:
+        try:
+            rec = json.loads((Path(entry) / "record.json").read_text(encoding="utf-8"))
+            bench = rec.get("benchmark") or {}
+            n = int(bench.get("n_prompts") or 0) * int(bench.get("samples_per_prompt") or 1)
+            method, model = rec.get("method") or {}, rec.get("model") or {}
+            wall = float(rec["wall_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if n > 0 and math.isfinite(wall):
+            gen = (rec.get("config") or {}).get("generation") or {}
+            out.append(PastRun(str(method.get("preset") or method.get("name")), str(model.get("name")),
+                               resolution_key(gen.get("pn"), gen.get("h_div_w")), n, str((rec.get("provenance") or {}).get("device")), wall))
+    return out
+
+
+def resolution_key(pn, h_div_w) -> str:
+    """``1M@1.0``: the resolution preset and aspect ratio, what fixes the token schedule."""
+    try:
+        return f"{pn}@{float(h_div_w):g}"
+    except (TypeError, ValueError):
+        return f"{pn}@?"
+
+
+def estimate(runs: Sequence[PastRun], preset: str, model: str, resolution: str, n_images: int,
+             device: str) -> tuple[Optional[float], str]:
+    """(seconds or None, where the number comes from); see the module docstring."""
+    here = [r for r in runs if r.device == device and r.model == model and r.resolution == resolution]
+    same = [r.wall_s for r in here if r.preset == preset and r.n_images == n_images]
+    if same:
+        return statistics.median(same), "past run" if len(same) == 1 else f"median of {len(same)} past runs"
+    if here:
+        per_image = statistics.median(r.wall_s / r.n_images for r in here)
+        sizes = sorted({r.n_images for r in here})
+        return per_image * n_images, (f"scaled from {len(here)} run{'s' if len(here) != 1 else ''} of {model} with "
+                                      f"{'/'.join(map(str, sizes[:3]))} images")
+    return None, f"unknown: no past run of {model} at {resolution} on this device"
+
+
+def _duration(s: Optional[float]) -> str:
+    if s is None:
+        return "?"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+@dataclass
+class JobLine:
+    label: str
+    entry: str
+    status: str
+    seconds: Optional[float]
+    source: str
+
+
+def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
+    """The dry run's line for one job: entry, status and estimate (a config or file problem is
+    the status: the job would fail on it)."""
+    from varbench.harness.job import prepare_job
+    from varbench.harness.provenance import device_label
+
+    try:
+        job = prepare_job(cfg)
+    except ConfigError as e:
+        return JobLine("", "-", f"config error: {e}", None, "")
+    except FixableError as e:
+        return JobLine("", "-", f"cannot start: {type(e).__name__}", None, "see the missing files below")
+    spp = job.prompt_set.samples_per_prompt
+    items = [it for it, s in job.keys if s == 0]
+    n_images = len(items) * spp
+    entry = job.entry.entry_hash[:12]
+    if job.entry.is_done():
+        return JobLine("", entry, "finished (skipped)", 0.0, "")
+    stored = n_images - len(job.store.missing(items, spp))
+    status = f"partly done: {stored}/{n_images} images stored" if stored else f"new: {n_images} images"
+    resolution = resolution_key(cfg.generation.pn, cfg.generation.h_div_w)
+    seconds, source = estimate(runs, str(job.preset or cfg.method.name), str(cfg.model.name), resolution, n_images,
+                               device_label(str(job.device)))
+    return JobLine("", entry, status, seconds, source)
+
+
+def dry_run_lines(plan: SweepPlan) -> list[str]:
+    """The dry run's report (see the module docstring)."""
+    from varbench.core.missing import MissingFilesError
+    from varbench.harness.preflight import check_files
+
+    varying = plan.varying()
+    labels = [" ".join(o for o in j.overrides if o.partition("=")[0] in varying) or "(the job)" for j in plan.jobs]
+    first = plan.jobs[0].cfg
+    store = Path(first.paths.store_dir)
+    runs = past_runs(store)
+    lines_ = []
+    for label, job in zip(labels, plan.jobs):
+        line = describe_job(job.cfg, runs)
+        line.label = label
+        lines_.append(line)
+    w = max(len(x.label) for x in lines_)
+    out = [f"[varbench] dry run: {len(plan.jobs)} job{'s' if len(plan.jobs) != 1 else ''} of "
+           f"{first.experiment_name} (nothing is run)",
+           f"  {'#':>3}  {'job':<{w}}  {'entry':<12}  {'estimate':>9}  status"]
+    for k, x in enumerate(lines_, 1):
+        est = "—" if x.seconds == 0 else _duration(x.seconds)
+        out.append(f"  {k:>3}  {x.label:<{w}}  {x.entry:<12}  {est:>9}  {x.status}"
+                   + (f" ({x.source})" if x.source else ""))
+    todo = [x for x in lines_ if x.seconds != 0]
+    known = [x.seconds for x in todo if x.seconds is not None]
+    unknown = len(todo) - len(known)
+    total = f"≈ {_duration(sum(known))}" if known else "nothing to run" if not todo else "time unknown"
+    out.append(f"  {len(todo)} to run, {len(lines_) - len(todo)} finished; {total}"
+               + (f" for the {len(known)} with an estimate, {unknown} without" if unknown and known else "")
+               + "; one after another on this machine")
+    try:
+        check_files([j.cfg for j in plan.jobs], labels)
+    except MissingFilesError as e:
+        out += ["", *str(e).splitlines()]
+    else:
+        out.append("  every file the jobs need is in place")
+    out.append(f"  store: {store / str(first.experiment_name)}   results: "
+               f"{Path(first.paths.results_dir) / str(first.experiment_name)}")
+    return out
+
+
+def dry_run(argv: Sequence[str]) -> int:
+    """Print the dry run of a command line; 0, or 2 when it cannot be planned."""
+    plan = plan_command(argv)
+    if plan is None:
+        raise ConfigError("--dry-run cannot expand this command's sweep (a glob(...) sweep or a flag such as --cfg); "
+                          "list the values explicitly")
+    print("\n".join(dry_run_lines(plan)))
+    return 0
