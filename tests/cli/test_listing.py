@@ -17,13 +17,18 @@ def _run(capsys, *argv) -> str:
 def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
     out = _run(capsys, "methods")
     options = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
-    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "families"))]
+    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "families", "models:"))]
     assert sorted(listed) == options and not any(n.endswith("_schema") for n in listed)
     row = next(line for line in out.splitlines() if line.startswith("nova_fast "))
     assert "NOVA fast (reconstructed)" in row and re.search(r"\snova\s", row)
     composed = next(line for line in out.splitlines() if line.startswith("nova_on_fastvar "))
     assert " compose " in composed                                          # a composed method's family
     assert "  fastvar: `fastvar`: cached token pruning" in out                                 # the card's first sentence
+    # models: where the knobs validate; FastVAR's released widths (40, 48, 64) are not on tiny's schedule
+    assert "  infinity_2b, infinity_8b, tiny, toy  " in next(line for line in out.splitlines() if line.startswith("baseline "))
+    fastvar = next(line for line in out.splitlines() if line.startswith("fastvar "))
+    mark = re.search(r"tiny(\[\d+\])", fastvar).group(1)
+    assert f"  {mark} method.knobs: widths [40, 48, 64] are not on this 10-scale schedule" in out
 
 
 def test_a_family_follows_the_defaults_chain():

@@ -1,0 +1,49 @@
+"""The preflight (varbench.harness.preflight): every missing file of a sweep, each named once."""
+from __future__ import annotations
+
+import pytest
+
+from varbench.core.missing import MissingFilesError, collecting
+from varbench.evaluators.weights import WeightsNotFoundError, resolve_file
+from varbench.harness.preflight import check_files, job_files_missing
+from varbench.harness.testing import job_config
+
+
+def test_resolve_file_raises_alone_and_notes_inside_a_preflight(tmp_path):
+    with pytest.raises(WeightsNotFoundError, match="published at https://example.org"):
+        resolve_file(None, str(tmp_path), "x.pt", what="X checkpoint", published="https://example.org")
+    with collecting() as notes:
+        got = resolve_file(None, str(tmp_path), "x.pt", what="X checkpoint", published="https://example.org")
+        resolve_file(None, str(tmp_path), "y.pt", what="Y checkpoint", published="https://example.org/y")
+    assert got == tmp_path / "x.pt"                       # the caller goes on to its next check
+    assert [(n.what, n.path, n.published) for n in notes] == [
+        ("X checkpoint x.pt", str((tmp_path / "x.pt").resolve()), "https://example.org"),
+        ("Y checkpoint y.pt", str((tmp_path / "y.pt").resolve()), "https://example.org/y")]
+
+
+def test_one_evaluator_names_all_of_its_files(tmp_path):
+    """ImageReward reads a checkpoint and a tokenizer folder: both are named, not only the first."""
+    cfg = job_config(tmp_path, "evaluator=[imagereward]", f"paths.weights_dir={tmp_path}/w")
+    whats = [m.what for m in job_files_missing(cfg)]
+    assert whats == ["evaluator imagereward: ImageReward checkpoint ImageReward.pt",
+                     "evaluator imagereward: ImageReward tokenizer (bert-base-uncased) vocab.txt"]
+
+
+def test_a_sweep_gets_one_list_with_the_jobs_that_need_each_file(tmp_path):
+    w = f"paths.weights_dir={tmp_path}/w"
+    cfgs = [job_config(tmp_path, "model=infinity_2b", "evaluator=[hpsv2]", w),
+            job_config(tmp_path, "model=infinity_2b", "evaluator=[hpsv2,imagereward]", w),
+            job_config(tmp_path, "model=infinity_2b", "evaluator=[hpsv2]", "benchmark=geneval",
+                       f"paths.data_dir={tmp_path}/d", w)]
+    with pytest.raises(MissingFilesError) as info:
+        check_files(cfgs, ["job a", "job b", "job c"])
+    msg, missing = str(info.value), info.value.missing
+    # 3 model files + HPSv2 for every job, ImageReward's two for job b, GenEval's prompts for job c
+    assert len(missing) == 7 and msg.startswith("7 files the sweep needs are missing (no job was started; 3 jobs checked)")
+    assert msg.count("(every job)") == 4
+    assert msg.count("(1 of 3 jobs: job b)") == 2 and msg.count("(1 of 3 jobs: job c)") == 1
+    assert "evaluation_metadata.jsonl" in msg and "published at: https://raw.githubusercontent.com/djghosh13/geneval" in msg
+
+
+def test_nothing_missing_is_silent(tmp_path):
+    check_files([job_config(tmp_path), job_config(tmp_path, "model=toy", "method=nova")])   # packaged weights only
