@@ -614,10 +614,46 @@ def mark_sweep_logged(sink: WandbSink, src: str | Path, results: str | Path, inf
     atomic_write_bytes(Path(src) / SWEEP_MARKER, json.dumps({**info, "table_sha256": digest}, indent=1, default=str).encode())
 
 
+def relocate_main(paths: Sequence[str]) -> int:
+    """``--relocate``: :func:`varbench.loggers.offline.relocate` each run folder under ``paths`` and
+    say what is missing. 0 when every run can be synced, 1 when a file is missing, 2 for a bad path."""
+    from varbench.core.errors import FixableError
+    from varbench.loggers.offline import relocate, run_dirs
+
+    try:
+        dirs = run_dirs(paths)
+    except FixableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    bad = 0
+    for d in dirs:
+        try:
+            rep = relocate(d)
+        except FixableError as e:
+            print(f"[varbench] {d}: {e}")
+            bad += 1
+            continue
+        moved = f"{rep.rewritten} path(s) pointed here" if rep.rewritten else "paths already point here"
+        if rep.problems:
+            bad += 1
+            print(f"[varbench] {d}: {moved}; {len(rep.problems)} of {rep.files} file(s) it names will not sync:")
+            for p in rep.problems:
+                print(f"    {p}")
+        else:
+            print(f"[varbench] {d}: {moved}; all {rep.files} file(s) it names are inside it")
+    print(f"[varbench] {len(dirs) - bad} of {len(dirs)} run(s) ready: `wandb sync {' '.join(map(str, dirs[:1]))}"
+          f"{' ...' if len(dirs) > 1 else ''}`")
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m varbench.publish",
                                  description="Mirror an experiment's finished records (and its table) to W&B.")
-    ap.add_argument("path", help="the experiment's store folder, store/<experiment> (or one entry folder)")
+    ap.add_argument("path", nargs="?", help="the experiment's store folder, store/<experiment> (or one entry folder)")
+    ap.add_argument("--relocate", nargs="+", metavar="RUN_DIR", default=None,
+                    help="instead: after copying offline runs (offline-run-* folders, or the wandb/ folder) to "
+                         "another machine, point their artifact paths at where they are now, check every file "
+                         "they name, then `wandb sync` them (varbench.loggers.offline)")
     ap.add_argument("--mode", default=os.environ.get("WANDB_MODE", "online"),
                     help="online | offline | disabled (default: $WANDB_MODE, else online)")
     ap.add_argument("--project", default="varbench")
@@ -632,6 +668,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="publish entries (and the table) that were published before")
     ap.add_argument("--no-sweep", action="store_true", help="records only, no sweep-level run")
     args = ap.parse_args(argv)
+    if args.relocate is not None:
+        return relocate_main(args.relocate)
+    if args.path is None:
+        ap.error("the store folder (PATH) is required, or --relocate RUN_DIR...")
 
     from varbench.core.errors import ConfigError
     from varbench.harness.records import RunEntry, SealError, find_entries
