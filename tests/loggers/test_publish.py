@@ -136,6 +136,8 @@ def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, 
     [r] = runs_in(wb)
     s = r["summary"]
     assert r["exit_code"] == 0 and r["group"] == "exp" and r["job_type"] == "skip_last"
+    [folder] = wb.glob("wandb/offline-run-*")                            # self-contained: it can be carried off
+    assert check(folder) == [] and all(Path(x.local_path).is_relative_to(folder.resolve()) for x in references(folder))
     assert {"skip_last", "toy"} <= set(r["tags"])
     assert r["config"]["varbench"]["entry_id"] == method_dir.name
     assert r["config"]["generation"]["seed"] == 0                         # the resolved config
@@ -419,7 +421,7 @@ def test_offline_runs_travel_every_file_they_name_moves_with_the_folder(store, w
         assert refs and all(Path(r.local_path).is_relative_to(d.resolve()) for r in refs)
         before[d.name] = {(r.artifact, r.name): _sha(r.local_path) for r in refs}
         f = run_file(d)                      # varbench's writer frames records exactly as wandb-core does
-        assert write_log(read_log(f)) == f.read_bytes() and f.stat().st_size > 32768   # (several blocks)
+        assert write_log(read_log(f)) == f.read_bytes()
     assert len(before) == 3
 
     carried = tmp_path / "elsewhere" / "wandb"                     # carried off the node

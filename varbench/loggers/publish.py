@@ -16,6 +16,16 @@ Later, from the records alone (an offline machine first, ``wandb sync`` or an on
     python -m varbench.publish store/<experiment> [--mode offline|online|disabled] [--project P]
         [--entity E] [--dir results] [--force] [--no-sweep] [--results results/<experiment>]
 
+Offline runs travel: every file a run's ``.wandb`` names (the per-image table's images, the tables'
+JSON, record.json, the sweep's table files) is staged inside its ``offline-run-*`` folder
+(:func:`varbench.loggers.wandb.stage_inside`). Copied to another machine, the folder is made ready for
+``wandb sync`` (which uploads artifact files from the absolute paths the ``.wandb`` file holds) with::
+
+    python -m varbench.publish --relocate <copied wandb/ folder or offline-run-* folders>
+
+(:mod:`varbench.loggers.offline`: rewrites those paths to the new place, then checks that every
+named file is there with its recorded digest; exit 1 naming each file that would not sync).
+
 publishes every finished entry (``entries/<hash>/`` with ``DONE``) that has no ``.published``
 marker yet (``--force``: all of them again), then aggregates the experiment (tables and figures
 into ``--results``) and logs the sweep run, unless the same ``table.csv`` was logged before
@@ -420,7 +430,8 @@ class JobRun:
         if info.get("url"):
             print(f"[varbench] W&B run: {info['url']}")
         elif info.get("dir"):  # offline: say where it waits and how it gets uploaded
-            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`)")
+            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`; copied to "
+                  "another machine first: `python -m varbench.publish --relocate <its new place>`)")
         if record is not None:
             try:
                 _write_marker(job.entry.dir, info, self.sink)

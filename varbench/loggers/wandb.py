@@ -16,7 +16,9 @@ both; absent when not counted) and ``wall_s``. Every run is opened with ``reinit
 that share one process never merge into one run.
 
 Modes: ``online`` needs network and an API key (without network, W&B waits ``init_timeout``
-seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later); ``disabled``
+seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later; an offline run's
+folder holds every file it names, :func:`stage_inside`, and ``python -m varbench.publish --relocate``
+readies a copied one for ``wandb sync``, :mod:`varbench.loggers.offline`); ``disabled``
 runs the same code path with a no-op run (tests, CI). ``wandb`` is imported lazily so
 ``logger=none`` never needs it.
 
