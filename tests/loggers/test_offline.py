@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import struct
 import time
 from pathlib import Path
 
@@ -101,6 +102,29 @@ def test_a_moved_run_relocates_and_its_file_keeps_wandb_cores_framing(wb):
     assert relocate(moved).rewritten == 0                                  # idempotent
 
 
+def test_a_run_that_may_still_be_writing_its_file_is_left_alone(wb):
+    """No exit record and a file changed moments ago: the run may still append to it, and an
+    atomic rewrite would cut those appends off, so relocate refuses; an older one (a crashed run
+    copied off the node) is relocated."""
+    from varbench.core.errors import ConfigError
+    from varbench.loggers.offline import Log, LIVE_S
+
+    folder = _log_run(wb)
+    f = run_file(folder)
+    log = read_log(f)
+    payloads = [p for p, r in zip(log.payloads, records(folder)) if r.WhichOneof("record_type") != "exit"]
+    f.write_bytes(write_log(Log(log.header, payloads)))                    # as if the run were still going
+    moved = wb / "moved"
+    shutil.move(str(folder), str(moved))
+    frozen = run_file(moved).read_bytes()
+    with pytest.raises(ConfigError, match=r"no exit record and changed \d+ s ago.*after it ends"):
+        relocate(moved)
+    assert run_file(moved).read_bytes() == frozen
+    old = time.time() - 2 * LIVE_S
+    os.utime(run_file(moved), (old, old))
+    assert relocate(moved).problems == []
+
+
 def test_a_large_artifact_manifest_file_moves_too(wb, monkeypatch):
     """W&B writes the manifest of an artifact of > 100,000 files to a gzip file (staged too) whose
     lines hold the local paths: both are relocated (the threshold is lowered to see it)."""
@@ -144,11 +168,19 @@ def test_relocate_names_what_will_not_sync(wb, capsys):
     with pytest.raises(GarbledFileError, match=r"damaged at byte \d+.*copy the run folder again"):
         read_log(f)
 
+    cut = wb / "cut"                               # a chunk header whose data never arrived (a cut copy)
+    shutil.copytree(_log_run(wb), cut)
+    with run_file(cut).open("ab") as fh:
+        fh.write(struct.pack("<IHB", 0, 5000, 1) + b"x" * 10)
+    whole = run_file(cut).read_bytes()
+
     capsys.readouterr()
-    assert main(["--relocate", str(wb / "copied"), str(damaged)]) == 1
+    assert main(["--relocate", str(wb / "copied"), str(damaged), str(cut)]) == 1
     out = capsys.readouterr().out
     assert "1 of 1 file(s) it names will not sync" in out and "staged outside the run folder" in out
-    assert "damaged at byte" in out and "0 of 2 run(s) ready" in out
+    assert "damaged at byte" in out and "unreadable bytes after its last whole record" in out
+    assert "0 of 3 run(s) ready" in out and "wandb sync" not in out
+    assert run_file(cut).read_bytes() == whole                                  # left as it was
 
     assert main(["--relocate", str(wb / "nothing")]) == 2
     assert "no W&B run folder" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,9 @@ BLOCK = 32768
 HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 MAGIC = b":W&B"
+#: a run file without an exit record changed less than this many seconds ago may still be written
+#: to by its run: :func:`relocate` refuses it (a crashed run's file, older, is relocated as it is)
+LIVE_S = 60.0
 
 
 def _data_dir() -> str:
@@ -201,7 +205,8 @@ class Relocation:
 def relocate(run_dir: str | Path) -> Relocation:
     """Point every artifact path of the run in ``run_dir`` that lies in a run's ``wandb-data/``
     folder at this folder, rewriting the ``.wandb`` file atomically (and any manifest file), then
-    :func:`check` it. A second call changes nothing."""
+    :func:`check` it. A second call changes nothing. A run that may still be running (no exit
+    record, file changed in the last :data:`LIVE_S` seconds) is a ConfigError, left untouched."""
     from varbench.core.jsonio import atomic_write_bytes
     from wandb.proto import wandb_internal_pb2 as pb
 
@@ -209,12 +214,16 @@ def relocate(run_dir: str | Path) -> Relocation:
     path = run_file(run_dir)
     log = read_log(path)
     report = Relocation(run_dir)
-    changed = False
+    ended, artifacts = False, []
     for n, payload in enumerate(log.payloads):
         rec = pb.Record()
         rec.ParseFromString(payload)
-        if rec.WhichOneof("record_type") != "artifact":
-            continue
+        kind = rec.WhichOneof("record_type")
+        ended |= kind == "exit"
+        if kind == "artifact":
+            artifacts.append((n, rec))
+    manifest_files = []
+    for n, rec in artifacts:
         manifest, hit = rec.artifact.manifest, 0
         for c in manifest.contents:
             if c.local_path and moved_path(c.local_path, run_dir) != c.local_path:
@@ -226,12 +235,23 @@ def relocate(run_dir: str | Path) -> Relocation:
                 manifest.manifest_file_path = new
                 hit += 1
             if Path(new).is_file():
-                report.rewritten += _relocate_manifest_file(Path(new), run_dir)
+                manifest_files.append(Path(new))
         if hit:
             log.payloads[n] = rec.SerializeToString()
             report.rewritten += hit
-            changed = True
-    if changed:
+    in_log = report.rewritten                        # paths changed in the .wandb file itself
+    age = time.time() - path.stat().st_mtime
+    if in_log and not ended and age < LIVE_S:
+        from varbench.core.errors import ConfigError
+
+        raise ConfigError(f"{path} has no exit record and changed {age:.0f} s ago: its run may still be writing it "
+                          "(rewriting it now would lose what comes next); relocate a run after it ends")
+    if in_log and ended and log.tail.strip(b"\0"):   # a finished run ends on a whole record: this copy is cut
+        raise _garbled(f"{path} has {len(log.tail)} unreadable bytes after its last whole record (a damaged or "
+                       "partial copy; rewriting would drop them): copy the run folder again")
+    for mf in manifest_files:          # first, so the .wandb file, rewritten last, names only relocated files
+        report.rewritten += _relocate_manifest_file(mf, run_dir)
+    if in_log:
         atomic_write_bytes(path, write_log(log))
     report.problems = check(run_dir)
     report.files = len(references(run_dir))

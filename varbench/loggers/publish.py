@@ -430,8 +430,8 @@ class JobRun:
         if info.get("url"):
             print(f"[varbench] W&B run: {info['url']}")
         elif info.get("dir"):  # offline: say where it waits and how it gets uploaded
-            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`; copied to "
-                  "another machine first: `python -m varbench.publish --relocate <its new place>`)")
+            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`); "
+                  "copied to another machine, run `python -m varbench.publish --relocate <its new place>` first")
         if record is not None:
             try:
                 _write_marker(job.entry.dir, info, self.sink)
@@ -652,8 +652,10 @@ def relocate_main(paths: Sequence[str]) -> int:
                 print(f"    {p}")
         else:
             print(f"[varbench] {d}: {moved}; all {rep.files} file(s) it names are inside it")
-    print(f"[varbench] {len(dirs) - bad} of {len(dirs)} run(s) ready: `wandb sync {' '.join(map(str, dirs[:1]))}"
-          f"{' ...' if len(dirs) > 1 else ''}`")
+    parents = {d.parent for d in dirs}
+    together = len(dirs) > 1 and len(parents) == 1 and all(d.name.startswith("offline-run-") for d in dirs)
+    where = f"{dirs[0].parent}/offline-run-*" if together else " ".join(map(str, dirs))
+    print(f"[varbench] {len(dirs) - bad} of {len(dirs)} run(s) ready" + (f"; upload: `wandb sync {where}`" if not bad else ""))
     return 1 if bad else 0
 
 
