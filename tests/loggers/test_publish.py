@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import struct
 import types
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 pytest.importorskip("wandb")
 
+from varbench.loggers.offline import check, read_log, records, references, run_file, write_log  # noqa: E402
 from varbench.loggers.publish import MARKER, SWEEP_MARKER, JobRun, main, republish  # noqa: E402
 from varbench.harness.testing import job_config  # noqa: E402
 from varbench.core.errors import ConfigError  # noqa: E402
@@ -27,41 +27,14 @@ def _cfg(tmp, *extra):
                       "timing.repeats=2", "timing.warmup=0", "experiment_name=exp", *extra)
 
 
-# -- reading an offline run back (the .wandb file is a LevelDB-style log of protobuf records) ----
-def _records(path: Path):
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", "not a W&B transaction log"
-    i, buf, block = 7, b"", 32768
-    while i + 7 <= len(data):
-        left = block - i % block
-        if left < 7:                      # block trailer: padding
-            i += left
-            continue
-        _, length, kind = struct.unpack("<IHB", data[i:i + 7])
-        if length == 0 and kind == 0:
-            i += left
-            continue
-        if i + 7 + length > len(data):     # a record still being written
-            return
-        chunk = data[i + 7:i + 7 + length]
-        i += 7 + length
-        buf = chunk if kind in (1, 2) else buf + chunk      # FULL/FIRST start a record, MIDDLE/LAST extend it
-        if kind in (1, 4):
-            rec = pb.Record()
-            rec.ParseFromString(buf)
-            yield rec
-            buf = b""
-
-
+# -- reading an offline run back (varbench.loggers.offline reads the .wandb log of protobuf records) ----
 def read_run(run_dir: Path) -> dict:
     out = {"summary": {}, "config": {}, "history": [], "exit_code": None, "artifacts": {}}
 
     def key(u):
         return u.key or "/".join(u.nested_key)
 
-    for r in _records(next(run_dir.glob("run-*.wandb"))):
+    for r in records(run_dir):
         kind = r.WhichOneof("record_type")
         if kind == "run":
             out.update(id=r.run.run_id, name=r.run.display_name, group=r.run.run_group, job_type=r.run.job_type,
@@ -163,6 +136,8 @@ def test_job_run_streams_progress_and_ends_with_paired_speedup_and_delta(store, 
     [r] = runs_in(wb)
     s = r["summary"]
     assert r["exit_code"] == 0 and r["group"] == "exp" and r["job_type"] == "skip_last"
+    [folder] = wb.glob("wandb/offline-run-*")                            # self-contained: it can be carried off
+    assert check(folder) == [] and all(Path(x.local_path).is_relative_to(folder.resolve()) for x in references(folder))
     assert {"skip_last", "toy"} <= set(r["tags"])
     assert r["config"]["varbench"]["entry_id"] == method_dir.name
     assert r["config"]["generation"]["seed"] == 0                         # the resolved config
@@ -412,3 +387,90 @@ def test_a_job_that_finds_its_entry_finished_after_waiting_opens_no_run(store, w
     entry = run(_cfg(root, "logger=wandb", f"logger.dir={wb}"))
     assert entry == base and len(calls) == 2
     assert runs_in(wb) == []
+
+
+# -- offline runs that travel (copied off an air-gapped node, relocated, then `wandb sync`) ----------
+def _sha(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _staged(run: dict, artifact: str, name: str) -> Path:
+    return Path(dict(run["artifacts"][artifact])[name])
+
+
+@pytest.mark.integration
+def test_offline_runs_travel_every_file_they_name_moves_with_the_folder(store, wb, tmp_path, capsys):
+    """Both job runs and the sweep run, logged offline as on an air-gapped node, are moved to
+    another folder with W&B's own data and cache folders gone; after ``--relocate`` every file
+    their .wandb names is inside the moved folder with the bytes that were logged, and the same
+    holds after a second move."""
+    import numpy as np
+    from PIL import Image
+
+    from varbench.harness.store import ImageStore
+
+    root, base_dir, method_dir = store
+    res = root / "res"
+    assert main([str(root / "store" / "exp"), "--mode", "offline", "--dir", str(wb), "--results", str(res),
+                 "--log-images", "-1"]) == 0
+    assert all(r["exit_code"] == 0 for r in runs_in(wb))          # waits until every file is complete
+    assert not [p for p in (tmp_path / "wbdata").rglob("*") if p.is_file()]   # nothing staged in W&B's data dir
+    before = {}
+    for d in wb.glob("wandb/offline-run-*"):
+        refs = references(d)
+        assert refs and all(Path(r.local_path).is_relative_to(d.resolve()) for r in refs)
+        before[d.name] = {(r.artifact, r.name): _sha(r.local_path) for r in refs}
+        f = run_file(d)                      # varbench's writer frames records exactly as wandb-core does
+        assert write_log(read_log(f)) == f.read_bytes()
+    assert len(before) == 3
+
+    carried = tmp_path / "elsewhere" / "wandb"                     # carried off the node
+    carried.parent.mkdir()
+    shutil.move(str(wb / "wandb"), str(carried))
+    for gone in ("wbdata", "wbcache"):
+        shutil.rmtree(tmp_path / gone, ignore_errors=True)
+    moved = sorted(carried.glob("offline-run-*"))
+    stale = [p for d in moved for p in check(d)]
+    assert stale and all("is missing" in p and "--relocate" in p for p in stale)   # they still name the old place
+
+    capsys.readouterr()
+    assert main(["--relocate", str(carried)]) == 0
+    out = capsys.readouterr().out
+    assert "3 of 3 run(s) ready" in out and "pointed here" in out
+    for d in moved:
+        assert check(d) == []
+        refs = references(d)
+        assert all(Path(r.local_path).is_relative_to(d.resolve()) for r in refs)
+        assert {(r.artifact, r.name): _sha(r.local_path) for r in refs} == before[d.name]
+        for rec in records(d):                                      # metrics, media, console: under files/
+            if rec.WhichOneof("record_type") == "files":
+                assert all((d / "files" / f.path).is_file() for f in rec.files.files)
+
+    runs = {r["job_type"]: r for r in (read_run(d) for d in moved)}
+    method = runs["skip_last"]
+    record = json.loads((method_dir / "record.json").read_text())
+    logged = json.loads(_staged(method, f"record-{method_dir.name}", "record.json").read_text())
+    assert logged == record                                         # record.json as the store holds it
+    per_image = _table(method, "per_image")                         # read from the moved folder
+    images = ImageStore(root / "store", record["generation_id"])
+    art = f"run-{method['id']}-per_image"
+    col = per_image["columns"]
+    for row in per_image["data"]:
+        cell = row[0]
+        png = _staged(method, art, cell["path"])
+        assert _sha(png) == cell["sha256"]                          # the bytes W&B logged for that cell
+        stored = images.load(row[col.index("prompt_index")], row[col.index("sample_index")])
+        assert np.array_equal(np.asarray(Image.open(png).convert("RGB")), np.asarray(stored.convert("RGB")))
+    assert len(per_image["data"]) == 3
+    sweep = runs["sweep"]
+    assert _sha(_staged(sweep, "table-exp", "table.csv")) == _sha(res / "table.csv")
+
+    again = tmp_path / "third"                                      # moved once more: relocate again
+    shutil.move(str(carried), str(again))
+    assert main(["--relocate", *map(str, again.glob("offline-run-*"))]) == 0
+    assert all(check(d) == [] for d in again.glob("offline-run-*"))
+    frozen = {d: run_file(d).read_bytes() for d in again.glob("offline-run-*")}
+    capsys.readouterr()
+    assert main(["--relocate", str(again)]) == 0                    # nothing left to change
+    assert "paths already point here" in capsys.readouterr().out
+    assert all(run_file(d).read_bytes() == b for d, b in frozen.items())

@@ -16,6 +16,16 @@ Later, from the records alone (an offline machine first, ``wandb sync`` or an on
     python -m varbench.publish store/<experiment> [--mode offline|online|disabled] [--project P]
         [--entity E] [--dir results] [--force] [--no-sweep] [--results results/<experiment>]
 
+Offline runs travel: every file a run's ``.wandb`` names (the per-image table's images, the tables'
+JSON, record.json, the sweep's table files) is staged inside its ``offline-run-*`` folder
+(:func:`varbench.loggers.wandb.stage_inside`). Copied to another machine, the folder is made ready for
+``wandb sync`` (which uploads artifact files from the absolute paths the ``.wandb`` file holds) with::
+
+    python -m varbench.publish --relocate <copied wandb/ folder or offline-run-* folders>
+
+(:mod:`varbench.loggers.offline`: rewrites those paths to the new place, then checks that every
+named file is there with its recorded digest; exit 1 naming each file that would not sync).
+
 publishes every finished entry (``entries/<hash>/`` with ``DONE``) that has no ``.published``
 marker yet (``--force``: all of them again), then aggregates the experiment (tables and figures
 into ``--results``) and logs the sweep run, unless the same ``table.csv`` was logged before
@@ -420,7 +430,8 @@ class JobRun:
         if info.get("url"):
             print(f"[varbench] W&B run: {info['url']}")
         elif info.get("dir"):  # offline: say where it waits and how it gets uploaded
-            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`)")
+            print(f"[varbench] W&B offline run: {info['dir']} (upload it with `wandb sync {info['dir']}`); "
+                  "copied to another machine, run `python -m varbench.publish --relocate <its new place>` first")
         if record is not None:
             try:
                 _write_marker(job.entry.dir, info, self.sink)
@@ -614,10 +625,48 @@ def mark_sweep_logged(sink: WandbSink, src: str | Path, results: str | Path, inf
     atomic_write_bytes(Path(src) / SWEEP_MARKER, json.dumps({**info, "table_sha256": digest}, indent=1, default=str).encode())
 
 
+def relocate_main(paths: Sequence[str]) -> int:
+    """``--relocate``: :func:`varbench.loggers.offline.relocate` each run folder under ``paths`` and
+    say what is missing. 0 when every run can be synced, 1 when a file is missing, 2 for a bad path."""
+    from varbench.core.errors import FixableError
+    from varbench.loggers.offline import relocate, run_dirs
+
+    try:
+        dirs = run_dirs(paths)
+    except FixableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    bad = 0
+    for d in dirs:
+        try:
+            rep = relocate(d)
+        except FixableError as e:
+            print(f"[varbench] {d}: {e}")
+            bad += 1
+            continue
+        moved = f"{rep.rewritten} path(s) pointed here" if rep.rewritten else "paths already point here"
+        if rep.problems:
+            bad += 1
+            print(f"[varbench] {d}: {moved}; {len(rep.problems)} of {rep.files} file(s) it names will not sync:")
+            for p in rep.problems:
+                print(f"    {p}")
+        else:
+            print(f"[varbench] {d}: {moved}; all {rep.files} file(s) it names are inside it")
+    parents = {d.parent for d in dirs}
+    together = len(dirs) > 1 and len(parents) == 1 and all(d.name.startswith("offline-run-") for d in dirs)
+    where = f"{dirs[0].parent}/offline-run-*" if together else " ".join(map(str, dirs))
+    print(f"[varbench] {len(dirs) - bad} of {len(dirs)} run(s) ready" + (f"; upload: `wandb sync {where}`" if not bad else ""))
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m varbench.publish",
                                  description="Mirror an experiment's finished records (and its table) to W&B.")
-    ap.add_argument("path", help="the experiment's store folder, store/<experiment> (or one entry folder)")
+    ap.add_argument("path", nargs="?", help="the experiment's store folder, store/<experiment> (or one entry folder)")
+    ap.add_argument("--relocate", nargs="+", metavar="RUN_DIR", default=None,
+                    help="instead: after copying offline runs (offline-run-* folders, or the wandb/ folder) to "
+                         "another machine, point their artifact paths at where they are now, check every file "
+                         "they name, then `wandb sync` them (varbench.loggers.offline)")
     ap.add_argument("--mode", default=os.environ.get("WANDB_MODE", "online"),
                     help="online | offline | disabled (default: $WANDB_MODE, else online)")
     ap.add_argument("--project", default="varbench")
@@ -632,6 +681,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="publish entries (and the table) that were published before")
     ap.add_argument("--no-sweep", action="store_true", help="records only, no sweep-level run")
     args = ap.parse_args(argv)
+    if args.relocate is not None:
+        return relocate_main(args.relocate)
+    if args.path is None:
+        ap.error("the store folder (PATH) is required, or --relocate RUN_DIR...")
 
     from varbench.core.errors import ConfigError
     from varbench.harness.records import RunEntry, SealError, find_entries

@@ -16,7 +16,9 @@ both; absent when not counted) and ``wall_s``. Every run is opened with ``reinit
 that share one process never merge into one run.
 
 Modes: ``online`` needs network and an API key (without network, W&B waits ``init_timeout``
-seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later); ``disabled``
+seconds then fails: use ``offline`` on air-gapped nodes and ``wandb sync`` later; an offline run's
+folder holds every file it names, :func:`stage_inside`, and ``python -m varbench.publish --relocate``
+readies a copied one for ``wandb sync``, :mod:`varbench.loggers.offline`); ``disabled``
 runs the same code path with a no-op run (tests, CI). ``wandb`` is imported lazily so
 ``logger=none`` never needs it.
 
@@ -34,6 +36,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 MODES = ("online", "offline", "disabled")
+
+#: folder inside an offline run's folder that W&B stages artifact files into (``WANDB_DATA_DIR``;
+#: the files are under ``<DATA_DIR>/artifacts/staging/``), see :func:`stage_inside`
+DATA_DIR = "wandb-data"
+DATA_ENV = "WANDB_DATA_DIR"
 
 #: what to do when W&B cannot open a run (printed with every start-up error)
 LOGIN_FIX = ("run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to write the runs locally "
@@ -142,7 +149,7 @@ class WandbSink:
         if self.dir:
             Path(self.dir).mkdir(parents=True, exist_ok=True)
         try:
-            return wandb.init(
+            run = wandb.init(
                 mode=self.mode, project=self.project, entity=self.entity, group=group or self.group, dir=self.dir,
                 name=name, job_type=job_type, tags=sorted({*self.tags, *(str(t) for t in tags if t)}),
                 config=dict(config or {}), reinit="finish_previous",
@@ -152,3 +159,54 @@ class WandbSink:
         except Exception as e:  # noqa: BLE001 - UsageError (no API key), CommError (no network), bad settings
             raise _config_error(f"W&B could not open a run in mode {self.mode!r} ({type(e).__name__}: {e}); "
                                 f"{LOGIN_FIX}") from e
+        if self.mode == "offline":
+            stage_inside(run)
+        return run
+
+
+def run_folder(run) -> Path | None:
+    """The folder of an open run (``<dir>/wandb/offline-run-<time>-<id>``): its ``files/`` folder's
+    parent; None for a run without one (``disabled``)."""
+    files = getattr(run, "dir", None)
+    return Path(files).parent if files else None
+
+
+def stage_inside(run) -> Path | None:
+    """Make an offline run self-contained: W&B copies every file added to an artifact (the per-image
+    table's images, the tables' JSON, record.json) into a staging folder that the run's ``.wandb``
+    names by absolute path, by default ``~/.local/share/wandb/artifacts/staging/``, outside the run
+    folder, so a copied ``offline-run-*`` folder lost them. W&B reads that place from ``WANDB_DATA_DIR``
+    each time it stages a file (``wandb.sdk.artifacts.staging``), so pointing it at
+    ``<run folder>/``:data:`DATA_DIR` for the run's lifetime puts those copies inside the run folder;
+    the previous value comes back when the run finishes. Media logged directly (figures) already land
+    in the run's ``files/media/``. After the folder moved, :func:`varbench.loggers.offline.relocate`
+    rewrites the absolute paths for ``wandb sync``. Returns the data folder (None: no run folder)."""
+    folder = run_folder(run)
+    if folder is None:
+        return None
+    data = folder / DATA_DIR
+    data.mkdir(parents=True, exist_ok=True)
+    before = os.environ.get(DATA_ENV)
+    os.environ[DATA_ENV] = str(data)
+
+    def restore() -> None:
+        if os.environ.get(DATA_ENV) != str(data):      # someone else set it since: theirs stays
+            return
+        if before is None:
+            os.environ.pop(DATA_ENV, None)
+        else:
+            os.environ[DATA_ENV] = before
+
+    _on_finish(run, restore)
+    return data
+
+
+def _on_finish(run, fn) -> None:
+    """Call ``fn`` when ``run`` finishes (W&B's teardown hooks; if this wandb has none, the setting
+    stays until the next run replaces it, which only moves later stagings of this process)."""
+    try:
+        from wandb.sdk.wandb_run import TeardownHook, TeardownStage
+
+        run._teardown_hooks.append(TeardownHook(fn, TeardownStage.LATE))
+    except (ImportError, AttributeError):
+        pass
