@@ -160,3 +160,19 @@ def test_a_job_names_itself_only_under_submitit(capsys, monkeypatch):
     line = lw.announce_job(cfg, {"SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": "0"})
     assert line == "[varbench] job 3/6 started (submitit job 4594, CUDA_VISIBLE_DEVICES=0)"
     assert capsys.readouterr().out.strip() == line
+
+
+def test_the_warning_is_said_again_when_the_sweep_ends(tmp_path, capsys):
+    """The sweep's first lines have scrolled away by the time the table prints."""
+    cfg = _cfg("method=a,b", batch=2)
+    cfg.hydra.launcher.submitit_folder = str(tmp_path / ".submitit" / "%j")
+    lw.sweep_started(cfg, {"VARBENCH_SWEEP_JOBS": "2"})
+    try:
+        start = capsys.readouterr().out
+    finally:
+        lw.sweep_stopped()
+    end = capsys.readouterr().out
+    warning = [x for x in start.splitlines() if "WARNING" in x]
+    assert len(warning) == 1 and end.splitlines() == warning, (start, end)
+    lw.sweep_stopped()                                  # said once
+    assert capsys.readouterr().out == ""

@@ -189,15 +189,15 @@ def device_slots(config: DictConfig, swept: Mapping[str, Sequence[str]]) -> Slot
     same one."""
     g = int(OmegaConf.select(config, "hydra.launcher.gpus_per_node", default=0) or 0)
     if g <= 0:
-        return Slots(1, "the CPU (gpus_per_node=0)")
+        return Slots(1, "the CPU, gpus_per_node=0")
     raw = OmegaConf.to_container(config, resolve=False).get("runtime", {}).get("device", "auto") \
         if "runtime" in config else "auto"
     per_job = "runtime.device" in swept or "${" in str(raw)
     if g > 1 and per_job:
-        return Slots(g, f"{g} GPUs (gpus_per_node={g}, runtime.device per job)")
+        return Slots(g, f"{g} GPUs, gpus_per_node={g} and a runtime.device per job")
     if g > 1:
         return Slots(1, f"one GPU: every job sees the same {g} GPUs and runs on runtime.device={raw}")
-    return Slots(1, "the first GPU, or the CPU if there is none (gpus_per_node=1)")
+    return Slots(1, "the first GPU, or the CPU if there is none; gpus_per_node=1")
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,8 @@ def plan_local_sweep(config: DictConfig, n_jobs: int | None, environ: Mapping[st
     lines = [f"[varbench] local launcher: {jobs}, {parallel} at a time ({how}); devices: {slots.what}"]
     if parallel > slots.n and timed(config, swept):
         lines.append(
-            f"[varbench] WARNING: {parallel} timed jobs run at once on {slots.n} device(s) ({slots.what}): "
+            f"[varbench] WARNING: {parallel} timed jobs run at once on {slots.n} device{'s' if slots.n > 1 else ''} "
+            f"({slots.what}): "
             "they share it, so their latencies and speed-ups measure the contention, not the methods, and "
             f"are not valid. For timings run one job per device ({PARALLEL_KNOB}={slots.n}, the default), "
             "or sweep with timing=none.")
@@ -242,42 +243,47 @@ def plan_local_sweep(config: DictConfig, n_jobs: int | None, environ: Mapping[st
     if g > 0 and visible is not None and visible.replace(" ", "") != given:
         lines.append(
             f"[varbench] note: this shell's CUDA_VISIBLE_DEVICES={visible} does not reach the jobs: submitit's "
-            f"local launcher sets CUDA_VISIBLE_DEVICES={given} for each (the first {g} GPU(s) of the machine).")
+            f"local launcher sets CUDA_VISIBLE_DEVICES={given} for each job (the machine's first {g} GPU{'s' if g > 1 else ''}).")
     return LocalPlan(parallel, slots, tuple(lines))
 
 
 # ------------------------------------------------------------------ the callback's three hooks
 
 _WATCHER: LogWatcher | None = None     # module-level: the callback object is pickled into every job
+_WARNINGS: tuple[str, ...] = ()        # said again at the end, next to the table (the first lines have scrolled away)
 
 
 def sweep_started(config: DictConfig, environ: Mapping[str, str] | None = None) -> None:
     """At the start of a multirun (the launching process, after the jobs were counted into
     ``VARBENCH_SWEEP_JOBS``): plan a local sweep and start echoing the jobs' lines. Nothing for
     Hydra's basic launcher (its jobs print here already)."""
-    global _WATCHER
+    global _WATCHER, _WARNINGS
     if SUBMITIT_LAUNCHER not in str(OmegaConf.select(config, "hydra.launcher._target_", default="")):
         return
     from varbench.cli.report import ENV_SWEEP_JOBS
 
+    sweep_stopped()                                   # a multirun before this one, in the same process
     environ = os.environ if environ is None else environ
     n_jobs = int(environ[ENV_SWEEP_JOBS]) if environ.get(ENV_SWEEP_JOBS) else None
     plan = plan_local_sweep(config, n_jobs, environ)
     for line in plan.lines if plan else ():
         print(line, flush=True)
+    _WARNINGS = tuple(x for x in (plan.lines if plan else ()) if "WARNING" in x)
     folder = str(config.hydra.launcher.submitit_folder)
     root = job_folders_root(folder)
     rest = Path(folder).expanduser().absolute().relative_to(root).parts
-    sweep_stopped()                                   # a second multirun in the same process
     _WATCHER = LogWatcher(root, literal=rest[0] if rest else None).start()
 
 
 def sweep_stopped() -> None:
-    """At the end of the multirun: echo the last lines and stop the watcher."""
-    global _WATCHER
+    """At the end of the multirun: echo the last lines, stop the watcher, repeat the start's warning."""
+    global _WATCHER, _WARNINGS
     if _WATCHER is not None:
         _WATCHER.stop()
         _WATCHER = None
+    for line in _WARNINGS:
+        print(line, flush=True)
+    _WARNINGS = ()
 
 
 def announce_job(config: DictConfig, environ: Mapping[str, str] | None = None) -> str | None:
