@@ -1,8 +1,10 @@
 """Hydra launchers for clusters (issue #13 item 1): `hydra/launcher=slurm` and `hydra/launcher=local`
 (varbench/conf/hydra/launcher/), both Hydra's submitit launcher.
 
-The local test is a real sweep with the real `submitit_local` launcher: two tiny-model jobs run as
-separate processes, at the same time, and the end-of-sweep callback aggregates one table with both rows.
+The local tests are real sweeps with the real `submitit_local` launcher: two tiny-model jobs run as
+separate processes, one at a time by default (one job per device) or at the same time
+(`hydra.sweeper.max_batch_size=2`), their varbench lines reach the launching console while it waits
+(varbench/cli/launcher_watch.py), and the end-of-sweep callback aggregates one table with both rows.
 The Slurm config is checked as Hydra composes it (no cluster here): one GPU per job and the documented
 time-limit, partition and requeue knobs reach the launcher."""
 import json
@@ -78,27 +80,19 @@ def _span(log: str) -> tuple[datetime, datetime]:
     return when["Starting"], when["Job completed"]
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(240)
-def test_local_submitit_sweep_runs_jobs_in_parallel_processes_and_aggregates_one_table(tmp_path):
+def _local_sweep(tmp_path: Path, *overrides: str) -> tuple[str, Path]:
+    """A two-job tiny-model sweep (baseline, skip_last_1; one image each, untimed) under the real
+    submitit_local launcher: (console output, sweep folder); checks it exits 0 and aggregates one table."""
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
            "benchmark.limit=1", "runtime.progress=false", "method=baseline,skip_last_1", "hydra/launcher=local",
-           f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
+           f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}", *overrides]
     env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "Submitit 'local' sweep output dir" in out, out          # the submitit launcher ran it, not the basic one
-
-    # both jobs finished, each in its own process (submitit_local's job id is the child's pid), at the same time
     assert len(list((tmp_path / "store" / "smoke").glob("entries/*/DONE"))) == 2, out
-    logs = _submitit_logs(sweep)
-    assert len(logs) == 2 and os.getpid() not in {int(p) for p in logs}, logs
-    for log in logs.values():
-        assert "[varbench] record:" in log, log
-    (s0, e0), (s1, e1) = (_span(x) for x in logs.values())
-    assert s0 < e1 and s1 < e0, f"the two jobs did not overlap in time: {(s0, e0)} {(s1, e1)}"
 
     # the launching process aggregated one table with both methods
     table = (tmp_path / "results" / "smoke" / "table.md")
@@ -106,6 +100,48 @@ def test_local_submitit_sweep_runs_jobs_in_parallel_processes_and_aggregates_one
     rows = [ln for ln in table.read_text().splitlines() if ln.startswith("| ") and "---" not in ln]
     assert sum("| Baseline |" in r for r in rows) == 1, table.read_text()          # by label: the column layout may change
     assert sum("| Skip last scale |" in r for r in rows) == 1, table.read_text()
+    return proc.stdout, sweep
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_local_submitit_sweep_runs_one_job_at_a_time_and_echoes_their_lines(tmp_path):
+    """The default: one job per device (here the CPU), each job's varbench lines on the launching
+    console with its place in the sweep, every job's files in a folder named by its id."""
+    out, sweep = _local_sweep(tmp_path)
+    assert "[varbench] local launcher: 2 jobs, 1 at a time (one per device, the default" in out, out
+    assert "WARNING" not in out, out                                  # timing=none: nothing to spoil
+
+    # the jobs print into their log files only: these lines reached the console through the watcher
+    for k, method in ((1, "baseline"), (2, "skip_last_1")):
+        assert re.search(rf"^\[varbench\] job {k}/2 started \(submitit job \d+, ", out, re.M), out
+        assert re.search(rf"^\[varbench\] job {k}/2 · images: 1 generated", out, re.M), out
+        assert re.search(rf"^\[varbench\] job {k}/2 · record: ", out, re.M), out
+        assert re.search(rf"^\[varbench\] job {k}/2 done · {method} ", out, re.M), out
+    # all of them before the table (the watcher is stopped, and drained, before the aggregation)
+    assert out.index("[varbench] job 2/2 done") < out.index("[varbench] tables and figures:"), out
+
+    folders = sorted(p.name for p in (sweep / ".submitit").iterdir() if p.is_dir())
+    assert len(folders) == 2 and all(f.isdigit() for f in folders), folders         # no literal "%j"
+    logs = _submitit_logs(sweep)
+    assert sorted(logs) == folders and os.getpid() not in {int(p) for p in logs}, logs
+    (s0, e0), (s1, e1) = sorted(_span(x) for x in logs.values())
+    assert e0 <= s1, f"the two jobs overlapped in time: {(s0, e0)} {(s1, e1)}"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240)
+def test_local_submitit_sweep_runs_jobs_in_parallel_processes_when_asked(tmp_path):
+    """`hydra.sweeper.max_batch_size=2`: both jobs at once, each in its own process (submitit_local's
+    job id is the child's pid). Untimed, so no warning."""
+    out, sweep = _local_sweep(tmp_path, "hydra.sweeper.max_batch_size=2")
+    assert "2 jobs, 2 at a time (hydra.sweeper.max_batch_size=2)" in out and "WARNING" not in out, out
+    logs = _submitit_logs(sweep)
+    assert len(logs) == 2 and os.getpid() not in {int(p) for p in logs}, logs
+    for log in logs.values():
+        assert "[varbench] record:" in log, log
+    (s0, e0), (s1, e1) = (_span(x) for x in logs.values())
+    assert s0 < e1 and s1 < e0, f"the two jobs did not overlap in time: {(s0, e0)} {(s1, e1)}"
 
 
 def _task_pids(sweep: Path, module: bytes = b"submitit.core._submit") -> list[int]:
@@ -138,14 +174,21 @@ def _committed_images(store: Path) -> list[tuple[int, int]]:
 
 def _start_one_job_local_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     """A one-job sweep (baseline, 8 tiny-model images, one per batch) under the real submitit_local
-    launcher, started in the background: (launching process, sweep folder, store)."""
+    launcher, started in the background: (launching process, sweep folder, store). Its console goes
+    to a file (:func:`_console`), not a pipe: the job's controller inherits the launching process's
+    stdout, so a pipe would only reach its end when the job does, not when the launching process exits."""
     sweep, store = tmp_path / "sweep", tmp_path / "store"
     cmd = [sys.executable, "-m", "varbench", "-m", "+experiment=smoke", "evaluator=[]", "timing=none",
            "benchmark.limit=8", "runtime.batch_size=1", "runtime.progress=false", "method=baseline",
            "hydra/launcher=local", f"paths.output_root={tmp_path}", f"hydra.sweep.dir={sweep}"]
     env = {**os.environ, "VARBENCH_STORE": str(store), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(tmp_path / "console.txt", "w") as console:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT, text=True)
     return proc, sweep, store
+
+
+def _console(tmp_path: Path) -> str:
+    return (tmp_path / "console.txt").read_text()
 
 
 @pytest.mark.integration
@@ -165,7 +208,8 @@ def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
         pids = _task_pids(sweep)
         assert len(pids) == 1 and len(_committed_images(store)) < 8, (pids, _committed_images(store))
         os.kill(pids[0], signal.SIGUSR2)
-        out, _ = proc.communicate(timeout=240)
+        proc.wait(timeout=240)
+        out = _console(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -175,6 +219,7 @@ def test_submitit_preemption_signal_requeues_the_job_which_resumes(tmp_path):
     assert "[varbench] SIGUSR2: " in log, log
     assert "this job is preempted" in log and "Requeued job" in log, log
     assert log.count("[varbench] record:") == 1, log
+    assert "[varbench] job 1/1 · submitit: Requeued job" in out, out       # and the console said so
     images = _committed_images(store)
     assert sorted(images) == sorted(set(images)) and len(images) == 8, images   # each image committed once
     assert len(list((store / "smoke").glob("entries/*/DONE"))) == 1
@@ -196,8 +241,9 @@ def test_ctrl_c_in_the_launching_process_stops_waiting_for_submitit_jobs_at_once
         assert _task_pids(sweep), "the job did not start"
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(timeout=60)
         waited = time.monotonic() - t0
+        out = _console(tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -8,6 +8,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from varbench.cli import launcher_watch     # the console of submitit sweeps
+
 
 def failures_path(sweep_dir: str | Path) -> Path:
     """Where the jobs of a sweep note their failures (one JSON line each): `<hydra.sweep.dir>/failed_jobs.jsonl`.
@@ -118,6 +120,7 @@ class AggregateOnMultirunEnd(Callback):
         failures_path(config.hydra.sweep.dir).unlink(missing_ok=True)  # a relaunch into the same folder
         (Path(config.hydra.sweep.dir) / DONE_LOG).unlink(missing_ok=True)   # the ETA counts this launch's jobs
         _announce_sweep_size(config)
+        launcher_watch.sweep_started(config)  # submitit: one job per device, jobs' lines here
         if not str(config.hydra.launcher.get("_target_", "")).endswith(".BasicLauncher"):
             from varbench.core.interrupt import set_immediate
 
@@ -128,11 +131,15 @@ class AggregateOnMultirunEnd(Callback):
                 f"Once they finish: python -m varbench.aggregate {store} --out "
                 f"{Path(config.paths.results_dir) / str(config.experiment_name)}"))
 
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        launcher_watch.announce_job(config)   # a submitit job's first line names it
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         import os
 
         from varbench.cli.report import ENV_SWEEP_JOBS
 
+        launcher_watch.sweep_stopped()    # the jobs' last lines before the table
         failed = read_failures(config.hydra.sweep.dir)
         n_jobs = os.environ.get(ENV_SWEEP_JOBS)
         try:
