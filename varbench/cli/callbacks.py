@@ -126,8 +126,12 @@ class AggregateOnMultirunEnd(Callback):
 
             # the jobs run in other processes: Ctrl-C here only stops waiting for them
             store = Path(config.paths.store_dir) / str(config.experiment_name)
+            local = "Local" in str(config.hydra.launcher.get("_target_", ""))
+            running = ("the jobs already started keep running (kill their processes to stop them); the ones not "
+                       "started yet will not start (relaunch the sweep: finished jobs are skipped)" if local else
+                       "the submitted jobs keep running (scancel them to stop them)")
             set_immediate(True, farewell=(
-                "[varbench] stopped waiting; the submitted jobs keep running (scancel them to stop them). "
+                f"[varbench] stopped waiting; {running}. "
                 f"Once they finish: python -m varbench.aggregate {store} --out "
                 f"{Path(config.paths.results_dir) / str(config.experiment_name)}"))
 
