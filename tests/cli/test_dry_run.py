@@ -21,8 +21,12 @@ def test_the_estimate_prefers_the_same_method_then_scales_other_runs_and_never_c
             PastRun("nova", "toy", "0.06M@1", 120, CPU, 200.0),
             PastRun("nova", "toy", "0.06M@1", 120, "NVIDIA H200 (...)", 20.0)]
     assert estimate(runs, "nova", "toy", "0.06M@1", 120, CPU) == (200.0, "past run")
+    assert estimate(runs, "fastvar", "toy", "0.06M@1", 120, CPU) == (250.0, "other methods' 2 runs of toy with 120 images")
+    runs.append(PastRun("nova", "toy", "0.06M@1", 8, CPU, 40.0))          # small: fixed costs dominate
     s, source = estimate(runs, "fastvar", "toy", "0.06M@1", 60, CPU)
     assert s == pytest.approx(125.0) and source == "scaled from 2 runs of toy with 120 images"   # median 2.5 s/image x 60
+    s, source = estimate(runs, "fastvar", "toy", "0.06M@1", 10, CPU)
+    assert s == pytest.approx(50.0) and source == "scaled from 1 run of toy with 8 images"     # the closest size: 5 s/image
     assert estimate(runs, "nova", "toy", "1M@1", 120, CPU)[0] is None                 # another resolution
     assert estimate(runs, "nova", "toy", "0.06M@1", 120, "cpu (Y)")[0] is None         # another machine's times say nothing
 

@@ -11,8 +11,10 @@ same device label only (:func:`varbench.harness.provenance.device_label`: times 
 say nothing here), in this order:
 
 1. ``past run``: a finished record of the same method preset, model, resolution and image count;
-2. ``from k runs``: the seconds per image of this model and resolution (preset and aspect ratio) under any method, times
-   the job's images (a pruning method is usually faster than that; a baseline-like estimate);
+2. ``other methods' runs``: this model and resolution (preset and aspect ratio) under any method,
+   from the runs closest in image count (a job's fixed costs dominate small runs): their median
+   wall time when they have the job's image count, else their seconds per image times the job's
+   images (a pruning method is usually faster than that: a baseline-like estimate);
 3. ``unknown``: no record of this model and resolution on this device.
 
 A finished entry costs nothing; a partly done one is estimated in full (its stored images save
@@ -80,12 +82,17 @@ def estimate(runs: Sequence[PastRun], preset: str, model: str, resolution: str, 
     same = [r.wall_s for r in here if r.preset == preset and r.n_images == n_images]
     if same:
         return statistics.median(same), "past run" if len(same) == 1 else f"median of {len(same)} past runs"
-    if here:
-        per_image = statistics.median(r.wall_s / r.n_images for r in here)
-        sizes = sorted({r.n_images for r in here})
-        return per_image * n_images, (f"scaled from {len(here)} run{'s' if len(here) != 1 else ''} of {model} with "
-                                      f"{'/'.join(map(str, sizes[:3]))} images")
-    return None, f"unknown: no past run of {model} at {resolution} on this device"
+    if not here:
+        return None, f"unknown: no past run of {model} at {resolution} on this device"
+    # the runs closest in size: a job's fixed costs (model load, the timed pass) dominate small runs
+    gap = min(abs(math.log(r.n_images / n_images)) for r in here)
+    near = [r for r in here if abs(math.log(r.n_images / n_images)) == gap]
+    size = near[0].n_images
+    if size == n_images:
+        return statistics.median(r.wall_s for r in near), (f"other methods' {'run' if len(near) == 1 else f'{len(near)} runs'} "
+                                                           f"of {model} with {size} images")
+    per_image = statistics.median(r.wall_s / r.n_images for r in near)
+    return per_image * n_images, f"scaled from {len(near)} run{'s' if len(near) != 1 else ''} of {model} with {size} images"
 
 
 def _duration(s: Optional[float]) -> str:
