@@ -31,10 +31,9 @@ FAMILY_COLOURS: dict[str, str] = {
     "skip_last": "#56B4E9",      # sky blue
     "compose": "#882255",        # wine (Tol): compositions such as nova_on_fastvar
 }
-#: colours for families not listed above, chosen by a hash of the name (Tol's muted scheme and two
-#: darker tones; none equals a known family's colour)
-EXTRA_COLOURS: tuple[str, ...] = ("#332288", "#117733", "#44AA99", "#999933", "#AA4499", "#661100",
-                                  "#6699CC", "#888888")
+#: colours for families not listed above, chosen by a hash of the name (from Tol's muted scheme,
+#: leaving out the tones close to a known family's: its teal, purple and light blue)
+EXTRA_COLOURS: tuple[str, ...] = ("#332288", "#117733", "#999933", "#661100", "#888888")
 #: legend words for the known families
 FAMILY_NAMES: dict[str, str] = {
     "baseline": "baseline", "fastvar": "FastVAR", "nova": "NOVA", "toprovar": "ToProVAR", "skipvar": "SkipVAR",
