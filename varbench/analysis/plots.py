@@ -16,10 +16,18 @@ interleaved ratio, when the frame has it, else ``speedup``), with the 95% interv
 ``speedup_reliable == False`` is drawn hollow. y is the metric with ``<metric>_err`` (standard
 error) as vertical bars. The baseline is a black star at 1.0x (for metrics that compare with the
 baseline's own image, e.g. PSNR, only the 1.0x line: its self-comparison is no data point).
+Colours are the method family's, markers the preset's (:mod:`varbench.analysis.colours`: the
+same in every figure); point names are the table's (:func:`varbench.analysis.names.display_names`).
 The dashed line joins the Pareto frontier (:func:`pareto_front`: no other point is at least as
-fast and at least as good, better in one). Labels are placed by a greedy repel (candidate
+fast and at least as good, better in one) over the reliable points only: a hollow point is
+never on it (the legend says so). Rows whose images are bit-identical to the baseline's
+(``identical_images``: their PSNR is the evaluator's 100 dB cap, or infinite) are drawn in a
+grey band above the measured values with the tick ``∞``, so the cap never stretches the axis.
+Labels are placed by a greedy repel (:func:`varbench.analysis.canvas.place_labels`: candidate
 offsets around the point, first one that overlaps no label, marker, error bar or axes edge);
 when one does not fit, every point is numbered and the names move to a key beside the axes.
+The cost figures (``speedup_vs_flops.png``, ``latency_vs_batch.png``) are
+:mod:`varbench.analysis.cost_figures`.
 
 Trace rows follow :class:`varbench.harness.schema.TraceRow` (``scales[*].keep_frac`` per layer, ``ran``,
 ``entropy_mean``). Conventions for :func:`keep_matrix` (scales x layers, mean over images):
@@ -29,7 +37,8 @@ which averages over the images where the scale ran and reports how often it was 
 scale skipped in every image is drawn grey and hatched ("skipped"), never as a colour of the
 scale. Rows are labelled by scale index and token grid (``3: 8×8``), columns by layer
 (``stats.layer_labels`` when the traces carry them). Figures are drawn on
-``matplotlib.figure.Figure`` with the Agg canvas, so no display or global backend switch is needed.
+``matplotlib.figure.Figure`` with the Agg canvas (:mod:`varbench.analysis.canvas`), so no display
+or global backend switch is needed.
 """
 from __future__ import annotations
 
@@ -41,7 +50,7 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from varbench.analysis.canvas import label_points, new_figure, obstacles, place_labels, save_figure  # noqa: F401 (place_labels: re-exported)
+from varbench.analysis.canvas import label_points, new_figure, obstacles, save_figure
 from varbench.analysis.colours import family_colour, family_name, preset_markers, row_style
 from varbench.analysis.cost_figures import write_cost_figures
 from varbench.analysis.frame import METRIC_WORDS, frame_directions, higher_is_better, plot_metrics, relative_metric
@@ -513,7 +522,8 @@ def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path
 
 def write_figures(paired, out: Path, baseline: str = "baseline", image_grids: bool = True,
                   grid_rows: int = 4, grid_diff: bool = True) -> list[Path]:
-    """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces; the
+    """Speed/quality scatter per metric; speed-up vs FLOPs and latency vs batch size
+    (:func:`varbench.analysis.cost_figures.write_cost_figures`); keep-ratio heatmaps and entropy curves from traces; the
     qualitative image grid per group (:func:`varbench.analysis.image_grid.write_image_grids`, skipped with a
     warning when the images cannot be read). Figures an earlier call wrote into ``out`` that this
     one did not (a group or method no longer in the records) are removed, so the folder shows only
