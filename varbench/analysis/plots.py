@@ -581,7 +581,7 @@ def _all_figures(paired, out: Path, baseline: str, image_grids: bool, grid_rows:
             summ = keep_summary(traces)
             if summ["keep"].size and (summ["pruned"] or np.nanmax(summ["skipped"], initial=0.0) > 0):
                 written.append(keep_ratio_heatmap(
-                    traces, out / f"keep_{slug(label)}_{str(r['entry_id'])[:8]}.png", title=label))
+                    traces, out / f"keep_{slug(names[i])}_{str(r['entry_id'])[:8]}.png", title=names[i]))
         if any(entropy_by_scale(t).size for t in series.values()):
             name = slug("_".join(str(k) for k in key)) if key else "all"
             # the baseline first: drawn under the others, first in the legend
