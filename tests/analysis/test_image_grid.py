@@ -212,3 +212,22 @@ def test_figures_of_groups_no_longer_in_the_records_are_removed_and_nothing_else
     assert not any("__toy_32x32" in n for n in second)
     on_disk = {p.name for p in out.iterdir() if not p.name.startswith(".")}
     assert on_disk == second | {"my_notes.png"}
+
+
+def test_headers_name_the_columns_as_the_table_does_in_their_family_colour(sweep):
+    """The bold first line is the table's name for the row and is drawn in the family's colour
+    (the scatter's), the baseline in black."""
+    from varbench.analysis.colours import family_colour
+
+    frame, _ = sweep
+    frame = frame.assign(method=["fastvar", "baseline", "nova"], method_preset=["fastvar_heavy", "baseline", "nova"],
+                         method_label=["FastVAR heavy", "Baseline", "NOVA (reconstructed)"])
+    img, layout, ordered = grid_figure(frame, n_rows=1, cell=48)
+    assert layout["columns"] == ["baseline", "NOVA (reconstructed)", "fastvar_heavy"]   # the label only where it says more
+    assert layout["colours"] == ["black", family_colour("nova"), family_colour("fastvar")]
+    # the header's text pixels carry that colour
+    arr = np.asarray(img.convert("RGB")).astype(int)
+    x0, y0, x1, _ = layout["cells"][(0, 2)]
+    head = arr[:y0, x0:x1].reshape(-1, 3)
+    want = np.array([int(family_colour("fastvar")[k:k + 2], 16) for k in (1, 3, 5)])
+    assert (np.abs(head - want).max(axis=1) < 10).sum() > 20

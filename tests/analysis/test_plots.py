@@ -235,3 +235,168 @@ def test_heatmap_keep_everything_and_partial_skips():
     assert fig.axes[0].get_yticklabels()[4].get_text() == "4: 8×8 (skipped in 50%)"
     assert fig.varbench_skipped == []
     assert [p.get_y() + 0.5 for p in fig.axes[0].patches if p.get_gid() == "partly-skipped"] == [4]
+
+
+# --------------------------------------------------------------------------------------------
+# issue 23 item 9: colours, reliable fronts, identical rows, crowded labels, cost figures
+
+def _points(fig):
+    return {a.get_gid()[len("point:"):]: a for a in fig.axes[0].get_lines() if str(a.get_gid()).startswith("point:")}
+
+
+def test_a_family_has_one_colour_in_every_figure_and_an_outside_family_a_stable_one(tmp_path, monkeypatch):
+    from varbench.analysis.colours import FAMILY_COLOURS, family_colour
+    from varbench.analysis.cost_figures import speedup_vs_flops_figure
+    from varbench.analysis.plots import entropy_curves
+
+    f = frame(ROWS).assign(flops_x=[1.0, 2.0, 3.0, 1.8, 3.5, 1.3])
+    scatter = _points(speed_quality_figure(f, "hpsv2/score"))
+    flops = _points(speedup_vs_flops_figure(f))
+    for name in ("fastvar(r=0.4)", "skip_last_2", "nova"):
+        assert scatter[name].get_color() == flops[name].get_color()
+    assert scatter["fastvar(r=0.4)"].get_color() == scatter["fastvar(r=0.6)"].get_color() == FAMILY_COLOURS["fastvar"]
+    assert scatter["nova"].get_color() != scatter["skip_last_2"].get_color()
+    # presets of one family: same colour, other marker
+    assert scatter["fastvar(r=0.4)"].get_marker() != scatter["fastvar(r=0.6)"].get_marker()
+    # the colour does not depend on which other families a figure shows
+    alone = _points(speed_quality_figure(f[f["method"].isin(["baseline", "nova"])], "hpsv2/score"))
+    assert alone["nova"].get_color() == scatter["nova"].get_color()
+    # the entropy curves take the same colours
+    tr = [{"scales": [{"si": 0, "h": 1, "w": 1, "entropy_mean": 0.5}, {"si": 1, "h": 2, "w": 2, "entropy_mean": 0.4}]}]
+    from varbench.analysis import plots as P
+    seen, save = {}, P.save_figure
+
+    def grab(fig, path):   # read the drawn lines' colours from the Figure before it is written
+        seen.update({ln.get_gid(): ln.get_color() for ln in fig.axes[0].get_lines()})
+        return save(fig, path)
+    monkeypatch.setattr(P, "save_figure", grab)
+    entropy_curves({"nova": tr}, tmp_path / "e.png", styles={"nova": (family_colour("nova"), "o")})
+    assert seen["entropy:nova"] == scatter["nova"].get_color()
+    # an outside family: a colour from the hash list, the same in a fresh interpreter
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from varbench.analysis.colours import family_colour; "
+                          "print(family_colour('my_plugin'))"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == family_colour("my_plugin") and family_colour("my_plugin") not in FAMILY_COLOURS.values()
+
+
+def test_a_hollow_point_is_never_on_the_front():
+    # skip_last_2 (3.0x) is the fastest: with a reliable speed-up it ends the front; flagged
+    # unreliable it is hollow and the front stops at fastvar(r=0.6), although nothing dominates it
+    f = frame(ROWS)
+    assert "skip_last_2" in speed_quality_figure(f, "hpsv2/score").varbench_front
+    f.loc[f["method_label"] == "skip_last_2", "speedup_reliable"] = False
+    fig = speed_quality_figure(f, "hpsv2/score")
+    assert fig.varbench_front == ["nova", "fastvar(r=0.4)", "fastvar(r=0.6)"]
+    line = _artist(fig, "pareto")[0]
+    assert 3.0 not in list(line.get_xdata())
+    hollow = [n for n, a in _points(fig).items() if a.get_markerfacecolor() == "white"]
+    assert sorted(hollow) == ["skip_last_1", "skip_last_2"] and not set(hollow) & set(fig.varbench_front)
+    legend = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "Pareto frontier (reliable points only)" in legend
+    assert any("unreliable" in t and "not on the frontier" in t for t in legend)
+
+
+def test_a_bit_identical_row_sits_in_an_infinity_band_not_at_100_db():
+    f = frame(ROWS).rename(columns={"hpsv2/score": "fidelity/psnr", "hpsv2/score_err": "fidelity/psnr_err"})
+    f["fidelity/psnr"] = [100.0, 28.0, 25.0, 24.0, 22.0, 100.0]      # nova (and the baseline) bit-identical
+    f["fidelity/psnr_err"] = [0.0, 0.3, 0.3, 0.3, 0.3, 0.0]
+    f["identical_images"] = [True, False, False, False, False, True]
+    fig = speed_quality_figure(f, "fidelity/psnr")
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert hi < 40 and lo > 15                     # the axis spans the measured 22-28 dB, not 100
+    nova = _points(fig)["nova"]
+    y_inf = fig.varbench_infinity_y
+    assert nova.get_ydata()[0] == y_inf and 28.3 < y_inf < hi     # drawn in the band above the measured values
+    assert fig.varbench_identical == ["nova"]
+    ticks = dict(zip(ax.get_yticks(), [t.get_text() for t in ax.get_yticklabels()]))
+    assert ticks[y_inf] == "∞" and not any(t > 30 for t in ax.get_yticks() if t != y_inf)
+    assert any("identical to the baseline" in t.get_text() for t in ax.texts)
+    band = _artist(fig, "identical-band")[0]
+    assert 28.3 < band.get_ydata()[0] < y_inf
+    # identical rows are the best PSNR there is: nova (1.2x) is on the front, from the band
+    assert fig.varbench_front[0] == "nova"
+
+
+def test_twelve_close_methods_get_labels_that_do_not_collide():
+    # a crowded sweep: 12 methods within 0.4x and 0.03 of score of each other, long names
+    names = ["FastVAR", "FastVAR light", "FastVAR heavy", "NOVA (reconstructed)", "NOVA (small-schedule thresholds)",
+             "ToProVAR full (reconstructed)", "ToProVAR light", "Skip last scale", "SkipVAR (adaptive, DM ssim 0.84)",
+             "NOVA over FastVAR (reconstructed)", "Drop last (outside)", "SkipVAR skip2 (fixed)"]
+    fams = ["fastvar"] * 3 + ["nova"] * 2 + ["toprovar"] * 2 + ["skip_last", "skipvar", "compose", "my_plugin",
+                                                                 "skipvar_fixed"]
+    rng = np.random.default_rng(1)
+    rows = [ROWS[0]] + [(fam, name, 1.3 + 0.4 * rng.random(), np.nan, np.nan, True, 0.27 + 0.03 * rng.random(), 0.001)
+                        for fam, name in zip(fams, names)]
+    fig = speed_quality_figure(frame(rows), "hpsv2/score")
+    gid = "label" if _artist(fig, "label") else "label-number"
+    boxes = _boxes(fig, gid)
+    assert len(boxes) == len(rows)
+    for a, b in itertools.combinations(boxes, 2):
+        assert not a.overlaps(b), "two labels overprint"
+    ax = fig.axes[0]
+    pts = ax.transData.transform([[r[2], r[6]] for r in rows])
+    for box in boxes:
+        assert not any(box.x0 <= px <= box.x1 and box.y0 <= py <= box.y1 for px, py in pts)
+    if gid == "label-number":   # the names are then in the key, each once
+        key = [t for t in fig.texts if t.get_gid() == "label-key"][0].get_text()
+        assert all(key.count(n.split(" (")[0]) >= 1 for n in names)
+
+
+def _entry(root, eid, method, preset, by_batch):
+    import json as _json
+    d = root / "exp" / "entries" / eid
+    d.mkdir(parents=True)
+    (d / "record.json").write_text(_json.dumps({"entry_id": eid, "method": {"name": method, "preset": preset},
+                                                "timing": {"by_batch": by_batch}}))
+    return str(d)
+
+
+def _blk(ms, speed=None):
+    b = {"ar_ms": {"median": ms, "p10": ms * 0.9, "p90": ms * 1.1}}
+    if speed is not None:
+        b["paired"] = {"ar_speedup": speed, "ar_ci_low": speed - 0.05, "ar_ci_high": speed + 0.05}
+    return b
+
+
+def test_speedup_vs_flops_shows_the_gap_to_what_the_flops_predict():
+    from varbench.analysis.cost_figures import speedup_vs_flops_figure
+
+    f = frame([ROWS[0], ("nova", "nova_toy", 0.95, 0.92, 0.98, True, 0.29, 0.002),
+               ("skip_last", "skip_last_2", 3.0, 2.7, 3.3, True, 0.20, 0.004)]).assign(flops_x=[1.0, 2.21, 3.54])
+    fig = speedup_vs_flops_figure(f)
+    assert fig.varbench_rows == [("nova_toy", 2.21, 0.95), ("skip_last_2", 3.54, 3.0)]
+    ax = fig.axes[0]
+    line = _artist(fig, "flops-predict")[0]                    # y = x: the speed-up the FLOPs predict
+    assert np.allclose(line.get_xdata(), line.get_ydata())
+    assert ax.get_xlim() == ax.get_ylim()                       # one range: the diagonal is y = x on screen
+    gap = _artist(fig, "gap:nova_toy")[0]                       # the drop from 2.21 (predicted) to 0.95 (measured)
+    assert list(gap.get_xdata()) == [2.21, 2.21] and sorted(gap.get_ydata()) == [0.95, 2.21]
+    point = _points(fig)["nova_toy"]
+    assert (point.get_xdata()[0], point.get_ydata()[0]) == (2.21, 0.95)
+    segs = [s for c in ax.collections for s in c.get_segments()]
+    assert any(np.allclose(s[:, 0], 2.21) and np.allclose(sorted(s[:, 1]), [0.92, 0.98]) for s in segs)   # its CI
+    assert "FLOPs reduction" in ax.get_xlabel() and "Speed-up" in ax.get_ylabel()
+    assert speedup_vs_flops_figure(f.drop(columns=["flops_x"])) is None
+
+
+def test_latency_vs_batch_reads_the_records_and_skips_one_batch_size(tmp_path):
+    from varbench.analysis.cost_figures import latency_vs_batch_figure, write_cost_figures
+
+    f = frame([ROWS[0], ROWS[1]]).assign(method_preset=["baseline", "fastvar"], flops_x=[1.0, 2.0])
+    f["path"] = [_entry(tmp_path, "b", "baseline", "baseline", {"1": _blk(100.0), "4": _blk(320.0)}),
+                 _entry(tmp_path, "f", "fastvar", "fastvar", {"1": _blk(60.0, 1.6), "4": _blk(160.0, 2.0)})]
+    fig = latency_vs_batch_figure(f)
+    # ms per image: the batch's median over timed prompts / batch size
+    assert fig.varbench_series == {"baseline": {1: 100.0, 4: 80.0}, "fastvar(r=0.4)": {1: 60.0, 4: 40.0}}
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "4"]
+    assert len(fig.axes) == 2                                    # the paired speed-up per batch size
+    assert sorted(p.name for p in write_cost_figures(f, tmp_path / "out")) == ["latency_vs_batch.png",
+                                                                               "speedup_vs_flops.png"]
+    # every record timed at batch 1 only: no line to draw, no file
+    g = f.copy()
+    g["path"] = [_entry(tmp_path, "b1", "baseline", "baseline", {"1": _blk(100.0)}),
+                 _entry(tmp_path, "f1", "fastvar", "fastvar", {"1": _blk(60.0, 1.6)})]
+    assert latency_vs_batch_figure(g) is None
+    assert [p.name for p in write_cost_figures(g, tmp_path / "one")] == ["speedup_vs_flops.png"]

@@ -17,8 +17,9 @@ TAGS = [t for t, _ in T.GENEVAL_TAGS if t != "overall"]
 
 
 def record(entry_id, method, *, geneval=None, psnr=None, lpips_status=None, flops=1e12, n_prompts=6, spp=2,
-           preset=None):
-    """A minimal finished record: toy GenEval per tag (+ overall = mean of tags), optional fidelity."""
+           preset=None, label=None):
+    """A minimal finished record: toy GenEval per tag (+ overall = mean of tags), optional fidelity.
+    ``label`` defaults to the preset's words (``Skip Last 1``), which say no more than the id."""
     geneval = geneval or {t: 1.0 for t in TAGS}
     metrics = {f"toy_geneval/{t}": v for t, v in geneval.items()}
     metrics["toy_geneval/overall"] = sum(geneval.values()) / len(geneval)
@@ -31,7 +32,8 @@ def record(entry_id, method, *, geneval=None, psnr=None, lpips_status=None, flop
             "config": {"method": {"name": method}},
             "experiment": {"name": "t", "tags": [], "overrides": [f"method={preset or method}"]},
             "model": {"name": "toy", "preset": "toy", "resolution": [64, 64], "h_div_w": 1.0, "dtype": "float32"},
-            "method": {"name": method, "label": f"{method} label", "config": {}, "stats": {}},
+            "method": {"name": method, "label": label or (preset or method).replace("_", " ").title(), "config": {},
+                       "stats": {}},
             "benchmark": {"name": "toy", "sha256": "b" * 64, "items_sha256": "i" * 64, "n_prompts": n_prompts,
                           "samples_per_prompt": spp, "seeds": {"base": 0}},
             "evaluators": evals, "metrics": metrics,
@@ -183,10 +185,11 @@ def test_both_flops_columns(tmp_path):
     write(tmp_path, rec("f", "fastvar", 2.5e11, 4.5e11))         # 4.00× transformer, 2.67× end to end
     write(tmp_path, rec("o", "nova", 5e11, None))
     aggregate(tmp_path, tmp_path / "out", figures=False)
-    lines = (tmp_path / "out" / "table.md").read_text().splitlines()
+    md = (tmp_path / "out" / "table.md").read_text()
+    lines = md[:md.index("####")].splitlines()     # the main table, not the GenEval breakdown
     header = next(line for line in lines if line.startswith("| method ")).split(" | ")
     t, e = header.index("FLOPs × (transformer)"), header.index("FLOPs × (end to end)")
-    cells = {line.split(" | ")[0]: line.split(" | ") for line in lines if line.startswith("| ") and " label" in line}
+    cells = {line.split(" | ")[0]: line.split(" | ") for line in lines if line.startswith("| ") and "---" not in line}
     assert (cells["| fastvar"][t], cells["| fastvar"][e]) == ("4.00×", "2.67×")
     assert (cells["| nova"][t], cells["| nova"][e]) == ("2.00×", "–")
     assert (cells["| baseline"][t], cells["| baseline"][e]) == ("1.00×", "1.00×")
@@ -240,3 +243,29 @@ def test_prompts_timed_and_the_per_prompt_latency_interval_are_shown(tmp_path):
     assert "2.00× [2.00, 2.00]" in nova                         # baseline 2x the work on every prompt
     assert "percentile bootstrap over the timed prompts" in md
     assert "within one run on one machine, not another run or another machine" in md
+
+
+# -- one name per row (issue 23 item 9) ----------------------------------------------------------------
+def test_one_method_column_the_label_only_where_it_says_more(tmp_path):
+    """The preset id and its label are one column: the label where it has words the id lacks
+    (a caveat such as "reconstructed", knob values), else the id; the CSVs keep both."""
+    from varbench.analysis.names import display_name, says_more
+
+    write(tmp_path, record("b", "baseline", label="Baseline"))                       # the id's own word
+    write(tmp_path, record("s", "skip_last", preset="skip_last_2", label="Skip last 2 scales", flops=5e11))
+    write(tmp_path, record("n", "nova", preset="nova_toy", label="NOVA (small-schedule thresholds)", flops=4e11))
+    write(tmp_path, record("v", "skipvar", label="SkipVAR (adaptive, DM ssim 0.84)", flops=6e11))
+    aggregate(tmp_path, tmp_path / "out", figures=False)
+    md = (tmp_path / "out" / "table.md").read_text()
+    main = md[:md.index("####")].splitlines()
+    header = next(line for line in main if line.startswith("| method "))
+    assert "label" not in header.split(" | ")[1]                                     # no second name column
+    names = [line.split(" | ")[0][2:] for line in main if line.startswith("| ") and "---" not in line][1:]
+    assert names == ["baseline", "NOVA (small-schedule thresholds)", "skip_last_2", "SkipVAR (adaptive, DM ssim 0.84)"]
+    assert not any("Baseline" in line or "Skip last 2 scales" in line for line in main)   # never both
+    tidy = pd.read_csv(tmp_path / "out" / "tidy.csv").set_index("entry_id")
+    assert (tidy.loc["n", "method_preset"], tidy.loc["n", "method_label"]) == ("nova_toy", "NOVA (small-schedule thresholds)")
+    # the rule on its own: knob values are news, case and filler words are not
+    assert says_more("fastvar(r=0.4)", "fastvar") and says_more("FastVAR r=0.6", "fastvar")
+    assert not says_more("FastVAR light", "fastvar_light") and not says_more("Skip last scale", "skip_last_1")
+    assert display_name({"method": "x", "method_label": None}) == "x"

@@ -31,7 +31,7 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     failed = [json.loads(x) for x in (sweep / "failed_jobs.jsonl").read_text().splitlines()]
     assert len(failed) == 1 and "method.name=bogus" in failed[0]["overrides"]
     assert list((tmp_path / "store" / "smoke").glob("**/DONE"))      # the good job still finished
-    assert "| Baseline |" in out                                    # and the table was written
+    assert "| baseline |" in out                                    # and the table was written
     table = (tmp_path / "results" / "smoke" / "table.md").read_text()
     assert ("Not in this table: 1 job(s) of the sweep failed: +experiment=smoke evaluator=[] timing=none "
             "benchmark.limit=1 runtime.progress=False method.name=bogus (ConfigError)." in table), table  # says what it lacks
@@ -80,7 +80,7 @@ def test_a_sweep_whose_every_job_failed_does_not_reprint_an_earlier_table(tmp_pa
                           env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "2 job(s) of this sweep failed" in out, out
-    assert "| Baseline |" not in out, out                    # the earlier run's table is not shown as this sweep's
+    assert "| baseline |" not in out, out                    # the earlier run's table is not shown as this sweep's
     assert f"no job of this sweep finished: no table written ({table} is from an earlier run)" in out, out
     assert table.stat().st_mtime_ns == before
 

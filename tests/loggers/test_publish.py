@@ -294,7 +294,7 @@ def test_cli_publishes_each_record_once_and_the_sweep_table(store, wb, capsys):
     assert sweep["group"] == "exp" and sweep["exit_code"] == 0
     table = _table(sweep, "table")
     assert "paired_speedup" in table["columns"] and len(table["data"]) == 2
-    assert "Baseline" in sweep["summary"]["table_md"]
+    assert "| baseline |" in sweep["summary"]["table_md"]
     assert any(k.startswith("figures/speed_vs_toy_geneval") for k in sweep["summary"])
     assert any(k.startswith("qualitative/image_grid") for k in sweep["summary"])
     assert (root / "res" / "table.md").exists()

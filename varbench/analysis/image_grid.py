@@ -9,7 +9,8 @@ Usage::
 
 Layout: rows are the same (prompt, sample) pairs, i.e. the same prompts and seeds, under every
 method; columns are the methods, the baseline first, then the others by speed-up (slowest
-first). Each column is headed by its label, its speed-up over the baseline (the frame's
+first). Each column is headed by its name (the table's: :func:`varbench.analysis.names.display_name`,
+in its method family's colour, :mod:`varbench.analysis.colours`), its speed-up over the baseline (the frame's
 ``paired_speedup`` with its 95% interval when present, else ``speedup``; ``†`` marks a speed-up
 flagged unreliable) and its primary quality metric (:func:`varbench.analysis.frame.primary_metric`) with
 the difference to the baseline. With ``diff=True`` every image row is followed by a difference
@@ -35,8 +36,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from varbench.analysis.colours import family_colour
 from varbench.analysis.frame import METRIC_WORDS, primary_metric
 from varbench.analysis.groups import baseline_mask, groups, is_missing, slug, speed_values
+from varbench.analysis.names import display_name
 
 
 class GridError(ValueError):
@@ -118,7 +121,7 @@ def _fmt(v: float) -> str:
 def column_header(row: Mapping, is_base: bool, metric: str | None, baseline: str = "baseline",
                   speed: tuple | None = None) -> list[str]:
     """Header lines of a column: label, speed-up, quality (see the module docstring)."""
-    lines = [str(row.get("method_label")) + (" (no effect)" if row.get("method_effect") == "none" else "")]
+    lines = [display_name(row) + (" (no effect)" if row.get("method_effect") == "none" else "")]
     x, lo, hi, reliable = speed if speed is not None else (float("nan"),) * 3 + (True,)
     if is_base:
         lines.append("1.00× (reference)")
@@ -228,8 +231,8 @@ def diff_image(img, ref, vmax: float = 96.0):
 def compose_grid(columns: Sequence[Mapping], items: Sequence[tuple[int, int]], row_labels: Sequence[str],
                  cell: int = 192, diff: bool = False, diff_vmax: float = 96.0, title: str = "",
                  footer: str = ""):
-    """Draw the grid. ``columns[c]``: ``{"store": ImageStore, "header": [lines]}`` (column 0 is the
-    baseline); ``items[r]``: (prompt_index, sample_index). Returns ``(PIL.Image, layout)`` with
+    """Draw the grid. ``columns[c]``: ``{"store": ImageStore, "header": [lines], "colour": the first
+    line's}`` (column 0 is the baseline); ``items[r]``: (prompt_index, sample_index). Returns ``(PIL.Image, layout)`` with
     ``layout["cells"][(r, c)]`` the box of image row r / column c, ``layout["diff_cells"]`` the
     same for difference rows (columns 1..), ``layout["scale"]``, ``layout["mean_abs_diff"]``."""
     from PIL import Image, ImageDraw
@@ -265,10 +268,12 @@ def compose_grid(columns: Sequence[Mapping], items: Sequence[tuple[int, int]], r
     for c, lines in enumerate(wrapped_heads):
         for k, (text, bold) in enumerate(lines):
             tw = (f_bold if bold else f_head).getlength(text)
-            draw.text((x0s[c] + (cw - tw) / 2, top + k * line_h), text, fill="black" if bold else "#333333",
+            draw.text((x0s[c] + (cw - tw) / 2, top + k * line_h), text,
+                      fill=columns[c].get("colour", "black") if bold else "#333333",
                       font=f_bold if bold else f_head)
     layout = {"cells": {}, "diff_cells": {}, "scale": fitted[0][0][1], "mean_abs_diff": {},
-              "columns": [col["header"][0] for col in columns], "items": list(items)}
+              "columns": [col["header"][0] for col in columns], "items": list(items),
+              "colours": [col.get("colour", "black") for col in columns]}
     y = top + head_h
     for r, (p, s) in enumerate(items):
         for k, line in enumerate(_wrap(row_labels[r], f_row, label_w - 12)[:8]):
@@ -324,7 +329,8 @@ def grid_figure(paired, baseline: str = "baseline", n_rows: int = 4, items: Sequ
     items = list(items) if items is not None else common_items(stores, n_rows)
     metric = metric if metric is not None else primary_metric(frame)
     x, lo, hi, rel, _ = speed_values(frame, baseline)
-    columns = [{"store": st, "header": column_header(row, bool(base[i]), metric, baseline, (x[i], lo[i], hi[i], rel[i]))}
+    columns = [{"store": st, "header": column_header(row, bool(base[i]), metric, baseline, (x[i], lo[i], hi[i], rel[i])),
+                "colour": "black" if base[i] else family_colour(row.get("method"))}
                for (i, row), st in zip(frame.iterrows(), stores)]
     row_labels = []
     for p, s in items:

@@ -16,10 +16,18 @@ interleaved ratio, when the frame has it, else ``speedup``), with the 95% interv
 ``speedup_reliable == False`` is drawn hollow. y is the metric with ``<metric>_err`` (standard
 error) as vertical bars. The baseline is a black star at 1.0x (for metrics that compare with the
 baseline's own image, e.g. PSNR, only the 1.0x line: its self-comparison is no data point).
+Colours are the method family's, markers the preset's (:mod:`varbench.analysis.colours`: the
+same in every figure); point names are the table's (:func:`varbench.analysis.names.display_names`).
 The dashed line joins the Pareto frontier (:func:`pareto_front`: no other point is at least as
-fast and at least as good, better in one). Labels are placed by a greedy repel (candidate
+fast and at least as good, better in one) over the reliable points only: a hollow point is
+never on it (the legend says so). Rows whose images are bit-identical to the baseline's
+(``identical_images``: their PSNR is the evaluator's 100 dB cap, or infinite) are drawn in a
+grey band above the measured values with the tick ``∞``, so the cap never stretches the axis.
+Labels are placed by a greedy repel (:func:`varbench.analysis.canvas.place_labels`: candidate
 offsets around the point, first one that overlaps no label, marker, error bar or axes edge);
 when one does not fit, every point is numbered and the names move to a key beside the axes.
+The cost figures (``speedup_vs_flops.png``, ``latency_vs_batch.png``) are
+:mod:`varbench.analysis.cost_figures`.
 
 Trace rows follow :class:`varbench.harness.schema.TraceRow` (``scales[*].keep_frac`` per layer, ``ran``,
 ``entropy_mean``). Conventions for :func:`keep_matrix` (scales x layers, mean over images):
@@ -29,7 +37,8 @@ which averages over the images where the scale ran and reports how often it was 
 scale skipped in every image is drawn grey and hatched ("skipped"), never as a colour of the
 scale. Rows are labelled by scale index and token grid (``3: 8×8``), columns by layer
 (``stats.layer_labels`` when the traces carry them). Figures are drawn on
-``matplotlib.figure.Figure`` with the Agg canvas, so no display or global backend switch is needed.
+``matplotlib.figure.Figure`` with the Agg canvas (:mod:`varbench.analysis.canvas`), so no display
+or global backend switch is needed.
 """
 from __future__ import annotations
 
@@ -41,24 +50,12 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from varbench.analysis.canvas import label_points, new_figure, obstacles, save_figure
+from varbench.analysis.colours import family_colour, family_name, preset_markers, row_style
+from varbench.analysis.cost_figures import write_cost_figures
 from varbench.analysis.frame import METRIC_WORDS, frame_directions, higher_is_better, plot_metrics, relative_metric
 from varbench.analysis.groups import baseline_mask, groups, is_missing, slug, speed_column, speed_values, speed_words
-
-
-def _figure(w: float = 6.0, h: float = 4.0, dpi: int = 120):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, out_path: str | Path) -> Path:
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_path, format="png")
-    return out_path
+from varbench.analysis.names import display_names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -94,73 +91,6 @@ def pareto_front(x: Sequence[float], y: Sequence[float], higher_is_better: bool 
 
 
 # ---------------------------------------------------------------------------------------------
-# label placement
-
-def _overlap(a, b, pad: float = 1.0) -> bool:
-    return not (a.x1 + pad <= b.x0 or b.x1 + pad <= a.x0 or a.y1 + pad <= b.y0 or b.y1 + pad <= a.y0)
-
-
-def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], obstacles=(),
-                 fontsize: float = 7.0, colors: Sequence | None = None) -> list | None:
-    """Annotate each data point ``xy[i]`` with ``texts[i]`` at the first candidate offset (rings of
-    16 directions, growing radius; a leader line from the second ring on) whose text box overlaps
-    no placed label, no point marker, no ``obstacles`` (display-space Bboxes) and stays inside
-    the axes, and whose leader line crosses no placed label and no other marker. Returns the
-    annotations, or None (nothing drawn) when some label does not fit."""
-    from matplotlib.text import Text
-    from matplotlib.transforms import Bbox
-
-    fig = ax.figure
-    renderer = fig.canvas.get_renderer()
-    pts = ax.transData.transform(np.asarray(xy, dtype=float)) if len(xy) else np.zeros((0, 2))
-    axbox = ax.get_window_extent(renderer)
-    markers = [Bbox.from_bounds(px - 5, py - 5, 10, 10) for px, py in pts]
-    taken = markers + list(obstacles)   # what a label's text may not cover
-    boxes: list = []                    # placed label texts: what a leader line may not cross either
-    # 16 directions (diagonals first: the text then sits clear of the marker), growing radius
-    angles = [45, -45, 135, -135, 0, 180, 90, -90, 22.5, -22.5, 157.5, -157.5, 67.5, -67.5, 112.5, -112.5]
-    dirs = [(round(math.cos(math.radians(a)), 3), round(math.sin(math.radians(a)), 3)) for a in angles]
-    placed = []
-    for i, (text, (px, py)) in enumerate(zip(texts, pts)):
-        done = False
-        for ring, r in enumerate((7, 16, 28, 42, 58, 76, 96, 120)):
-            for dx, dy in dirs:
-                ha = "left" if dx > 0.3 else ("right" if dx < -0.3 else "center")
-                va = "bottom" if dy > 0.3 else ("top" if dy < -0.3 else "center")
-                off = (dx * r, dy * r)
-                ann = ax.annotate(text, xy[i], xytext=off, textcoords="offset pixels", fontsize=fontsize,
-                                  ha=ha, va=va, color=(colors[i] if colors is not None else "black"),
-                                  arrowprops=(dict(arrowstyle="-", lw=0.5, color="0.5", shrinkA=0, shrinkB=3)
-                                              if ring >= 1 else None))
-                ann.update_positions(renderer)
-                box = Text.get_window_extent(ann, renderer)   # the text only, not its leader line
-                inside = (box.x0 >= axbox.x0 + 2 and box.x1 <= axbox.x1 - 2
-                          and box.y0 >= axbox.y0 + 2 and box.y1 <= axbox.y1 - 2)
-                # the leader line, as points every few pixels from the marker's edge to the text
-                lead = []
-                if ring >= 1:
-                    n = max(2, int(r / 4))
-                    lead = [(px + dx * r * t, py + dy * r * t) for t in np.linspace(7.0 / r, 1.0, n)]
-                if (inside and not any(_overlap(box, t) for t in taken)
-                        and not any(t.contains(qx, qy) for t in boxes + markers[:i] + markers[i + 1:]
-                                    for qx, qy in lead)):
-                    boxes.append(box)
-                    taken.append(box)
-                    taken += [Bbox.from_bounds(qx - 1, qy - 1, 2, 2) for qx, qy in lead]
-                    placed.append(ann)
-                    done = True
-                    break
-                ann.remove()
-            if done:
-                break
-        if not done:
-            for a in placed:
-                a.remove()
-            return None
-    return placed
-
-
-# ---------------------------------------------------------------------------------------------
 # speed vs quality
 
 
@@ -168,42 +98,39 @@ _WIDE = (0.125, 0.22, 0.85, 0.68)      # axes rect; the legend sits below it
 _NARROW = (0.125, 0.22, 0.62, 0.68)    # when the names go to a numbered key on the right
 
 
-def _obstacles(ax) -> list:
-    """Display-space boxes labels must not cover: markers, error-bar caps and error bars (not the
-    frontier or the full-height/width reference lines)."""
-    from matplotlib.transforms import Bbox
-
-    fig = ax.figure
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    out = []
-    axw = ax.get_window_extent(renderer)
-    for line in ax.get_lines():
-        if line.get_gid() == "pareto":   # the frontier: small boxes every few pixels along it
-            d = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]).astype(float))
-            for a, b in zip(d[:-1], d[1:]):
-                n = max(2, int(np.hypot(*(b - a)) / 4))
-                out += [Bbox.from_bounds(qx - 1.5, qy - 1.5, 3, 3) for qx, qy in np.linspace(a, b, n)]
-            continue
-        bb = line.get_window_extent(renderer)
-        if np.isfinite([bb.x0, bb.x1, bb.y0, bb.y1]).all() and bb.width < 0.9 * axw.width and bb.height < 0.9 * axw.height:
-            out.append(Bbox.from_extents(bb.x0 - 1, bb.y0 - 1, bb.x1 + 1, bb.y1 + 1))
-    for coll in ax.collections:   # error bars: one box per segment
-        for seg in getattr(coll, "get_segments", lambda: [])():
-            d = ax.transData.transform(np.asarray(seg, dtype=float))
-            if np.isfinite(d).all():
-                out.append(Bbox.from_extents(d[:, 0].min() - 1.5, d[:, 1].min() - 1.5,
-                                             d[:, 0].max() + 1.5, d[:, 1].max() + 1.5))
+def identical_rows(frame, metric: str) -> np.ndarray:
+    """Rows whose ``metric`` is a bit-identical image's value rather than a measurement: PSNR of a
+    row whose every image equals the baseline's (``identical_images``; the evaluator's mean caps
+    each identical pair at 100 dB) and any infinite value. They are drawn in a band marked ∞ above
+    the axis' data range, never at the cap."""
+    vals = frame[metric].astype(float).to_numpy() if metric in frame.columns else np.full(len(frame), np.nan)
+    out = np.isinf(vals)
+    if metric.rsplit("/", 1)[-1] == "psnr" and "identical_images" in frame.columns:
+        out |= np.array([(not is_missing(v)) and bool(v) is True and str(v).lower() not in ("false", "0")
+                         for v in frame["identical_images"]])
     return out
+
+
+def _nice_ticks(lo: float, hi: float) -> tuple[list[float], list[str]]:
+    """Tick positions and labels inside [lo, hi] (the finite part of an axis with an ∞ band)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ticks = [t for t in MaxNLocator(nbins=6).tick_values(lo, hi) if lo <= t <= hi]
+    step = (ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
+    dec = max(0, -int(math.floor(math.log10(step)))) if step > 0 else 0
+    return ticks, [f"{t:.{dec}f}" for t in ticks]
 
 
 def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_col: str | None = None,
                          title: str = "", max_labels: int = 14):
     """The speed-vs-quality Figure for one metric over ``frame``'s rows (one group). Artists carry
-    gids: ``"baseline"`` (the star), ``"pareto"`` (the frontier line, its data = the frontier
-    points), ``"label"`` (each name annotation) / ``"label-number"`` and ``"label-key"`` when
-    the names are numbered into a key. ``fig.varbench_front`` lists the frontier rows' labels."""
+    gids: ``"baseline"`` (the star), ``"point:<name>"`` (each row's marker), ``"pareto"`` (the
+    frontier line, its data = the frontier points), ``"identical-band"`` (the line under the ∞
+    band), ``"label"`` (each name annotation) / ``"label-number"`` and ``"label-key"`` when the
+    names are numbered into a key. ``fig.varbench_front`` lists the frontier rows' names,
+    ``fig.varbench_identical`` the rows drawn in the ∞ band, ``fig.varbench_infinity_y`` its height."""
     from matplotlib.lines import Line2D
+    from matplotlib.transforms import blended_transform_factory
 
     frame = frame.reset_index(drop=True)
     x, lo, hi, reliable, col = speed_values(frame, baseline, speed_col)
@@ -212,61 +139,92 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     base = baseline_mask(frame, baseline).to_numpy()
     relative = relative_metric(metric)
     up = higher_is_better(metric, frame_directions(frame))
-    keep = np.isfinite(x) & np.isfinite(y) & ~(base & relative)
-    labels = [str(v) for v in frame.get("method_label", frame.get("method", frame.index)).tolist()]
+    ident = identical_rows(frame, metric) & up        # the best a (higher-is-better) fidelity score can be
+    keep = np.isfinite(x) & (np.isfinite(y) | ident) & ~(base & relative)
+    real = keep & ~ident                               # rows with a measured value on the y axis
+    labels = display_names(frame)
     if "method_effect" in frame.columns:   # a method that changed nothing is not a result (varbench.engine.effect)
         labels = [f"{lab} (no effect)" if eff == "none" else lab for lab, eff in zip(labels, frame["method_effect"])]
     methods = [str(v) for v in frame.get("method", frame.get("method_label", frame.index)).tolist()]
+    markers = preset_markers(frame)
     has_ci = bool(np.isfinite(lo[keep]).any() or np.isfinite(hi[keep]).any())
 
-    fig = _figure(8.0, 5.4)
+    fig = new_figure(8.0, 5.4)
     ax = fig.add_axes(_WIDE)
     families = list(dict.fromkeys(m for m, k, b in zip(methods, keep, base) if k and not b))
-    cmap = __import__("matplotlib").colormaps["tab10"]
-    colour = {m: cmap(i % 10) for i, m in enumerate(families)}
     idx = np.flatnonzero(keep)
+
+    # limits first (the ∞ band's height depends on them): measured values only, 1.0x in view
+    xs = np.concatenate([x[keep], lo[keep][np.isfinite(lo[keep])], hi[keep][np.isfinite(hi[keep])], [1.0]])
+    if xs.size:
+        span = max(xs.max() - xs.min(), 0.1)
+        ax.set_xlim(xs.min() - 0.18 * span, xs.max() + 0.30 * span)
+    ylo = y[real] - np.nan_to_num(yerr[real])
+    yhi = y[real] + np.nan_to_num(yerr[real])
+    if ylo.size:
+        span = max(float(yhi.max() - ylo.min()), 1e-3 * max(abs(float(yhi.max())), 1e-6), 1e-9)
+        y0, y1 = float(ylo.min() - 0.22 * span), float(yhi.max() + 0.22 * span)
+    else:
+        y0, y1 = 0.0, 1.0
+    y_inf = float("nan")
+    if ident[keep].any():   # a band above the measured range, its own tick "∞"
+        h = y1 - y0
+        sep, y_inf, top = y1 + 0.04 * h, y1 + 0.16 * h, y1 + 0.30 * h
+        ax.set_ylim(y0, top)
+        ticks, texts = _nice_ticks(y0, y1) if ylo.size else ([], [])
+        ax.set_yticks(ticks + [y_inf], labels=texts + ["∞"])
+        ax.axhline(sep, color="0.55", lw=0.8, ls=(0, (5, 3)), zorder=1, gid="identical-band")
+        ax.axhspan(sep, top, color="0.94", lw=0, zorder=0)
+    else:
+        ax.set_ylim(y0, y1)
+    yy = np.where(ident, y_inf, y)     # where each point is drawn
+
     colours = {}
     for i in idx:
         if base[i]:
             colours[i] = "black"
-            ax.errorbar([x[i]], [y[i]], yerr=None if is_missing(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
+            ax.errorbar([x[i]], [yy[i]], yerr=None if is_missing(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
                         ecolor="black", elinewidth=0.9, capsize=3, zorder=4)
-            ax.plot([x[i]], [y[i]], marker="*", ms=15, color="black", mec="white", mew=0.6, ls="none",
+            ax.plot([x[i]], [yy[i]], marker="*", ms=15, color="black", mec="white", mew=0.6, ls="none",
                     zorder=5, gid="baseline")
             continue
-        c = colour[methods[i]]
+        c, mk = row_style(frame.iloc[i], markers)
         colours[i] = c
         xe = None
         if np.isfinite(lo[i]) and np.isfinite(hi[i]):
             xe = [[max(x[i] - lo[i], 0.0)], [max(hi[i] - x[i], 0.0)]]
-        ax.errorbar([x[i]], [y[i]], xerr=xe, yerr=None if is_missing(yerr[i]) else [[yerr[i]], [yerr[i]]], fmt="none",
-                    ecolor=c, elinewidth=0.9, capsize=2.5, alpha=0.85, zorder=3)
-        ax.plot([x[i]], [y[i]], marker="o", ms=7, ls="none", color=c, mec=c, mew=1.4,
+        ye = None if (ident[i] or is_missing(yerr[i])) else [[yerr[i]], [yerr[i]]]
+        ax.errorbar([x[i]], [yy[i]], xerr=xe, yerr=ye, fmt="none", ecolor=c, elinewidth=0.9, capsize=2.5,
+                    alpha=0.85, zorder=3)
+        ax.plot([x[i]], [yy[i]], marker=mk, ms=7, ls="none", color=c, mec=c, mew=1.4,
                 mfc=(c if reliable[i] else "white"), zorder=4, gid=f"point:{labels[i]}")
     ax.axvline(1.0, color="0.45", lw=0.8, ls=":", zorder=1)
     if base.any() and not relative:
         by = y[base & np.isfinite(y)]
         if by.size:
             ax.axhline(float(by[0]), color="0.45", lw=0.8, ls=":", zorder=1)
-    front = pareto_front(np.where(keep, x, np.nan), np.where(keep, y, np.nan), up)
+    # the frontier over reliable points only: a speed-up flagged unreliable cannot dominate anything
+    on = keep & reliable
+    front = pareto_front(np.where(on, x, np.nan), np.where(on, yy, np.nan), up)
     if len(front) >= 2:
-        ax.plot(x[front], y[front], ls="--", lw=1.3, color="0.25", marker="none", zorder=2, gid="pareto")
+        ax.plot(x[front], yy[front], ls="--", lw=1.3, color="0.25", marker="none", zorder=2, gid="pareto")
     fig.varbench_front = [labels[i] for i in front]
+    fig.varbench_identical = [labels[i] for i in idx if ident[i]]
+    fig.varbench_infinity_y = y_inf
 
-    # limits with room for labels, 1.0x always in view
-    xs = np.concatenate([x[keep], lo[keep][np.isfinite(lo[keep])], hi[keep][np.isfinite(hi[keep])], [1.0]])
-    ylo = y[keep] - np.nan_to_num(yerr[keep])
-    yhi = y[keep] + np.nan_to_num(yerr[keep])
-    if xs.size:
-        span = max(xs.max() - xs.min(), 0.1)
-        ax.set_xlim(xs.min() - 0.18 * span, xs.max() + 0.30 * span)
-    if ylo.size:
-        span = max(float(yhi.max() - ylo.min()), 1e-3 * max(abs(float(yhi.max())), 1e-6), 1e-9)
-        ax.set_ylim(ylo.min() - 0.22 * span, yhi.max() + 0.22 * span)
     ax.set_xlabel(speed_words(col, has_ci))
     ax.set_ylabel(metric_words(metric, frame_directions(frame)), fontsize=8.5)
     ax.grid(alpha=0.25)
     ax.set_title(title or f"Speed vs {METRIC_WORDS.get(metric, (metric, ''))[0]}", fontsize=10)
+    notes = []
+    if ident[keep].any():   # say what the band is, on the side its points leave free
+        ax_x = ax.transAxes.inverted().transform(ax.transData.transform(
+            np.column_stack([x[keep & ident], np.full(int((keep & ident).sum()), y_inf)])))[:, 0]
+        right = float(np.mean(ax_x)) < 0.5
+        note = ax.text(0.99 if right else 0.01, y_inf, "identical to the baseline's images\n(PSNR ∞, not the 100 dB cap)",
+                       transform=blended_transform_factory(ax.transAxes, ax.transData), ha="right" if right else "left",
+                       va="center", fontsize=6.5, color="0.35", style="italic", gid="identical-note")
+        notes.append(note)
 
     # legend below the axes
     handles = []
@@ -274,12 +232,13 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
         handles.append(Line2D([], [], marker="*", ms=12, color="black", ls="none", label="baseline (1.0×)"))
     elif base.any() and relative:
         handles.append(Line2D([], [], color="0.45", ls=":", label="baseline (1.0×; self-comparison not plotted)"))
-    handles += [Line2D([], [], marker="o", ms=6, color=colour[m], ls="none", label=m) for m in families]
+    handles += [Line2D([], [], marker="o", ms=6, color=family_colour(m), ls="none", label=family_name(m))
+                for m in families]
     if len(front) >= 2:
-        handles.append(Line2D([], [], ls="--", color="0.25", label="Pareto frontier"))
+        handles.append(Line2D([], [], ls="--", color="0.25", label="Pareto frontier (reliable points only)"))
     if (~reliable & keep).any():
         handles.append(Line2D([], [], marker="o", ms=6, color="0.3", mfc="white", ls="none",
-                              label="hollow: speed-up flagged unreliable"))
+                              label="hollow: speed-up flagged unreliable, not on the frontier"))
     ncol = 4 if max((len(h.get_label()) for h in handles), default=0) <= 28 else 3
     rows = -(-len(handles) // ncol)
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.005), ncol=ncol, fontsize=7.5,
@@ -288,26 +247,21 @@ def speed_quality_figure(frame, metric: str, baseline: str = "baseline", speed_c
     ax.set_position((_WIDE[0], bottom, _WIDE[2], _WIDE[1] + _WIDE[3] - bottom))
 
     # labels: repel (long names wrapped on two lines), else numbered points with a key on the right
-    pts = [(x[i], y[i]) for i in idx]
-    names = [labels[i] for i in idx]
-    cols = [colours[i] for i in idx]
-    wrapped = [textwrap.fill(n, 26, break_long_words=False) for n in names]
-    placed = place_labels(ax, pts, wrapped, _obstacles(ax), colors=cols) if len(idx) <= max_labels else None
-    if placed is not None:
-        for a in placed:
-            a.set_gid("label")
-    else:
-        fig.set_size_inches(10.0, fig.get_size_inches()[1])   # room for the key on the right
-        right = 0.125 + 0.62 * 8.0 / 10.0
+    pts = [(x[i], yy[i]) for i in idx]
+
+    def blocked():
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+        return obstacles(ax) + [t.get_window_extent(r) for t in notes]
+
+    right = 0.125 + 0.62 * 8.0 / 10.0
+
+    def widen():   # room for the key on the right
+        fig.set_size_inches(10.0, fig.get_size_inches()[1])
         ax.set_position((0.10, bottom, right - 0.10, _WIDE[1] + _WIDE[3] - bottom))
-        nums = [str(k + 1) for k in range(len(idx))]
-        placed = place_labels(ax, pts, nums, _obstacles(ax), fontsize=7, colors=cols)
-        if placed is None:  # even numbers do not fit: put them on the points, small
-            placed = [ax.annotate(n, p, xytext=(4, 4), textcoords="offset pixels", fontsize=6) for n, p in zip(nums, pts)]
-        for a in placed:
-            a.set_gid("label-number")
-        key = "\n".join(textwrap.fill(f"{n}  {name}", 40, subsequent_indent="     ") for n, name in zip(nums, names))
-        fig.text(right + 0.02, _WIDE[1] + _WIDE[3], key, va="top", ha="left", fontsize=6.5, gid="label-key")
+
+    label_points(fig, ax, pts, [labels[i] for i in idx], [colours[i] for i in idx], blocked, max_labels,
+                 widen=widen, key_xy=(right + 0.02, _WIDE[1] + _WIDE[3]))
     return fig
 
 
@@ -336,7 +290,7 @@ def speed_quality_scatter(frame, out_dir: str | Path, metrics: Sequence[str] | N
             fig = speed_quality_figure(g, m, baseline=baseline, speed_col=col,
                                        title=f"Speed vs {words}" + (f"\n{sub}" if sub else ""))
             name = f"speed_vs_{slug(m)}" + (f"__{slug('_'.join(str(k) for k in key))}" if len(parts) > 1 else "")
-            paths.append(_save(fig, out_dir / f"{name}.png"))
+            paths.append(save_figure(fig, out_dir / f"{name}.png"))
     return paths
 
 
@@ -433,7 +387,7 @@ def keep_ratio_heatmap(traces: Iterable[Mapping], out_path: str | Path, title: s
     in every image are grey and hatched, with a legend entry; a method that never prunes a layer
     shows one column "all layers"."""
     fig = keep_ratio_figure(traces, title=title, layer_labels=layer_labels)
-    return _save(fig, out_path)
+    return save_figure(fig, out_path)
 
 
 def keep_ratio_figure(traces: Iterable[Mapping], title: str = "", layer_labels: Sequence[str] | None = None):
@@ -446,7 +400,7 @@ def keep_ratio_figure(traces: Iterable[Mapping], title: str = "", layer_labels: 
     labels = list(layer_labels) if layer_labels is not None and len(layer_labels) == keep.shape[1] else summ["layer_labels"]
     n_s, n_l = keep.shape
     all_full = n_l == 1 and labels is None
-    fig = _figure(max(4.8, 0.2 * n_l + 3.6), max(3.2, 0.32 * n_s + 1.9))
+    fig = new_figure(max(4.8, 0.2 * n_l + 3.6), max(3.2, 0.32 * n_s + 1.9))
     ax = fig.add_subplot(1, 1, 1)
     cmap = __import__("matplotlib").colormaps["viridis"].with_extremes(bad=(0, 0, 0, 0))
     im = ax.imshow(np.ma.masked_invalid(keep), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto",
@@ -517,12 +471,19 @@ def entropy_by_scale(traces: Iterable[Mapping]) -> np.ndarray:
     return out
 
 
-def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path, title: str = "") -> Path:
-    """Mean predictive entropy vs scale, one line per label (x ticks: ``si`` and ``h×w``)."""
-    fig = _figure(9.0, 4.6)
+def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path, title: str = "",
+                   styles: Mapping[str, tuple[str, str]] | None = None) -> Path:
+    """Mean predictive entropy vs scale, one line per label (x ticks: ``si`` and ``h×w``).
+    ``styles``: ``{label: (colour, marker)}`` (:func:`varbench.analysis.colours.row_style`: the
+    family's colour, the preset's marker); labels without one get matplotlib's cycle. Lines of one
+    family differ by marker and dash, so a curve equal to the baseline's (drawn first, black and
+    wider) still shows."""
+    fig = new_figure(9.0, 4.6)
     ax = fig.add_subplot(1, 1, 1)
     sizes: dict[int, tuple] = {}
     n = 0
+    dashes = ["-", (0, (5, 2)), (0, (2, 1.5)), (0, (6, 2, 1.5, 2)), (0, (1, 1.2))]
+    seen: dict[str, int] = {}
     for label, traces in series.items():
         traces = list(traces)
         for t in traces:
@@ -532,7 +493,17 @@ def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path
         curve = entropy_by_scale(traces)
         if curve.size:
             n = max(n, curve.size)
-            ax.plot(np.arange(curve.size), curve, marker="o", ms=3, lw=1.1, label=str(label))
+            style = (styles or {}).get(label)
+            kw: dict = {"marker": "o", "ms": 3, "lw": 1.1}
+            if style is not None:
+                colour, marker = style
+                k = seen.get(colour, 0)
+                seen[colour] = k + 1
+                black = colour in ("black", "#000000")
+                kw = {"color": colour, "marker": marker, "ms": 4, "lw": 2.4 if black else 1.2,
+                      "ls": "-" if black else dashes[k % len(dashes)], "zorder": 2 if black else 3,
+                      "alpha": 0.6 if black else 0.95}
+            ax.plot(np.arange(curve.size), curve, label=str(label), gid=f"entropy:{label}", **kw)
     if n:
         ax.set_xticks(range(n), labels=[f"{i}\n{sizes[i][0]}×{sizes[i][1]}" if i in sizes else str(i)
                                         for i in range(n)], fontsize=7 if n <= 10 else 6)
@@ -541,9 +512,9 @@ def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path
     ax.set_title(f"Predictive entropy per scale{(' · ' + title) if title else ''}", fontsize=9)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        ax.legend(fontsize=6.5, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False, handlelength=3.0)
     fig.tight_layout()
-    return _save(fig, out_path)
+    return save_figure(fig, out_path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,7 +522,8 @@ def entropy_curves(series: Mapping[str, Iterable[Mapping]], out_path: str | Path
 
 def write_figures(paired, out: Path, baseline: str = "baseline", image_grids: bool = True,
                   grid_rows: int = 4, grid_diff: bool = True) -> list[Path]:
-    """Speed/quality scatter per metric; keep-ratio heatmaps and entropy curves from traces; the
+    """Speed/quality scatter per metric; speed-up vs FLOPs and latency vs batch size
+    (:func:`varbench.analysis.cost_figures.write_cost_figures`); keep-ratio heatmaps and entropy curves from traces; the
     qualitative image grid per group (:func:`varbench.analysis.image_grid.write_image_grids`, skipped with a
     warning when the images cannot be read). Figures an earlier call wrote into ``out`` that this
     one did not (a group or method no longer in the records) are removed, so the folder shows only
@@ -588,26 +560,34 @@ def _all_figures(paired, out: Path, baseline: str, image_grids: bool, grid_rows:
     from varbench.harness.records import RunEntry
 
     written = speed_quality_scatter(paired, out, baseline=baseline)
+    written += write_cost_figures(paired, out, baseline=baseline)
     group = [k for k in ("model", "resolution", "benchmark") if k in paired.columns]
     for key, g in (paired.groupby(group, dropna=False) if group else [((), paired)]):
         key = key if isinstance(key, tuple) else (key,)
-        series = {}
-        for _, r in g.iterrows():
+        g = g.reset_index(drop=True)
+        names, markers = display_names(g), preset_markers(g)
+        base = baseline_mask(g, baseline).to_numpy()
+        series, styles = {}, {}
+        for i, r in g.iterrows():
             if not isinstance(r.get("path"), str) or not r.get("path"):
                 continue
             traces = RunEntry.from_dir(r["path"]).read_traces()
             if not traces:
                 continue
-            label = str(r["method_label"])
-            series[label if label not in series else f"{label} [{str(r['entry_id'])[:6]}]"] = traces
+            label = names[i] + (" (no effect)" if r.get("method_effect") == "none" else "")
+            label = label if label not in series else f"{label} [{str(r['entry_id'])[:6]}]"
+            series[label] = traces
+            styles[label] = ("black", "o") if base[i] else row_style(r, markers)
             summ = keep_summary(traces)
             if summ["keep"].size and (summ["pruned"] or np.nanmax(summ["skipped"], initial=0.0) > 0):
                 written.append(keep_ratio_heatmap(
-                    traces, out / f"keep_{slug(label)}_{str(r['entry_id'])[:8]}.png", title=label))
+                    traces, out / f"keep_{slug(names[i])}_{str(r['entry_id'])[:8]}.png", title=names[i]))
         if any(entropy_by_scale(t).size for t in series.values()):
             name = slug("_".join(str(k) for k in key)) if key else "all"
+            # the baseline first: drawn under the others, first in the legend
+            series = dict(sorted(series.items(), key=lambda kv: styles[kv[0]][0] != "black"))
             written.append(entropy_curves(series, out / f"entropy_vs_scale_{name}.png",
-                                          title=" · ".join(str(k) for k in key)))
+                                          title=" · ".join(str(k) for k in key), styles=styles))
     if image_grids:
         from varbench.analysis.image_grid import write_image_grids
 

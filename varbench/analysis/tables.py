@@ -8,8 +8,11 @@ the model (marked ``[random weights]``), resolution, benchmark with its prompt c
 prompt and selection (marked when the prompt file's sha256 is not the official one), the device
 (marked when its label names no CPU model) and the baseline entry.
 
-Columns: ``method`` (the preset chosen, e.g. ``nova_fast``; the policy name alone would merge
-variants), ``label``, ``n`` (images scored / timed prompts × repeats per prompt), ``AR ms per prompt``
+Columns: ``method``, the row's one name (:func:`varbench.analysis.names.display_name`): the
+preset chosen (``nova_fast``; the policy name alone would merge variants), or its label where the
+label says more (``NOVA (small-schedule thresholds)``, knob values such as ``ssim 0.84``); the notes
+name rows the same way, and ``table.csv``/``tidy.csv`` keep ``method_preset`` and ``method_label``
+both; then ``n`` (images scored / timed prompts × repeats per prompt), ``AR ms per prompt``
 (the row's own AR loop: median over timed prompts, [p10, p90] over them), the paired speed-ups
 (AR loop and end to end) with their intervals, ``FLOPs × (transformer)`` (the transformer's count
 alone, what methods change) and ``FLOPs × (end to end)`` (with the text encoder and the VAE decode
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from varbench.analysis.frame import frame_directions, higher_is_better, metric_columns
+from varbench.analysis.names import display_name
 from varbench.harness.provenance import code_version
 
 #: GenEval's tags in the order the paper's tables print them, with their column names
@@ -156,7 +160,9 @@ def _effect_reason(row) -> str:
 
 
 def _preset(row) -> str:
-    return str(row.get("method_preset") if not _nan(row.get("method_preset")) else row.get("method"))
+    """The row's one name (:func:`varbench.analysis.names.display_name`): its cell in the method
+    column, and how the notes name it."""
+    return display_name(row)
 
 
 def _section_key(row) -> tuple:
@@ -229,7 +235,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     """Sections (one per baseline) of the formatted table from the ordered wide/paired frame."""
     metrics = table_metrics(table)
     geneval = geneval_evaluators(table)
-    header = ["method", "label", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
+    header = ["method", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
               "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)"]
     recorded = frame_directions(table)
     for m in metrics:
@@ -263,7 +269,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                                      r.get("paired_e2e_speedup_ci_high"), r.get("speedup_reliable"), n_rep)]
             fx, fx_e2e = r.get("flops_x"), r.get("flops_x_e2e")
             ar = ar_cell(r)
-            cells = [name, str(r.get("method_label")), n, ar, *speeds,
+            cells = [name, n, ar, *speeds,
                      *("–" if _nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e))]
             for m in metrics:
                 short = m.rsplit("/", 1)[-1]
@@ -318,7 +324,7 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
     if bad:
         by_reason: dict[str, list[str]] = {}
         for r in bad:
-            by_reason.setdefault(str(r.get("unreliable_reason") or "unknown"), []).append(str(r.get("method_preset")))
+            by_reason.setdefault(str(r.get("unreliable_reason") or "unknown"), []).append(_preset(r))
         notes.append(f"{DAGGER} unreliable speed-up (read the interval, not the ratio): " + "; ".join(
             f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()) + ".")
     noisy = [r for r in rows if _flag(r.get("ar_ms_reliable")) is False]
@@ -343,7 +349,7 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
     if retimed:
         notes.append("Re-timed after an unreliable pass (timing.retime_unreliable; the last pass is shown): "
                      + ", ".join(retimed) + ".")
-    same = [str(r.get("method_preset")) for r in rows if not _is_base(r, baseline) and same_work(r)]
+    same = [_preset(r) for r in rows if not _is_base(r, baseline) and same_work(r)]
     if same:
         notes.append(f"{DDAGGER} executed work equals the baseline's (same FLOPs, bit-identical images): "
                      f"{', '.join(same)}; its speed-up should be 1.00× within the interval, any departure is "
@@ -387,8 +393,8 @@ def code_version_notes(table) -> list[str]:
 
 
 def _n_left(header: Sequence[str]) -> int:
-    """Left-aligned text columns: method (and label, when the table has one); numbers go right."""
-    return 2 if len(header) > 1 and header[1] == "label" else 1
+    """Left-aligned text columns: the method's name; numbers go right."""
+    return 1
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
