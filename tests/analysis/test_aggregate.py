@@ -606,7 +606,7 @@ def test_two_experiments_with_the_same_baseline_settings_need_a_chosen_baseline(
     md = (out / "table.md").read_text()
     rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "[exp_" in line]
     assert rows[0] == "baseline [exp_a]" and sorted(rows[1:4]) == ["baseline [exp_b]", "fastvar [exp_a]", "fastvar [exp_b]"]
-    assert "Baseline: the 'baseline' records of experiment 'exp_a' (--baseline exp_a:baseline)" in md
+    assert "Baseline: the 'baseline' records of experiment 'exp_a' (--baseline exp_a:baseline): the Δ" in md
     # an entry id prefix chooses exp_b's baseline instead
     assert main([a, b, "--no-figures", "--baseline", "exp_b_base", "--out", str(tmp_path / "by_entry")]) == 0
     table = pd.read_csv(tmp_path / "by_entry" / G / "table.csv").set_index("entry_id")

@@ -566,8 +566,9 @@ def aggregate(path: Paths, out: str | Path, baseline: str = "baseline", allow_un
     unfinished = sorted({p for root in paths for p in unfinished_entries(root)})
     notes = incompleteness_notes(failed, unfinished)
     if choice.spec != "baseline":        # the default needs no word; any other choice is said in the table
-        notes.append(f"Baseline: {choice.how} (--baseline {choice.spec}); every other row, of any experiment, "
-                     "is compared with it.")
+        notes.append(f"Baseline: {choice.how} (--baseline {choice.spec}): the Δ and FLOPs × of every other row, of "
+                     "any experiment, are against it; a paired speed-up stays the row's own job's, timed against "
+                     "the baseline interleaved in that job.")
     parts = split_groups(paired)
     with writing(out):
         out.mkdir(parents=True, exist_ok=True)
