@@ -52,6 +52,9 @@ def make_record(entry_id, method, ar_ms, total_ms, flops, metrics, *, label=None
     return rec
 
 
+#: the results folder of make_record's (model, resolution): varbench.analysis.layout.group_dir_name
+G = "infinity_2b-1024px"
+
 GEN = {"cfg": 3.0, "tau": 1.0, "top_k": 900, "top_p": 0.97, "negative_prompt": None, "seed": 0}
 
 
@@ -106,7 +109,7 @@ def test_frame_has_one_row_per_finished_record(store):
 
 def test_speedup_and_deltas(store, tmp_path):
     out = tmp_path / "out"
-    paired = aggregate(store, out).set_index("entry_id")
+    paired = aggregate(store, out).paired.set_index("entry_id")
     f = paired.loc["fast01"]
     assert f["baseline_entry"] == "base01"
     assert f["speedup"] == pytest.approx(100.0 / 40.0)
@@ -117,18 +120,20 @@ def test_speedup_and_deltas(store, tmp_path):
     b = paired.loc["base01"]
     assert b["speedup"] == pytest.approx(1.0) and b["geneval/overall_delta"] == pytest.approx(0.0)
     for name in ("table.md", "table.tex", "table.csv", "tidy.csv"):
-        assert (out / name).is_file()
-    md = (out / "table.md").read_text()
+        assert (out / G / name).is_file()
+    assert (out / "tidy.csv").is_file() and not (out / "table.md").exists()   # every record; tables per group
+    md = (out / G / "table.md").read_text()
     assert "2.50×" in md and "0.6800 ± 0.0200" in md and "-0.0200" in md
-    table = pd.read_csv(out / "table.csv")
+    table = pd.read_csv(out / G / "table.csv")
     assert list(table["method_label"]) == ["baseline", "fastvar r=0.4"]  # baseline first
     # Figures: one scatter per metric, a keep heatmap only for the pruning entry, entropy curves.
-    pngs = sorted(p.name for p in out.glob("*.png"))
+    pngs = sorted(p.name for p in (out / G).glob("*.png"))
     assert "speed_vs_geneval_overall.png" in pngs and "speed_vs_hpsv2_score.png" in pngs
     assert any(p.startswith("keep_fastvar") for p in pngs)
     assert not any(p.startswith("keep_baseline") for p in pngs)
     assert any(p.startswith("entropy_vs_scale") for p in pngs)
-    for p in out.glob("*.png"):
+    assert not list(out.glob("*.png"))                   # figures live in the group folder
+    for p in (out / G).glob("*.png"):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -171,6 +176,7 @@ def test_two_baselines_with_the_same_settings_are_refused_naming_both(store):
     with pytest.raises(AggregationError, match="base02"):   # --allow-unpaired does not pick one either
         pair_with_baseline(frame, allow_unpaired=True)
     assert "move or delete the stale one" in str(e.value) and "--allow-unpaired" not in str(e.value)
+    assert "or choose one with --baseline base01 (an entry id)" in str(e.value)    # the spelling that chooses
 
 
 def test_baselines_of_two_experiments_are_told_apart_by_experiment_not_called_stale(store):
@@ -178,8 +184,9 @@ def test_baselines_of_two_experiments_are_told_apart_by_experiment_not_called_st
     rec = make_record("base02", "baseline", 80.0, 100.0, 1e12, {"geneval/overall": (0.71, 0.02)})
     rec["experiment"]["name"] = "other_sweep"
     write(store, rec)
-    with pytest.raises(AggregationError, match=r"different experiments \(other_sweep, synthetic\): aggregate one "
-                                               r"experiment at a time") as e:
+    with pytest.raises(AggregationError, match=r"different experiments \(other_sweep, synthetic\): choose the "
+                                               r"reference with --baseline synthetic:baseline .* or --baseline base01 "
+                                               r"\(an entry id\), or aggregate one experiment at a time") as e:
         pair_with_baseline(records_to_frame(find_entries(store)))
     assert "stale" not in str(e.value)
 
@@ -252,12 +259,12 @@ def test_fidelity_metrics_have_no_delta(tmp_path):
                                 {"geneval/overall": (0.68, 0.02), "fidelity/psnr": (25.4, 0.3),
                                  "fidelity/ssim": (0.81, 0.01)}, evaluators=FID_EVALS))
     out = tmp_path / "out"
-    paired = aggregate(tmp_path, out, figures=False)
+    paired = aggregate(tmp_path, out, figures=False).paired
     assert "fidelity/psnr_delta" not in paired.columns and "fidelity/ssim_delta" not in paired.columns
     assert paired.set_index("entry_id").loc["fast01", "geneval/overall_delta"] == pytest.approx(-0.02)
-    table = pd.read_csv(out / "table.csv")
+    table = pd.read_csv(out / G / "table.csv")
     assert "fidelity/psnr" in table.columns and "fidelity/psnr_delta" not in table.columns
-    md = (out / "table.md").read_text()
+    md = (out / G / "table.md").read_text()
     assert "| PSNR (dB) ↑ |" in md and "Δ PSNR" not in md and "Δ GenEval overall" in md
     assert "25.40 ± 0.30" in md and "-74.6" not in md
 
@@ -270,7 +277,7 @@ def test_quality_only_record_aggregates(tmp_path):
                                 generation=GEN, device="cpu (x86_64, 2 threads)", provenance=prov))
     write(tmp_path, make_record("qual01", "fastvar", 1.0, 1.0, 4e11, {"geneval/overall": (0.67, 0.02)},
                                 generation=GEN, timed=False, provenance=prov))
-    paired = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id")
+    paired = aggregate(tmp_path, tmp_path / "out", figures=False).paired.set_index("entry_id")
     q = paired.loc["qual01"]
     assert q["baseline_entry"] == "base01"
     assert q["geneval/overall_delta"] == pytest.approx(-0.03)
@@ -286,7 +293,7 @@ def test_cli(store, tmp_path, capsys):
     out = tmp_path / "cli"
     assert main([str(store), "--out", str(out), "--no-figures"]) == 0
     assert "fastvar r=0.4" in capsys.readouterr().out
-    assert (out / "table.md").is_file() and not list(out.glob("*.png"))
+    assert (out / G / "table.md").is_file() and not list(out.rglob("*.png"))
     assert main([str(tmp_path / "nothing_here"), "--out", str(out)]) == 2
     assert "is not a folder; records live in the store" in capsys.readouterr().err
     assert main([str(out), "--out", str(tmp_path / "again")]) == 2   # the results folder, not the store
@@ -298,21 +305,21 @@ def test_failed_records_are_skipped_and_unfinished_reported(store, tmp_path, cap
     rec["status"] = "failed"
     write(store, rec)
     with pytest.warns(UserWarning, match="fail01"):
-        paired = aggregate(store, tmp_path / "o", figures=False)
+        paired = aggregate(store, tmp_path / "o", figures=False).paired
     assert "fail01" not in set(paired["entry_id"])
     with pytest.warns(UserWarning, match="fail01"):
         assert main([str(store), "--out", str(tmp_path / "o2"), "--no-figures"]) == 0
     note = "Not in this table: 1 unfinished store entry (no DONE: still running, killed or failed): half01."
     assert note in capsys.readouterr().out
-    assert note in (tmp_path / "o2" / "table.md").read_text()     # in the pasted table itself, not only on the console
-    assert "half01" in (tmp_path / "o2" / "table.tex").read_text()
+    assert note in (tmp_path / "o2" / G / "table.md").read_text()     # in the pasted table itself, not only on the console
+    assert "half01" in (tmp_path / "o2" / G / "table.tex").read_text()
 
 
 def test_a_sweeps_failed_jobs_are_named_in_the_table_notes(store, tmp_path):
     failed = [{"overrides": ["method=nova_fast", "+experiment=x", "paths.output_root=/tmp/a", "benchmark.path=/data/g.jsonl"],
                "error": "WeightsNotFound: no file\n  fix: ..."}]
     aggregate(store, tmp_path / "o", figures=False, failed=failed)
-    md = (tmp_path / "o" / "table.md").read_text()
+    md = (tmp_path / "o" / G / "table.md").read_text()
     assert "Not in this table: 1 job(s) of the sweep failed: method=nova_fast +experiment=x (WeightsNotFound)." in md
 
 
@@ -354,9 +361,9 @@ def test_tidy_csv_carries_the_paired_interval_columns(tmp_path):
     assert f["paired_speedup_ci_low"] <= f["paired_speedup"] <= f["paired_speedup_ci_high"]
     assert f["paired_speedup_ci_level"] >= 0.95 and bool(f["speedup_reliable"])
     assert f["speedup"] == pytest.approx(2.5)          # the unpaired ratio stays in the CSVs ...
-    table = pd.read_csv(tmp_path / "out" / "table.csv")
+    table = pd.read_csv(tmp_path / "out" / G / "table.csv")
     assert {"speedup", "paired_speedup_ci_low", "speedup_reliable", "n_repeats"} <= set(table.columns)
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = (tmp_path / "out" / G / "table.md").read_text()
     assert "2.50×" in md                                # (that is FLOPs ×, 1e12 / 4e11) ...
     assert md.count("2.50×") == 1 and "paired speed-up AR" in md   # ... but leaves the main table
     row = next(line for line in md.splitlines() if line.startswith("| fastvar_light "))
@@ -370,10 +377,10 @@ def test_noisy_pass_is_marked_unreliable_with_its_reason(tmp_path):
     burst = [1.0, 1.0, 1.0, 2.5, 1.0, 1.0, 2.5, 1.0, 1.0, 1.0, 1.0, 2.5, 1.0, 1.0, 2.5, 1.0, 1.0, 1.0]
     write(tmp_path, make_record("nova01", "nova", 90.0, 110.0, 1e12, {"geneval/overall": (0.70, 0.02)},
                                 paired=paired_block(50.0, 50.0, speed=lambda i: burst[i]), preset="nova_fast"))
-    paired = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id")
+    paired = aggregate(tmp_path, tmp_path / "out", figures=False).paired.set_index("entry_id")
     n = paired.loc["nova01"]
     assert not n["speedup_reliable"] and "interval width" in n["unreliable_reason"]
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = (tmp_path / "out" / G / "table.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| nova_fast "))
     assert "†" in row and "† unreliable speed-up" in md and "nova_fast: interval width" in md
 
@@ -385,11 +392,11 @@ def test_same_work_as_the_baseline_is_one_within_its_interval_and_marked(tmp_pat
     # thresholds that never fire: same FLOPs, same bits; a drifting machine; separate jobs said 3.92x
     write(tmp_path, make_record("nova01", "nova", 100.0 / 3.92, 30.0, 1e12, metrics, evaluators=fid,
                                 paired=paired_block(50.0, 50.0, speed=lambda i: 1.0 + 0.01 * i), preset="nova_safe"))
-    paired = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id")
+    paired = aggregate(tmp_path, tmp_path / "out", figures=False).paired.set_index("entry_id")
     n = paired.loc["nova01"]
     assert bool(n["identical_images"]) and n["flops_x"] == 1.0
     assert n["paired_speedup_ci_low"] <= 1.0 <= n["paired_speedup_ci_high"]
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = (tmp_path / "out" / G / "table.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| nova_safe ‡ "))
     assert "3.92" not in md and "| ∞ |" in row and "PSNR ∞" in md and "‡ executed work equals" in md
     base_row = next(line for line in md.splitlines() if line.startswith("| baseline "))
@@ -404,7 +411,7 @@ def test_rows_on_other_prompts_get_their_own_section(tmp_path):
         write(tmp_path, make_record(f"nova_{tag}", "nova", 50.0, 70.0, 5e11, {"geneval/overall": (0.6, 0.02)},
                                     items_sha=items, n_prompts=n, overrides=["method=nova_fast"]))
     aggregate(tmp_path, tmp_path / "out", figures=False)
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = (tmp_path / "out" / G / "table.md").read_text()
     sections = md.split("### ")[1:]
     assert len(sections) == 2
     assert "(8 prompts × 2 images)" in sections[0] and "baseline entry base_all" in sections[0]
@@ -418,10 +425,10 @@ def test_record_timed_before_the_interval_protocol_is_unreliable(tmp_path):
     write(tmp_path, make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)}))
     old = {"ar_speedup": 1.71, "e2e_speedup": 1.5, "reference_ar_ms": 100.0, "reference_total_ms": 120.0}
     write(tmp_path, make_record("nova01", "nova", 58.0, 80.0, 1e12, {"geneval/overall": (0.70, 0.02)}, paired=old))
-    n = aggregate(tmp_path, tmp_path / "out", figures=False).set_index("entry_id").loc["nova01"]
+    n = aggregate(tmp_path, tmp_path / "out", figures=False).paired.set_index("entry_id").loc["nova01"]
     assert n["paired_speedup"] == pytest.approx(1.71) and pd.isna(n["paired_speedup_ci_low"])
     assert not n["speedup_reliable"] and "no per-repeat ratios" in n["unreliable_reason"]
-    assert "1.71× †" in (tmp_path / "out" / "table.md").read_text()
+    assert "1.71× †" in (tmp_path / "out" / G / "table.md").read_text()
 
 
 def test_config_thresholds_of_the_record_decide_reliability(tmp_path):
@@ -472,8 +479,151 @@ def test_records_without_a_cpu_model_pair_but_are_flagged(tmp_path):
     write(tmp_path, make_record("nova01", "nova", 50.0, 70.0, 5e11, {"geneval/overall": (0.69, 0.02)},
                                 device="cpu (x86_64, 2 threads)", provenance=old))
     with pytest.warns(UserWarning, match=r"base01, nova01 were paired on the device label 'cpu \(x86_64, 2 threads\)', which names no CPU model"):
-        paired = aggregate(tmp_path, tmp_path / "out", figures=False)
+        paired = aggregate(tmp_path, tmp_path / "out", figures=False).paired
     assert paired.set_index("entry_id").loc["nova01", "baseline_entry"] == "base01"
-    md = (tmp_path / "out" / "table.md").read_text()
+    md = (tmp_path / "out" / G / "table.md").read_text()
     assert "device=cpu (x86_64, 2 threads) [CPU model not recorded]" in md
     assert "recorded no CPU model" in md
+
+
+# -- one folder per (model, resolution); comparing experiments (issue #23 items 4 and 5) ---------------
+def as_model(rec, name, res):
+    """``rec`` as a record of model ``name`` at ``res`` x ``res`` pixels."""
+    rec["model"] = {**rec["model"], "name": name, "resolution": [res, res]}
+    return rec
+
+
+def two_model_store(root):
+    """The same two methods on infinity_2b at 1024 px and on toy at 64 px, in one experiment."""
+    for model, res, ms in (("infinity_2b", 1024, 100.0), ("toy", 64, 10.0)):
+        write(root, as_model(make_record(f"b_{model}", "baseline", ms, ms + 20, 1e12,
+                                         {"geneval/overall": (0.70, 0.02), "hpsv2/score": (0.300, 0.001)}), model, res),
+              traces=[trace("baseline", None, [1.0, 0.8, 0.5])])
+        write(root, as_model(make_record(f"f_{model}", "fastvar", ms / 2, ms / 2 + 20, 4e11,
+                                         {"geneval/overall": (0.60, 0.02), "hpsv2/score": (0.310, 0.001)},
+                                         label="fastvar r=0.4"), model, res),
+              traces=[trace("fastvar", [0.5, 0.25], [1.0, 0.7, 0.4], skip_last=True)])
+
+
+def test_group_dir_names_are_stable_and_file_name_safe():
+    from varbench.analysis.layout import group_dir_name
+
+    assert group_dir_name("toy", "64x64") == group_dir_name("toy", 64) == group_dir_name("toy", [64, 64]) == "toy-64px"
+    assert group_dir_name("infinity_2b", "1024x1024") == "infinity_2b-1024px"
+    assert group_dir_name("tiny", "512x640") == "tiny-512x640px"                  # not square: both sides
+    assert group_dir_name("my model/v2", None) == "my_model_v2-res_unknown"       # never a path
+    assert group_dir_name(float("nan"), "64x64") == "model_unknown-64px"
+
+
+def test_two_models_of_one_experiment_never_overwrite_each_others_files(tmp_path):
+    two_model_store(tmp_path / "store")
+    out = tmp_path / "results"
+    result = aggregate(tmp_path / "store", out)
+    assert [g.name for g in result.groups] == ["infinity_2b-1024px", "toy-64px"]
+    for g in result.groups:        # each folder: its own rows, paired with its own model's baseline
+        model = g.name.split("-")[0]
+        assert g.folder == out / g.name and set(g.paired["entry_id"]) == {f"b_{model}", f"f_{model}"}
+        table = pd.read_csv(g.folder / "table.csv").set_index("entry_id")
+        assert list(table.index) == [f"b_{model}", f"f_{model}"] and table.loc[f"f_{model}", "baseline_entry"] == f"b_{model}"
+        assert table.loc[f"f_{model}", "speedup"] == pytest.approx(2.0)          # ms / (ms / 2), each model its own
+        md = (g.folder / "table.md").read_text()
+        assert md.count("### ") == 1 and f"model={model}" in md                 # one section: nothing of the other model
+        assert len(pd.read_csv(g.folder / "tidy.csv")) == 2
+    # the same stable names in both folders, no group suffix, different pictures (the keep heatmaps are
+    # named by entry, the entropy curves by their group's keys: plots.py's naming)
+    names = [sorted(p.name for p in g.folder.glob("speed_vs_*.png")) for g in result.groups]
+    assert names[0] == names[1] == ["speed_vs_geneval_overall.png", "speed_vs_hpsv2_score.png"], names
+    assert all(list(g.folder.glob("entropy_vs_scale_*.png")) for g in result.groups)
+    a, b = (g.folder / "speed_vs_geneval_overall.png" for g in result.groups)
+    assert a.read_bytes() != b.read_bytes()
+    assert sorted(pd.read_csv(out / "tidy.csv")["entry_id"]) == ["b_infinity_2b", "b_toy", "f_infinity_2b", "f_toy"]
+    assert not list(out.glob("*.png")) and not (out / "table.md").exists()
+    # the toy records go: their folder goes too (a user's file in it stays, and so does the folder then)
+    import shutil
+
+    for e in ("b_toy", "f_toy"):
+        shutil.rmtree(tmp_path / "store" / "entries" / e)
+    (out / "toy-64px" / "my_notes.txt").write_text("mine")
+    assert [g.name for g in aggregate(tmp_path / "store", out).groups] == ["infinity_2b-1024px"]
+    assert [p.name for p in (out / "toy-64px").iterdir()] == ["my_notes.txt"]
+    assert (out / "infinity_2b-1024px" / "speed_vs_geneval_overall.png").is_file()
+
+
+def test_figure_names_get_a_suffix_only_when_a_folder_holds_several_benchmarks(tmp_path):
+    for bench, sha in (("geneval", "b" * 64), ("hpsv2", "c" * 64)):
+        for method, ms in (("baseline", 100.0), ("fastvar", 50.0)):
+            rec = make_record(f"{method}_{bench}", method, ms, ms + 20, 1e12 if ms == 100.0 else 5e11,
+                              {"geneval/overall": (0.7 if ms == 100.0 else 0.6, 0.02)}, bench_sha=sha)
+            rec["benchmark"]["name"] = bench
+            write(tmp_path / "store", rec)
+    [g] = aggregate(tmp_path / "store", tmp_path / "out").groups           # one model and resolution: one folder
+    names = sorted(p.name for p in g.folder.glob("speed_vs_*.png"))
+    assert len(names) == 2 and all("__" in n for n in names), names       # two benchmarks in it: told apart
+
+
+def test_a_results_folder_of_the_flat_layout_does_not_linger_as_current(store, tmp_path):
+    import json
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("table.md", "table.tex", "table.csv", "speed_vs_old_metric.png", "image_grid.png"):
+        (out / name).write_text("old")
+    (out / ".figures.json").write_text(json.dumps(["speed_vs_old_metric.png", "keep_gone.png"]))
+    (out / "keep_gone.png").write_text("old")
+    (out / "README_mine.md").write_text("a file varbench did not write")
+    result = aggregate(store, out, figures=False)
+    assert sorted(p.name for p in result.removed) == [".figures.json", "image_grid.png", "keep_gone.png",
+                                                       "speed_vs_old_metric.png", "table.csv", "table.md", "table.tex"]
+    assert sorted(p.name for p in out.iterdir()) == [".groups.json", "README_mine.md", G, "tidy.csv"]
+    assert (out / G / "table.md").read_text() != "old"
+
+
+def two_experiments(root, device_b="H200"):
+    """Experiments exp_a and exp_b, each with a baseline and fastvar at the same settings."""
+    for exp, ms, dev in (("exp_a", 100.0, "H200"), ("exp_b", 80.0, device_b)):
+        for method, f, q in (("baseline", 1.0, 0.70), ("fastvar", 0.5, 0.66 if exp == "exp_a" else 0.62)):
+            rec = make_record(f"{exp}_{method}", method, ms * f, ms * f + 20, 1e12 * f, {"geneval/overall": (q, 0.02)},
+                              device=dev)
+            rec["experiment"]["name"] = exp
+            write(root / exp, rec)
+
+
+def test_two_experiments_with_the_same_baseline_settings_need_a_chosen_baseline(tmp_path, capsys, monkeypatch):
+    two_experiments(tmp_path / "store")
+    monkeypatch.chdir(tmp_path)
+    a, b = str(tmp_path / "store" / "exp_a"), str(tmp_path / "store" / "exp_b")
+    assert main([a, b, "--no-figures"]) == 2                          # today's refusal, naming the new spelling
+    err = capsys.readouterr().err
+    assert "ambiguous" in err and "--baseline exp_a:baseline" in err and "--baseline exp_a_baseline" in err
+    assert main([a, b, "--no-figures", "--baseline", "exp_a:baseline"]) == 0
+    out = tmp_path / "results" / "compare-exp_a-exp_b" / G           # the documented default for several paths
+    table = pd.read_csv(out / "table.csv").set_index("entry_id")
+    assert set(table["baseline_entry"]) == {"exp_a_baseline"}                 # every row against exp_a's baseline
+    assert table.loc["exp_b_fastvar", "speedup"] == pytest.approx(100.0 / 40.0)
+    assert table.loc["exp_b_fastvar", "geneval/overall_delta"] == pytest.approx(0.62 - 0.70)
+    assert bool(table.loc["exp_a_baseline", "is_baseline"]) and not bool(table.loc["exp_b_baseline", "is_baseline"])
+    assert table.loc["exp_b_baseline", "speedup"] == pytest.approx(100.0 / 80.0)   # exp_b's baseline is a row now
+    md = (out / "table.md").read_text()
+    rows = [line.split("|")[1].strip() for line in md.splitlines() if line.startswith("| ") and "[exp_" in line]
+    assert rows[0] == "baseline [exp_a]" and sorted(rows[1:4]) == ["baseline [exp_b]", "fastvar [exp_a]", "fastvar [exp_b]"]
+    assert "Baseline: the 'baseline' records of experiment 'exp_a' (--baseline exp_a:baseline): the Δ" in md
+    # an entry id prefix chooses exp_b's baseline instead
+    assert main([a, b, "--no-figures", "--baseline", "exp_b_base", "--out", str(tmp_path / "by_entry")]) == 0
+    table = pd.read_csv(tmp_path / "by_entry" / G / "table.csv").set_index("entry_id")
+    assert set(table["baseline_entry"]) == {"exp_b_baseline"}
+    assert table.loc["exp_a_fastvar", "speedup"] == pytest.approx(80.0 / 50.0)
+    # a prefix of several entries, an unknown experiment: one error naming what there is
+    assert main([a, b, "--baseline", "exp_", "--out", str(tmp_path / "x")]) == 2
+    assert "matches 4 entries" in capsys.readouterr().err
+    assert main([a, b, "--baseline", "exp_c:baseline", "--out", str(tmp_path / "x")]) == 2
+    assert "experiments present: ['exp_a', 'exp_b']" in capsys.readouterr().err
+
+
+def test_a_chosen_baseline_still_refuses_what_does_not_pair(tmp_path):
+    two_experiments(tmp_path / "store", device_b="A100")
+    with pytest.raises(AggregationError, match=r"exp_b_fastvar.*device \('A100' vs baseline 'H200'\)"):
+        aggregate([tmp_path / "store" / "exp_a", tmp_path / "store" / "exp_b"], tmp_path / "out",
+                  baseline="exp_a:baseline", figures=False)
+    # a whole store is a PATH too; each experiment's own baseline still pairs within it without a choice
+    result = aggregate(tmp_path / "store", tmp_path / "out", figures=False)
+    assert dict(zip(result.paired["entry_id"], result.paired["baseline_entry"]))["exp_b_fastvar"] == "exp_b_baseline"

@@ -102,8 +102,8 @@ def test_identical_images_come_from_the_per_sample_psnr(store):
 
 
 def test_markdown_table_reads_well(store, tmp_path):
-    paired = aggregate(store, tmp_path / "out", figures=False)
-    md = (tmp_path / "out" / "table.md").read_text()
+    [g] = aggregate(store, tmp_path / "out", figures=False).groups        # one model and resolution: one folder
+    paired, md = g.paired, (g.folder / "table.md").read_text()
     lines = md.splitlines()
     header = next(line for line in lines if line.startswith("| method "))
     for h in ("n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
@@ -129,8 +129,8 @@ def test_markdown_table_reads_well(store, tmp_path):
 
 
 def test_latex_export_matches_the_markdown(store, tmp_path):
-    paired = aggregate(store, tmp_path / "out", figures=False)
-    tex = (tmp_path / "out" / "table.tex").read_text()
+    [g] = aggregate(store, tmp_path / "out", figures=False).groups
+    paired, tex = g.paired, (g.folder / "table.tex").read_text()
     assert tex == latex_table(paired)
     assert r"\begin{tabular}" in tex and r"\toprule" in tex and r"\bottomrule" in tex
     assert r"skip\_last\_1" in tex and r"$\infty$" in tex and r"$\Delta$ toy GenEval overall" in tex
@@ -184,8 +184,8 @@ def test_both_flops_columns(tmp_path):
     write(tmp_path, rec("b", "baseline", 1e12, 1.2e12))
     write(tmp_path, rec("f", "fastvar", 2.5e11, 4.5e11))         # 4.00× transformer, 2.67× end to end
     write(tmp_path, rec("o", "nova", 5e11, None))
-    aggregate(tmp_path, tmp_path / "out", figures=False)
-    md = (tmp_path / "out" / "table.md").read_text()
+    [g] = aggregate(tmp_path, tmp_path / "out", figures=False).groups
+    md = (g.folder / "table.md").read_text()
     lines = md[:md.index("####")].splitlines()     # the main table, not the GenEval breakdown
     header = next(line for line in lines if line.startswith("| method ")).split(" | ")
     t, e = header.index("FLOPs × (transformer)"), header.index("FLOPs × (end to end)")
@@ -193,7 +193,7 @@ def test_both_flops_columns(tmp_path):
     assert (cells["| fastvar"][t], cells["| fastvar"][e]) == ("4.00×", "2.67×")
     assert (cells["| nova"][t], cells["| nova"][e]) == ("2.00×", "–")
     assert (cells["| baseline"][t], cells["| baseline"][e]) == ("1.00×", "1.00×")
-    table = pd.read_csv(tmp_path / "out" / "table.csv").set_index("method")
+    table = pd.read_csv(g.folder / "table.csv").set_index("method")
     assert table.loc["fastvar", "flops_x_e2e"] == pytest.approx(1.2 / 0.45)
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from varbench.analysis.layout import group_dirs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PACKAGE = {
@@ -147,5 +149,6 @@ def test_an_outside_method_and_evaluator_run_in_a_sweep_from_the_users_own_conf(
     rows = [json.loads(x) for x in next((tmp_path / "store" / "mine").glob("entries/*/samples_brightness.jsonl"))
             .read_text().splitlines()]
     assert len(rows) == 2 and {"prompt_index", "sample_index", "brightness"} <= set(rows[0])
-    table = (tmp_path / "results" / "mine" / "table.md").read_text()
+    [folder] = group_dirs(tmp_path / "results" / "mine")          # one model and resolution: one folder
+    table = (folder / "table.md").read_text()
     assert "Drop last (outside)" in table and "Drop last (module:Class)" in table and "brightness" in table, table

@@ -21,8 +21,8 @@ def test_table_notes_name_the_commits_when_records_come_from_different_code(tmp_
     root = tmp_path / "store"
     write(root, make_record("b", "baseline", 100, 120, 10.0, {"hpsv2/score": (0.3, 0.01)}, provenance=_git("a" * 40)))
     write(root, make_record("m", "nova", 50, 70, 5.0, {"hpsv2/score": (0.29, 0.01)}, provenance=_git("c" * 40, True)))
-    aggregate(root, tmp_path / "out", figures=False)
-    md = (tmp_path / "out" / "table.md").read_text()
+    [g] = aggregate(root, tmp_path / "out", figures=False).groups
+    md = (g.folder / "table.md").read_text()
     assert "Records from 2 code versions" in md
     assert "aaaaaaaaaaaa (baseline)" in md and "cccccccccccc+dirty (nova)" in md
     tidy = pd.read_csv(tmp_path / "out" / "tidy.csv")
@@ -33,8 +33,8 @@ def test_no_code_version_note_when_every_record_is_one_commit(tmp_path):
     root = tmp_path / "store"
     for eid, method in (("b", "baseline"), ("m", "nova")):
         write(root, make_record(eid, method, 100, 120, 10.0, {"hpsv2/score": (0.3, 0.01)}, provenance=_git("a" * 40)))
-    aggregate(root, tmp_path / "out", figures=False)
-    assert "code versions" not in (tmp_path / "out" / "table.md").read_text()
+    [g] = aggregate(root, tmp_path / "out", figures=False).groups
+    assert "code versions" not in (g.folder / "table.md").read_text()
 
 
 @pytest.mark.integration

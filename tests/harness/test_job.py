@@ -54,12 +54,14 @@ def test_a_method_run_pairs_with_its_baseline_in_the_table(tmp_path):
 
     run_job(_cfg(tmp_path, "experiment_name=pair"))
     run_job(_cfg(tmp_path, "experiment_name=pair", "method=skip_last_2"))
-    out = aggregate_experiment(_cfg(tmp_path, "experiment_name=pair"))
-    table = (out / "table.md").read_text()
+    result = aggregate_experiment(_cfg(tmp_path, "experiment_name=pair"))
+    [g] = result.groups                                   # one model and resolution: one folder
+    assert g.folder.parent == tmp_path / "results" / "pair"
+    table = (g.folder / "table.md").read_text()
     assert "| baseline |" in table and "speed-up" in table
     import pandas as pd
 
-    tidy = pd.read_csv(out / "tidy.csv")
+    tidy = pd.read_csv(result.out / "tidy.csv")
     row = tidy[tidy["method"] == "skip_last"].iloc[0]
     assert row["flops_x"] > 1.0                    # skipping the last scales saves FLOPs
     assert row["paired_speedup"] > 0 and "paired speed-up" in table   # baseline timed inside the job too

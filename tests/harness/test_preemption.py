@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from varbench.analysis.layout import group_dirs
+
 pytestmark = pytest.mark.integration   # every test here starts `python -m varbench -m` sweeps in subprocesses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,9 +108,11 @@ def _check_same_as_reference(root: Path, ref: Path) -> None:
     recs, want = _records(root), _records(ref)
     assert set(recs) == set(want) and len(want) == 2, (sorted(recs), sorted(want))
     assert recs == want                                   # same entries, images, metrics, errors
+    [got_dir], [want_dir] = group_dirs(root / "results" / "smoke"), group_dirs(ref / "results" / "smoke")
+    assert got_dir.name == want_dir.name
     for name in ("table.csv", "table.md"):
-        got = (root / "results" / "smoke" / name).read_text()
-        assert got == (ref / "results" / "smoke" / name).read_text(), name
+        got = (got_dir / name).read_text()
+        assert got == (want_dir / name).read_text(), name
     committed = _committed(root)
     assert committed and set(committed) == set(_committed(ref))
     twice = {k: n for k, n in committed.items() if n != 1}

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from varbench.analysis.layout import group_dirs
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,8 @@ def test_a_sweep_with_a_failed_job_exits_nonzero_and_names_it(tmp_path):
     assert len(failed) == 1 and "method.name=bogus" in failed[0]["overrides"]
     assert list((tmp_path / "store" / "smoke").glob("**/DONE"))      # the good job still finished
     assert "| baseline |" in out                                    # and the table was written
-    table = (tmp_path / "results" / "smoke" / "table.md").read_text()
+    [folder] = group_dirs(tmp_path / "results" / "smoke")           # one model and resolution: one folder
+    table = (folder / "table.md").read_text()
     assert ("Not in this table: 1 job(s) of the sweep failed: +experiment=smoke evaluator=[] timing=none "
             "benchmark.limit=1 runtime.progress=False method.name=bogus (ConfigError)." in table), table  # says what it lacks
     assert str(tmp_path) not in table                               # no machine-local paths in a pasted table
@@ -73,15 +76,18 @@ def test_a_sweep_whose_every_job_failed_does_not_reprint_an_earlier_table(tmp_pa
               f"paths.output_root={tmp_path}"]
     first = subprocess.run([sys.executable, "-m", "varbench", *common], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=600)
-    table = tmp_path / "results" / "smoke" / "table.md"
-    assert first.returncode == 0 and table.is_file(), first.stdout + first.stderr
+    assert first.returncode == 0, first.stdout + first.stderr
+    [folder] = group_dirs(tmp_path / "results" / "smoke")
+    table = folder / "table.md"
+    assert table.is_file(), first.stdout + first.stderr
     before = table.stat().st_mtime_ns
     proc = subprocess.run([sys.executable, "-m", "varbench", "-m", *common, "method.name=bogus,bogus2"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "2 job(s) of this sweep failed" in out, out
     assert "| baseline |" not in out, out                    # the earlier run's table is not shown as this sweep's
-    assert f"no job of this sweep finished: no table written ({table} is from an earlier run)" in out, out
+    assert (f"no job of this sweep finished: no table written (the tables under {tmp_path / 'results' / 'smoke'} are "
+            "from an earlier run)") in out, out
     assert table.stat().st_mtime_ns == before
 
 

@@ -15,9 +15,13 @@ import pytest
 pytest.importorskip("wandb")
 
 from varbench.loggers.offline import check, read_log, records, references, run_file, write_log  # noqa: E402
-from varbench.loggers.publish import MARKER, SWEEP_MARKER, JobRun, main, republish  # noqa: E402
+from varbench.loggers.publish import MARKER, SWEEP_MARKER, JobRun, main, republish, tables_digest  # noqa: E402
+
 from varbench.harness.testing import job_config  # noqa: E402
 from varbench.core.errors import ConfigError  # noqa: E402
+
+#: the results folder of the toy model's records (varbench.analysis.layout.group_dir_name("toy", "64x64"))
+TOY = "toy-64px"
 
 
 
@@ -67,8 +71,12 @@ def runs_in(wb_dir: Path, wait_s: float = 15.0) -> list[dict]:
 
 
 def _table(run: dict, name: str) -> dict:
-    """A logged table's JSON, from the run's table artifact (``run-<id>-<name>``)."""
-    files = dict(run["artifacts"][f"run-{run['id']}-{name}"])
+    """A logged table's JSON, from the run's table artifact (``run-<id>-<name>``; a key with ``/``
+    is named without them plus a suffix, ``run-<id>-toy-64pxtable-47eHwA``, its file keeps the key)."""
+    plain = f"run-{run['id']}-{name}"
+    keys = [k for k in run["artifacts"] if k == plain or ("/" in name and k.startswith(plain.replace("/", "") + "-"))]
+    assert len(keys) == 1, (name, sorted(run["artifacts"]))
+    files = dict(run["artifacts"][keys[0]])
     return json.loads(Path(files[f"{name}.table.json"]).read_text())
 
 
@@ -292,12 +300,12 @@ def test_cli_publishes_each_record_once_and_the_sweep_table(store, wb, capsys):
     assert per_image["data"][0][1]                                       # prompts from the image store's metadata
     sweep = by_type["sweep"]
     assert sweep["group"] == "exp" and sweep["exit_code"] == 0
-    table = _table(sweep, "table")
+    table = _table(sweep, f"{TOY}/table")                                # each group's table under its name
     assert "paired_speedup" in table["columns"] and len(table["data"]) == 2
-    assert "| baseline |" in sweep["summary"]["table_md"]
-    assert any(k.startswith("figures/speed_vs_toy_geneval") for k in sweep["summary"])
-    assert any(k.startswith("qualitative/image_grid") for k in sweep["summary"])
-    assert (root / "res" / "table.md").exists()
+    assert "| baseline |" in sweep["summary"]["table_md"] and f"## {TOY}" in sweep["summary"]["table_md"]
+    assert any(k.startswith(f"{TOY}/figures/speed_vs_toy_geneval") for k in sweep["summary"])
+    assert any(k.startswith(f"{TOY}/qualitative/image_grid") for k in sweep["summary"])
+    assert (root / "res" / TOY / "table.md").exists() and (root / "res" / "tidy.csv").exists()
     capsys.readouterr()
 
     assert main(args) == 0                                                # again: everything skipped
@@ -331,12 +339,15 @@ def test_aggregate_experiment_logs_the_sweep_run_and_survives_a_wandb_failure(st
 
     root, _, _ = store
     cfg = _cfg(root, "logger=wandb", f"logger.dir={wb}")
-    out = aggregate_experiment(cfg)
-    assert (out / "table.csv").exists() and (out / "image_grid.png").exists()
+    result = aggregate_experiment(cfg)
+    out = result.out
+    assert [g.folder for g in result.groups] == [out / TOY]
+    assert (out / TOY / "table.csv").exists() and (out / TOY / "image_grid.png").exists()
     [r] = runs_in(wb)
-    assert r["job_type"] == "sweep" and "table" in {k.split("/")[0] for k in r["summary"]}
+    assert r["job_type"] == "sweep" and any(k.startswith(f"{TOY}/table/") for k in r["summary"])
     marker = root / "store" / "exp" / SWEEP_MARKER      # written by the end-of-sweep run too, not only by publish
-    assert json.loads(marker.read_text())["table_sha256"] == hashlib.sha256((out / "table.csv").read_bytes()).hexdigest()
+    want = hashlib.sha256(TOY.encode() + b"\0" + (out / TOY / "table.csv").read_bytes() + b"\0").hexdigest()
+    assert json.loads(marker.read_text())["table_sha256"] == tables_digest(out) == want
     assert main([str(root / "store" / "exp"), "--mode", "offline", "--dir", str(wb), "--results", str(out)]) == 0
     assert "this table was logged already" in capsys.readouterr().out
     assert len([x for x in runs_in(wb) if x["job_type"] == "sweep"]) == 1   # publish did not log the sweep again
@@ -345,7 +356,7 @@ def test_aggregate_experiment_logs_the_sweep_run_and_survives_a_wandb_failure(st
         raise ConfigError("no network")
 
     monkeypatch.setattr(WandbSink, "init_run", refuse)
-    assert aggregate_experiment(cfg) == out                              # the table still comes out
+    assert aggregate_experiment(cfg).out == out                          # the table still comes out
     assert "W&B sweep run not logged" in capsys.readouterr().out
 
 

@@ -96,7 +96,8 @@ def test_a_no_op_job_is_recorded_said_once_and_marked_in_the_table(tmp_path, cap
     assert (rec2["method"]["effect"], rec2["method"]["unchanged_images"]) == ("some", 0)
     assert "NO EFFECT" not in capsys.readouterr().out
 
-    res = aggregate_experiment(_cfg(tmp_path, *args))
+    [g] = aggregate_experiment(_cfg(tmp_path, *args)).groups
+    res = g.folder
     md = (res / "table.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| fastvar "))
     assert "(no effect)" in row

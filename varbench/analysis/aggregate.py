@@ -2,23 +2,42 @@
 
 Usage::
 
-    python -m varbench.aggregate store/nova_sweep --out results/nova_sweep [--baseline baseline]
+    python -m varbench.aggregate store/nova_sweep [--out results/nova_sweep] [--baseline baseline]
                                           [--allow-unpaired] [--no-figures]     (varbench.cli.aggregate)
+    python -m varbench.aggregate store/sweep_a store/sweep_b --baseline sweep_a:baseline   # compare experiments
 
     from varbench.analysis.aggregate import aggregate, pair_with_baseline
-    paired = aggregate("store/nova_sweep", out="results/nova_sweep")   # DataFrame; files written under out/
+    result = aggregate("store/nova_sweep", out="results/nova_sweep")   # Aggregation; files under out/
+    result.paired                                  # every record, paired (DataFrame)
+    for g in result.groups:                        # one per (model, resolution)
+        g.name, g.folder, g.paired, g.notes, g.baseline    # "toy-64px", results/nova_sweep/toy-64px, ...
 
-Steps: find every entry with ``DONE`` under PATH (recursively) -> tidy frame
-(:func:`varbench.analysis.frame.records_to_frame`) -> :func:`pair_with_baseline` -> files:
+Steps: find every entry with ``DONE`` under each PATH (recursively) -> tidy frame
+(:func:`varbench.analysis.frame.records_to_frame`) -> :func:`pair_with_baseline` over the whole
+frame -> files, one folder per (model, resolution) group (:mod:`varbench.analysis.layout`:
+``out/<group>/``, e.g. ``results/nova_sweep/toy-64px/``), so runs of two models never overwrite or
+rename each other's files:
 
-* ``tidy.csv``: the frame with the paired columns (one row per record, every column);
-* ``table.csv``: the wide table, numbers only (``<metric>``, ``<metric>_err``, ``<metric>_delta``);
-* ``table.md``: the same, formatted (:mod:`varbench.analysis.tables`: one section per baseline, paired
+* ``out/tidy.csv``: every record with the paired columns (one row per record, every column);
+* ``out/<group>/tidy.csv``: the group's rows of it;
+* ``out/<group>/table.csv``: the wide table, numbers only (``<metric>``, ``<metric>_err``, ``<metric>_delta``);
+* ``out/<group>/table.md``: the same, formatted (:mod:`varbench.analysis.tables`: one section per baseline, paired
   speed-ups with their intervals, ``value ± err``, ``Δ`` signed, GenEval per-tag breakdown,
   footnotes saying what ``±`` and the intervals are and which cells are unreliable);
-* ``table.tex``: the same tables in LaTeX (booktabs);
-* figures (PNG): ``speed_vs_<metric>.png`` per metric, ``keep_<label>_<entry>.png`` per entry
-  whose traces prune or skip anything, ``entropy_vs_scale_<group>.png`` per model/benchmark group.
+* ``out/<group>/table.tex``: the same tables in LaTeX (booktabs);
+* figures (PNG) in ``out/<group>/`` (:func:`varbench.analysis.plots.write_figures`): ``speed_vs_<metric>.png``
+  per metric (``__<benchmark/device>`` appended only when one group holds several benchmarks or
+  devices), keep-ratio heatmaps, entropy curves, ``image_grid.png``.
+
+Files an earlier aggregation wrote that the records no longer back are removed
+(:func:`varbench.analysis.layout.clear_stale`): a group whose records are gone, and the flat tables
+and figures of the layout before groups (``table.md`` directly in ``results/<experiment>/``).
+
+Choosing the baseline (``--baseline``, :func:`choose_baseline`): a method name (default
+``baseline``: the records of that method), ``experiment:method`` (that experiment's records of the
+method: two experiments whose baselines have the same settings are compared against one of them),
+or an entry id (or a unique prefix: that record alone). Rows of several experiments are named
+``<label> [<experiment>]`` in the tables and figures (:func:`label_experiments`).
 
 Pairing: a row's baseline is the record with ``method == --baseline`` and
 
@@ -38,8 +57,9 @@ Pairing: a row's baseline is the record with ``method == --baseline`` and
 Comparing across any of these would mix effects, so a row without such a baseline is an error
 that names what differs from the nearest baseline (config keys by their dotted path, e.g.
 ``generation.cfg (3.0 vs baseline 4.0)``); ``--allow-unpaired`` keeps the row with empty ratios
-instead. Several matching baselines are always an error naming every candidate entry: nothing is
-chosen silently (move or delete the stale one). Device: when both rows were timed, their timing
+instead. Several matching baselines are always an error naming every candidate entry and the
+``--baseline`` spelling that chooses one: nothing is chosen silently (move or delete the stale one,
+or pass ``--baseline EXPERIMENT:METHOD`` / ``--baseline ENTRY``). Device: when both rows were timed, their timing
 device labels are compared; when either is quality-only (``timing=none``, no timing block), the
 record's provenance label is compared (the same string); an older quality-only record without
 one is compared on provenance's hardware name (``device_name``). Records without a ``config`` (hand-made or older than it) have no
@@ -67,19 +87,22 @@ quadrature would overstate the spread; use the per-sample files for a paired tes
 
 Reading the results in pandas::
 
-    df = pd.read_csv("results/nova_sweep/tidy.csv")   # one row per record, every column above
+    df = pd.read_csv("results/nova_sweep/tidy.csv")   # one row per record (all groups), every column above
     df[["method_preset", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
         "n_repeats", "speedup_reliable", "flops_x", "flops_x_e2e"]]
 """
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, Union
 
 from varbench.analysis.frame import metric_columns, pair_config, records_to_frame, relative_to_baseline
-from varbench.analysis.groups import GROUP_KEYS
+from varbench.analysis.groups import GROUP_KEYS, baseline_mask
+from varbench.analysis.layout import clear_stale, is_results_folder, split_groups
 from varbench.core.errors import FixableError
 from varbench.harness.records import RunEntry, find_entries
 
@@ -199,10 +222,68 @@ def _describe(row, base, what: Sequence[str]) -> str:
     return ", ".join(parts)
 
 
-def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool = False,
+@dataclass(frozen=True)
+class BaselineChoice:
+    """Which records are the baseline (:func:`choose_baseline`).
+
+    ``mask``: a boolean per row of the frame it was chosen from (after ``reset_index``); ``name``:
+    the string the tables and figures recognise the baseline by (their ``baseline`` argument): the
+    method name for a plain method, else ``<experiment>:<method>`` or ``entry:<id>``, which match no
+    method, so only the ``is_baseline`` column marks the baseline rows (another experiment's own
+    baseline, paired against the chosen one, is then an ordinary row); ``how``: words for a table note."""
+    mask: tuple
+    name: str
+    how: str
+    spec: str
+
+
+def choose_baseline(frame, spec: str = "baseline") -> BaselineChoice:
+    """The baseline records ``spec`` names (``--baseline``):
+
+    * ``experiment:method`` -- the records of ``method`` in experiment ``experiment`` (comparing
+      experiments whose baselines have the same settings: one of them is the reference);
+    * a method name present in the frame -- its records (the meaning it always had);
+    * else an entry id or a unique prefix of one -- that record alone.
+
+    Raises :class:`AggregationError` naming what exists when nothing (or several entries) match."""
+    frame = frame.reset_index(drop=True)
+    spec = str(spec)
+    methods = frame["method"].astype(str) if "method" in frame.columns else None
+    if methods is None:
+        raise AggregationError("the records have no method column: nothing to choose a baseline from")
+    if ":" in spec:
+        exp, method = spec.split(":", 1)
+        exps = frame["experiment"].astype(str) if "experiment" in frame.columns else methods.map(lambda _: "None")
+        if not (exps == exp).any():
+            raise AggregationError(f"--baseline {spec}: no record of experiment {exp!r} among {len(frame)} records "
+                                   f"(experiments present: {sorted(exps.unique())}); spell it EXPERIMENT:METHOD")
+        mask = (exps == exp) & (methods == method)
+        if not mask.any():
+            raise AggregationError(f"--baseline {spec}: experiment {exp!r} has no record with method == {method!r} "
+                                   f"(its methods: {sorted(methods[exps == exp].unique())})")
+        return BaselineChoice(tuple(mask), spec, f"the {method!r} records of experiment {exp!r}", spec)
+    if (methods == spec).any():
+        return BaselineChoice(tuple(methods == spec), spec, f"method {spec!r}", spec)
+    ids = frame["entry_id"].astype(str) if "entry_id" in frame.columns else methods.map(lambda _: "")
+    hit = ids.str.startswith(spec) if spec else ids.map(lambda _: False)
+    if hit.sum() == 1:
+        entry = ids[hit].iloc[0]
+        return BaselineChoice(tuple(hit), f"entry:{entry}", f"entry {entry}", spec)
+    if hit.sum() > 1:
+        raise AggregationError(f"--baseline {spec}: the prefix matches {int(hit.sum())} entries "
+                               f"({', '.join(sorted(ids[hit]))}); give more of the entry id")
+    raise AggregationError(f"no record with method == {spec!r} among {len(frame)} records "
+                           f"(methods present: {sorted(str(m) for m in frame['method'].dropna().unique())}), and no "
+                           f"entry id starts with {spec!r}; run the baseline (method={spec} with the same "
+                           f"experiment_name and settings), or choose the reference rows with "
+                           f"`python -m varbench.aggregate STORE/EXPERIMENT --baseline NAME|EXPERIMENT:METHOD|ENTRY`")
+
+
+def pair_with_baseline(frame, baseline: "str | BaselineChoice" = "baseline", allow_unpaired: bool = False,
                        keys: Sequence[str] = PAIR_KEYS):
     """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x, flops_x_e2e and
-    ``<metric>_delta`` columns (see module docstring). Raises AggregationError on mismatch."""
+    ``<metric>_delta`` columns (see module docstring). ``baseline``: a ``--baseline`` spelling
+    (:func:`choose_baseline`) or its result. Raises AggregationError on mismatch."""
     import pandas as pd
 
     if frame.empty:
@@ -213,21 +294,20 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
             frame[col] = None
     metrics = metric_columns(frame)
     delta_metrics = [m for m in metrics if not relative_to_baseline(m.split("/", 1)[0])]
-    bases = frame[frame["method"] == baseline]
-    if bases.empty:
-        methods = sorted(str(m) for m in frame["method"].dropna().unique())
-        raise AggregationError(f"no record with method == {baseline!r} among {len(frame)} records "
-                               f"(methods present: {methods}); run the baseline (method={baseline} with the same "
-                               f"experiment_name and settings), or compare against another method family with "
-                               f"`python -m varbench.aggregate STORE/EXPERIMENT --baseline NAME`")
+    choice = baseline if isinstance(baseline, BaselineChoice) else choose_baseline(frame, baseline)
+    if len(choice.mask) != len(frame):
+        raise ValueError("the BaselineChoice was made for another frame")
+    is_base = list(choice.mask)
+    baseline = choice.spec
+    bases = frame[is_base]
     records = frame.to_dict("records")
     base_rows = bases.to_dict("records")
     added = []
     problems = []
     unknown_device: dict[str, set] = {}
     ambiguous: dict[tuple, tuple[list, list]] = {}
-    for row in records:
-        out = {"baseline_entry": None, "is_baseline": row.get("method") == baseline,
+    for row, row_is_base in zip(records, is_base):
+        out = {"baseline_entry": None, "is_baseline": bool(row_is_base),
                "speedup": float("nan"), "e2e_speedup": float("nan"),
                "flops_x": float("nan"), "flops_x_e2e": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
         diffs = [(b, _differs(row, b, keys)) for b in base_rows]
@@ -286,9 +366,11 @@ def pair_with_baseline(frame, baseline: str = "baseline", allow_unpaired: bool =
         cands = "".join(f"\n    entry {b.get('entry_id')} (created {b.get('created')}, path {b.get('path')})"
                         for b in match)
         experiments = sorted({str(b.get("experiment")) for b in match})
-        fix = (f"they belong to different experiments ({', '.join(experiments)}): aggregate one experiment at a "
-               "time (python -m varbench.aggregate STORE/EXPERIMENT)" if len(experiments) > 1
-               else "move or delete the stale one(s)")
+        fix = (f"they belong to different experiments ({', '.join(experiments)}): choose the reference with "
+               f"--baseline {match[0].get('experiment')}:{match[0].get('method')} (EXPERIMENT:METHOD) or --baseline "
+               f"{match[0].get('entry_id')} (an entry id), or aggregate one experiment at a time "
+               "(python -m varbench.aggregate STORE/EXPERIMENT)" if len(experiments) > 1
+               else f"move or delete the stale one(s), or choose one with --baseline {match[0].get('entry_id')} (an entry id)")
         problems.append(f"{len(match)} {baseline!r} records have the same generation settings, so the baseline of "
                         f"{', '.join(rows)} is ambiguous; {fix} (nothing is chosen silently):{cands}")
     if problems:
@@ -306,7 +388,7 @@ def _order(paired, baseline: str):
     group = [k for k in GROUP_KEYS if k in paired.columns]
     extra = [k for k in ("prompts_sha256", "n_images", "baseline_entry") if k in paired.columns]
     name = "method_preset" if "method_preset" in paired.columns else "method_label"
-    paired = paired.assign(_is_base=(paired["method"] != baseline).astype(int))
+    paired = paired.assign(_is_base=(~baseline_mask(paired, baseline)).astype(int))
     return paired.sort_values(group + extra + ["_is_base", name, "method_label"], kind="stable",
                               na_position="last").drop(columns="_is_base")
 
@@ -375,38 +457,157 @@ def unfinished_entries(path: str | Path) -> list[Path]:
                   and not (p / "DONE").exists())
 
 
-def aggregate(path: str | Path, out: str | Path, baseline: str = "baseline", allow_unpaired: bool = False,
-              figures: bool = True, failed: Sequence[Mapping] = ()):
-    """Find records under ``path``, pair them, write tables (and figures) into ``out``; returns
-    the paired frame. ``failed``: the sweep's failed jobs, named in the tables' notes with the
-    entries under ``path`` that have no DONE (:func:`incompleteness_notes`)."""
-    if not Path(path).is_dir():
-        raise AggregationError(f"{path} is not a folder; records live in the store, one folder per experiment "
-                               "(paths.store_dir/<experiment_name>, e.g. store/nova_sweep)")
-    entries = find_entries(path)
-    if not entries:
-        hint = (" (that is a results folder: the records are in the store, e.g. store/<experiment_name>)"
-                if (Path(path) / "table.md").is_file() else "")
-        raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}{hint}")
-    frame = records_to_frame(entries)
-    frame = frame.drop_duplicates(subset=["entry_id"], keep="last")
+@dataclass(frozen=True)
+class ResultGroup:
+    """One (model, resolution) group's outputs: ``folder`` = ``out/<name>``
+    (:func:`varbench.analysis.layout.group_dir_name`) holds its tables, tidy.csv and figures;
+    ``paired`` its rows; ``notes`` the table notes it was written with; ``baseline`` the name the
+    tables and figures recognise its baseline rows by (:class:`BaselineChoice`). The fields of
+    :class:`varbench.analysis.html_report.ReportGroup`, in its order."""
+    name: str
+    folder: Path
+    paired: object
+    notes: list = field(default_factory=list)
+    baseline: str = "baseline"
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """What :func:`aggregate` wrote: ``paired`` (every record, paired), ``out`` (the results folder,
+    holding ``tidy.csv`` and one folder per group), ``groups`` (sorted by name), ``baseline`` (as in
+    :class:`ResultGroup`), ``notes`` (the notes every group's table carries) and ``removed`` (stale
+    files of an earlier aggregation deleted, :func:`varbench.analysis.layout.clear_stale`)."""
+    paired: object
+    out: Path
+    groups: list
+    baseline: str = "baseline"
+    notes: list = field(default_factory=list)
+    removed: list = field(default_factory=list)
+    sources: list = field(default_factory=list)     # the store folders aggregated
+
+    def __len__(self) -> int:      # the number of records, as len(paired) was
+        return len(self.paired)
+
+
+Paths = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+
+
+def _as_paths(path: Paths) -> list[Path]:
+    if isinstance(path, (str, os.PathLike)):
+        return [Path(path)]
+    return [Path(p) for p in path]
+
+
+def find_records(paths: Sequence[Path]):
+    """The tidy frame of the finished records under every folder of ``paths`` (recursively), each
+    entry once: the same entry folder reached through two paths (a store and one of its
+    experiments) counts once; the same entry id in two folders (a copied store) keeps the last,
+    with a warning naming both. Raises :class:`AggregationError` for a path that is no folder or
+    holds no finished record."""
+    found: dict[Path, Path] = {}        # resolved -> as found (the tidy frame keeps the path as given)
+    for path in paths:
+        if not path.is_dir():
+            raise AggregationError(f"{path} is not a folder; records live in the store, one folder per experiment "
+                                   "(paths.store_dir/<experiment_name>, e.g. store/nova_sweep)")
+        entries = find_entries(path)
+        if not entries:
+            hint = (" (that is a results folder: the records are in the store, e.g. store/<experiment_name>)"
+                    if is_results_folder(path) else "")
+            raise AggregationError(f"no finished records (entries/<hash>/ with DONE and record.json) under {path}{hint}")
+        for e in entries:
+            found.setdefault(Path(e).resolve(), Path(e))
+    frame = records_to_frame([found[k] for k in sorted(found)])
+    twice = frame[frame.duplicated(subset=["entry_id"], keep=False)]
+    if not twice.empty:
+        for entry_id, rows in twice.groupby("entry_id"):
+            warnings.warn(f"entry {entry_id} is in {len(rows)} folders ({', '.join(map(str, rows['path']))}); "
+                          "the last is used (remove the copy)", stacklevel=3)
+    return frame.drop_duplicates(subset=["entry_id"], keep="last").reset_index(drop=True)
+
+
+def label_experiments(paired):
+    """When ``paired`` holds several experiments, append `` [<experiment>]`` to each row's
+    ``method_label`` and ``method_preset`` (its name in the tables and figures), so the same method
+    of two experiments is two rows one can tell apart; one experiment: unchanged."""
+    if "experiment" not in paired.columns or paired["experiment"].nunique(dropna=False) < 2:
+        return paired
+    exp = paired["experiment"].astype(str)
+    paired = paired.copy()
+    paired["method_label"] = paired["method_label"].astype(str) + " [" + exp + "]"
+    preset = paired["method_preset"] if "method_preset" in paired.columns else paired["method"]
+    paired["method_preset"] = preset.fillna(paired["method"]).astype(str) + " [" + exp + "]"
+    return paired
+
+
+def aggregate(path: Paths, out: str | Path, baseline: str = "baseline", allow_unpaired: bool = False,
+              figures: bool = True, failed: Sequence[Mapping] = ()) -> Aggregation:
+    """Find records under ``path`` (a folder, or several: experiments or stores compared), pair
+    them (the whole frame: a row pairs with its baseline wherever it is), write each (model,
+    resolution) group's tables and figures into ``out/<group>/`` and every record into
+    ``out/tidy.csv`` (:mod:`varbench.analysis.layout`). ``baseline``: :func:`choose_baseline`.
+    ``failed``: the sweep's failed jobs, named in the tables' notes with the entries under
+    ``path`` that have no DONE (:func:`incompleteness_notes`)."""
+    paths = _as_paths(path)
+    if not paths:
+        raise AggregationError("no folder given: pass store/<experiment> (or several, to compare them)")
+    frame = find_records(paths)
     bad = frame[frame["status"].fillna("ok") != "ok"]
     if not bad.empty:
         warnings.warn(f"skipping {len(bad)} finished record(s) whose status is not 'ok': "
                       f"{sorted(bad['entry_id'])}", stacklevel=2)
         frame = frame[frame["status"].fillna("ok") == "ok"].reset_index(drop=True)
-    paired = pair_with_baseline(frame, baseline=baseline, allow_unpaired=allow_unpaired)
+    if frame.empty:
+        raise AggregationError("no finished records (entries with DONE) to aggregate")
+    choice = choose_baseline(frame, baseline)
+    paired = label_experiments(pair_with_baseline(frame, baseline=choice, allow_unpaired=allow_unpaired))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    from varbench.core.errors import writing
     from varbench.core.jsonio import atomic_write_bytes   # a killed aggregate never leaves half a table behind
 
-    missing = incompleteness_notes(failed, unfinished_entries(path))
-    for name, text in (("tidy.csv", paired.to_csv(index=False)), ("table.csv", wide_table(paired, baseline).to_csv(index=False)),
-                       ("table.md", markdown_table(paired, baseline, missing)),
-                       ("table.tex", latex_table(paired, baseline, missing))):
-        atomic_write_bytes(out / name, text.encode("utf-8"))
-    if figures:
-        from varbench.analysis.plots import write_figures  # the figures live with the plotting code
+    unfinished = sorted({p for root in paths for p in unfinished_entries(root)})
+    notes = incompleteness_notes(failed, unfinished)
+    if choice.spec != "baseline":        # the default needs no word; any other choice is said in the table
+        notes.append(f"Baseline: {choice.how} (--baseline {choice.spec}): the Δ and FLOPs × of every other row, of "
+                     "any experiment, are against it; a paired speed-up stays the row's own job's, timed against "
+                     "the baseline interleaved in that job.")
+    parts = split_groups(paired)
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+        removed = clear_stale(out, list(parts))
+        atomic_write_bytes(out / "tidy.csv", paired.to_csv(index=False).encode("utf-8"))
+    groups = []
+    for name, sub in parts.items():
+        folder = out / name
+        sub = sub.reset_index(drop=True)
+        sub.attrs = dict(paired.attrs)
+        with writing(folder):
+            folder.mkdir(parents=True, exist_ok=True)
+            for fname, text in (("tidy.csv", sub.to_csv(index=False)),
+                                ("table.csv", wide_table(sub, choice.name).to_csv(index=False)),
+                                ("table.md", markdown_table(sub, choice.name, notes)),
+                                ("table.tex", latex_table(sub, choice.name, notes))):
+                atomic_write_bytes(folder / fname, text.encode("utf-8"))
+        if figures:
+            from varbench.analysis.plots import write_figures  # the figures live with the plotting code
 
-        write_figures(paired, out)
-    return paired
+            write_figures(sub, folder, baseline=choice.name)
+        groups.append(ResultGroup(name, folder, sub, list(notes), choice.name))
+    result = Aggregation(paired, out, groups, choice.name, notes, removed, sources=[str(p) for p in paths])
+    write_report(result)
+    return result
+
+
+def write_report(result: Aggregation) -> Path | None:
+    """``<out>/report.html`` (:func:`varbench.analysis.html_report.write_html_report`: every group's
+    tables, notes, figures and provenance in one self-contained page); written again after figures
+    are added later (the W&B sweep run renders them itself). A page that cannot be built (a figure
+    listed but unreadable) is a warning naming why: it never costs the tables. Returns its path."""
+    from varbench.analysis.html_report import ReportGroup, write_html_report
+
+    title = ", ".join(dict.fromkeys(Path(s).name for s in result.sources)) or result.out.name
+    try:
+        return write_html_report(result.out / "report.html", title, [ReportGroup(**vars(g)) for g in result.groups],
+                                 provenance={"records from": ", ".join(result.sources)})
+    except FixableError as e:
+        warnings.warn(f"report.html not written: {e}", stacklevel=2)
+        return None

@@ -61,32 +61,38 @@ def _wandb_sink(cfg: DictConfig):
     return sink if sink is not None and sink.log_sweep else None
 
 
-def aggregate_experiment(cfg: DictConfig, failed: list[dict] | None = None) -> Path | None:
-    """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/;
-    with `logger=wandb`, also the sweep-level W&B run (varbench.loggers.publish.log_sweep: the table,
-    table.md, figures and image grids), whose failure is printed and never fails the sweep.
-    `failed`: the sweep's failed jobs (:func:`read_failures`), named in the table's notes."""
+def aggregate_experiment(cfg: DictConfig, failed: list[dict] | None = None):
+    """Tables + figures for every finished record of `cfg.experiment_name` -> results/<name>/<group>/,
+    one folder per (model, resolution) (:mod:`varbench.analysis.layout`), and results/<name>/tidy.csv;
+    with `logger=wandb`, also the sweep-level W&B run (varbench.loggers.publish.log_sweep: each group's
+    table, table.md, figures and image grids under the group's name), whose failure is printed and
+    never fails the sweep. Prints each group's table.md and its folder. `failed`: the sweep's failed
+    jobs (:func:`read_failures`), named in the tables' notes. Returns the
+    :class:`varbench.analysis.aggregate.Aggregation` (None when no table was written)."""
     from varbench.analysis.aggregate import aggregate
+    from varbench.cli.aggregate import print_result
     from varbench.core.errors import FixableError
 
     src = Path(cfg.paths.store_dir) / str(cfg.experiment_name)
     out = Path(cfg.paths.results_dir) / str(cfg.experiment_name)
     sink = _wandb_sink(cfg)
     try:
-        paired = aggregate(src, out, figures=sink is None, failed=failed or ())   # with W&B the figures are rendered once, below
+        result = aggregate(src, out, figures=sink is None, failed=failed or ())   # with W&B the figures are rendered once, below
     except FixableError as e:   # unpaired rows, a broken seal, a garbled file, a read-only results folder
         print(f"[varbench] no table written: {e}")
         return None
     if sink is not None:
         from varbench.loggers.publish import log_sweep, mark_sweep_logged, sweep_figures
 
-        figures = sweep_figures(paired, out)
-        info = log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(paired))
-        if info is not None:       # the next `varbench.publish` then skips this table (it used to log it again)
+        from varbench.analysis.aggregate import write_report
+
+        figures = sweep_figures(result.groups)
+        write_report(result)       # again, now with the figures rendered for W&B
+        info = log_sweep(sink, out, str(cfg.experiment_name), figures, n_records=len(result.paired))
+        if info is not None:       # the next `varbench.publish` then skips these tables (it used to log them again)
             mark_sweep_logged(sink, src, out, info)
-    print((out / "table.md").read_text(encoding="utf-8"))
-    print(f"[varbench] tables and figures: {out}")
-    return out
+    print_result(result, prefix="[varbench] ", figures=True)
+    return result
 
 
 def _announce_sweep_size(config: DictConfig) -> None:
@@ -149,9 +155,11 @@ class AggregateOnMultirunEnd(Callback):
         try:
             if n_jobs is not None and failed and len(failed) >= int(n_jobs):
                 # the table could only show earlier runs' records: reprinting it would look like success
+                from varbench.analysis.layout import is_results_folder
+
                 out = Path(config.paths.results_dir) / str(config.experiment_name)
-                print(f"[varbench] no job of this sweep finished: no table written"
-                      + (f" ({out / 'table.md'} is from an earlier run)" if (out / "table.md").is_file() else ""))
+                print("[varbench] no job of this sweep finished: no table written"
+                      + (f" (the tables under {out} are from an earlier run)" if is_results_folder(out) else ""))
             elif config.get("aggregate", True):
                 aggregate_experiment(config, failed)
         finally:

@@ -28,8 +28,8 @@ named file is there with its recorded digest; exit 1 naming each file that would
 
 publishes every finished entry (``entries/<hash>/`` with ``DONE``) that has no ``.published``
 marker yet (``--force``: all of them again), then aggregates the experiment (tables and figures
-into ``--results``) and logs the sweep run, unless the same ``table.csv`` was logged before
-(marker ``store/<experiment>/.published_sweep``; ``--force`` logs it again). Exit status 0 when
+into ``--results``) and logs the sweep run, unless the same tables (each group's ``table.csv``) were logged before
+(marker ``store/<experiment>/.published_sweep`` with :func:`tables_digest`; ``--force`` logs it again). Exit status 0 when
 everything was published, 1 when some record failed (each is named), 2 for a W&B set-up error.
 
 What a job's run holds:
@@ -65,12 +65,15 @@ marker: the record is safe and the next launch (or ``python -m varbench.publish`
 ``disabled`` mode runs every step with a no-op run and writes no marker (nothing was published).
 
 The sweep run (``job_type="sweep"``, group the experiment, :func:`log_sweep`), logged when the
-sweep is aggregated (:func:`varbench.cli.callbacks.aggregate_experiment`; ``logger.log_sweep``): the
-paper table ``table`` (``table.csv`` as a W&B table), ``table_md`` (``table.md`` as preformatted
-HTML), the figures (``figures/<name>``, :func:`varbench.analysis.plots.wandb_figures`) and the qualitative
-grids (``qualitative/<name>``, :func:`varbench.analysis.image_grid.grids_for_wandb`), and an artifact
-``table-<experiment>`` (type ``varbench-table``) with table.md/.csv/.tex and tidy.csv. A failure
-there is printed and never fails the sweep.
+sweep is aggregated (:func:`varbench.cli.callbacks.aggregate_experiment`; ``logger.log_sweep``): one
+run per experiment; for each (model, resolution) group ``<group>`` (its folder
+``results/<experiment>/<group>/``, :mod:`varbench.analysis.layout`) the paper table ``<group>/table``
+(``table.csv`` as a W&B table), ``<group>/table_md`` (``table.md`` as preformatted HTML), the figures
+(``<group>/figures/<name>``, :func:`varbench.analysis.plots.wandb_figures`) and the qualitative grids
+(``<group>/qualitative/<name>``, :func:`varbench.analysis.image_grid.grids_for_wandb`); summary
+``table_md`` holds every group's table; an artifact ``table-<experiment>`` (type ``varbench-table``)
+with ``<group>/table.md|.csv|.tex|tidy.csv`` and the experiment's ``tidy.csv``. A failure there is
+printed and never fails the sweep.
 """
 from __future__ import annotations
 
@@ -521,49 +524,72 @@ def publish_entry(sink: WandbSink, entry_dir: str | Path, store_root: str | Path
     return info
 
 
-def sweep_figures(paired, out: str | Path, baseline: str = "baseline") -> dict[str, Path]:
-    """Render the sweep's figures into ``out`` keyed for W&B: :func:`varbench.analysis.plots.wandb_figures`
-    (without the grids) and :func:`varbench.analysis.image_grid.grids_for_wandb`."""
+def sweep_figures(groups: Sequence[Any]) -> dict[str, Path]:
+    """Render each result group's figures into its folder, keyed for W&B under the group's name:
+    ``<group>/figures/<name>`` (:func:`varbench.analysis.plots.wandb_figures`, without the grids) and
+    ``<group>/qualitative/<name>`` (:func:`varbench.analysis.image_grid.grids_for_wandb`).
+    ``groups``: :attr:`varbench.analysis.aggregate.Aggregation.groups` (name, folder, paired, baseline)."""
     from varbench.analysis.image_grid import grids_for_wandb
     from varbench.analysis.plots import wandb_figures
 
-    figs = dict(wandb_figures(paired, Path(out), baseline=baseline, image_grids=False))
-    try:
-        figs.update(grids_for_wandb(paired, out, baseline=baseline))
-    except Exception as e:  # noqa: BLE001 - as write_figures: a grid must not sink the table
-        warnings.warn(f"qualitative image grid not written: {type(e).__name__}: {e}", stacklevel=2)
+    figs: dict[str, Path] = {}
+    for g in groups:
+        figs.update({f"{g.name}/{k}": p for k, p in
+                     wandb_figures(g.paired, Path(g.folder), baseline=g.baseline, image_grids=False).items()})
+        try:
+            figs.update({f"{g.name}/{k}": p for k, p in grids_for_wandb(g.paired, g.folder, baseline=g.baseline).items()})
+        except Exception as e:  # noqa: BLE001 - as write_figures: a grid must not sink the table
+            warnings.warn(f"qualitative image grid of {g.name} not written: {type(e).__name__}: {e}", stacklevel=2)
     return figs
 
 
 def log_sweep(sink: WandbSink, out: str | Path, experiment: str, figures: Mapping[str, str | Path] = (),
               n_records: int | None = None) -> dict | None:
-    """The sweep-level run (see module docstring) from the aggregated files in ``out``. Never
-    raises: a failure is printed; returns the run's info or None."""
+    """The sweep-level run (see module docstring) from the aggregated files in ``out``: one run per
+    experiment, each (model, resolution) group's ``table.csv`` as ``<group>/table`` and
+    ``table.md`` as ``<group>/table_md`` (summary ``table_md``: every group's, one after another),
+    the ``figures`` (:func:`sweep_figures`) and the artifact ``table-<experiment>`` with
+    ``<group>/table.md|.csv|.tex|tidy.csv`` and ``tidy.csv``. Never raises: a failure is printed;
+    returns the run's info or None."""
+    from varbench.analysis.layout import group_dirs
+
     out = Path(out)
     try:
         import pandas as pd
         import wandb
 
-        table = pd.read_csv(out / "table.csv")
-        cols = [str(c) for c in table.columns]
-        data = [[_plain(v) for v in row] for row in table.itertuples(index=False, name=None)]
-        md = (out / "table.md").read_text(encoding="utf-8") if (out / "table.md").exists() else ""
+        folders = group_dirs(out)
+        if not folders:
+            raise FileNotFoundError(f"no group folder with a table under {out}")
+        tables = {f.name: pd.read_csv(f / "table.csv") for f in folders}
+        mds = {f.name: (f / "table.md").read_text(encoding="utf-8") if (f / "table.md").exists() else "" for f in folders}
+        n_rows = sum(len(t) for t in tables.values())
         name = f"{experiment}-table"
         run = sink.init_run(name=name, job_type="sweep", group=experiment, tags=["sweep"],
-                            config={"varbench": {"experiment": experiment, "n_records": n_records or len(table),
-                                                 "results_dir": str(out)}})
+                            config={"varbench": {"experiment": experiment, "n_records": n_records or n_rows,
+                                                 "results_dir": str(out), "groups": list(tables)}})
         try:
-            run.log({"table": wandb.Table(columns=cols, data=data),
-                     "table_md": wandb.Html(f"<pre>{html.escape(md)}</pre>")})
+            logged = {}
+            for group, table in tables.items():
+                cols = [str(c) for c in table.columns]
+                data = [[_plain(v) for v in row] for row in table.itertuples(index=False, name=None)]
+                logged[f"{group}/table"] = wandb.Table(columns=cols, data=data)
+                logged[f"{group}/table_md"] = wandb.Html(f"<pre>{html.escape(mds[group])}</pre>")
+            run.log(logged)
             images = {k: wandb.Image(str(p)) for k, p in dict(figures or {}).items() if Path(p).is_file()}
             if images:
                 run.log(images)
-            run.summary.update({"n_records": len(table), "table_md": md})
+            every_md = "\n\n".join(f"## {group}\n\n{md}" for group, md in mds.items())
+            run.summary.update({"n_records": n_records or n_rows, "table_md": every_md,
+                                **{f"{group}/table_md": md for group, md in mds.items()}})
             if sink.log_record:
                 art = wandb.Artifact(f"table-{experiment}", type="varbench-table")
-                for f in ("table.md", "table.csv", "table.tex", "tidy.csv"):
-                    if (out / f).is_file():
-                        art.add_file(str(out / f))
+                for f in folders:
+                    for fname in ("table.md", "table.csv", "table.tex", "tidy.csv"):
+                        if (f / fname).is_file():
+                            art.add_file(str(f / fname), name=f"{f.name}/{fname}")
+                if (out / "tidy.csv").is_file():
+                    art.add_file(str(out / "tidy.csv"), name="tidy.csv")
                 run.log_artifact(art)
             info = _run_info(run, sink, name)
             run.finish(exit_code=0)
@@ -580,22 +606,29 @@ def log_sweep(sink: WandbSink, out: str | Path, experiment: str, figures: Mappin
         return None
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def tables_digest(results: str | Path) -> str:
+    """sha256 over every group's name and ``table.csv`` in the results folder (in order): what the
+    sweep marker compares, so the same tables are not logged twice and a changed group is."""
+    from varbench.analysis.layout import group_dirs
+
+    h = hashlib.sha256()
+    for folder in group_dirs(results):
+        h.update(folder.name.encode() + b"\0" + (folder / "table.csv").read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False, baseline: str = "baseline") -> int:
-    """Aggregate ``src`` into ``results`` and log the sweep run unless this very table was logged
+    """Aggregate ``src`` into ``results`` and log the sweep run unless these very tables were logged
     (``src/.published_sweep``). 0 ok / skipped, 1 failed."""
     from varbench.analysis.aggregate import AggregationError, aggregate
     from varbench.harness.records import SealError
 
     try:
-        paired = aggregate(src, results, baseline=baseline, figures=False)
+        result = aggregate(src, results, baseline=baseline, figures=False)
     except (AggregationError, SealError) as e:
         print(f"[varbench] sweep run not logged: no table ({e})")
         return 0
-    digest = _sha256(results / "table.csv")
+    digest = tables_digest(results)
     marker = src / SWEEP_MARKER
     if not force and marker.is_file():
         try:
@@ -604,8 +637,8 @@ def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False
                 return 0
         except (OSError, ValueError):
             pass
-    figs = sweep_figures(paired, results, baseline)
-    info = log_sweep(sink, results, src.name, figs, n_records=len(paired))
+    figs = sweep_figures(result.groups)
+    info = log_sweep(sink, results, src.name, figs, n_records=len(result.paired))
     if info is None:
         return 1
     mark_sweep_logged(sink, src, results, info)
@@ -614,14 +647,14 @@ def publish_sweep(sink: WandbSink, src: Path, results: Path, force: bool = False
 
 
 def mark_sweep_logged(sink: WandbSink, src: str | Path, results: str | Path, info: Mapping) -> None:
-    """Write ``src/.published_sweep`` (the run's info and the sha256 of ``results/table.csv``) after
-    the sweep run logged that table, so neither the next ``python -m varbench.publish`` nor a rerun
-    logs the same table twice. Nothing is written when W&B is disabled (nothing was logged)."""
+    """Write ``src/.published_sweep`` (the run's info and :func:`tables_digest` of ``results``) after
+    the sweep run logged those tables, so neither the next ``python -m varbench.publish`` nor a rerun
+    logs the same tables twice. Nothing is written when W&B is disabled (nothing was logged)."""
     from varbench.core.jsonio import atomic_write_bytes
 
     if sink.mode == "disabled":
         return
-    digest = _sha256(Path(results) / "table.csv")
+    digest = tables_digest(results)
     atomic_write_bytes(Path(src) / SWEEP_MARKER, json.dumps({**info, "table_sha256": digest}, indent=1, default=str).encode())
 
 
