@@ -69,7 +69,7 @@ def job_overrides(sweep_params: Optional[dict], overrides: Sequence[str]) -> Opt
 
 def compose_job(search: Sequence[Path], overrides: Sequence[str], hydra_node: bool = False) -> DictConfig:
     """The config one job of ``overrides`` composes to (Hydra's compose API over ``search``)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose
 
     import varbench.harness  # noqa: F401 - the method schemas the presets name
 
