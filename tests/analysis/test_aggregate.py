@@ -574,7 +574,7 @@ def test_a_results_folder_of_the_flat_layout_does_not_linger_as_current(store, t
     result = aggregate(store, out, figures=False)
     assert sorted(p.name for p in result.removed) == [".figures.json", "image_grid.png", "keep_gone.png",
                                                        "speed_vs_old_metric.png", "table.csv", "table.md", "table.tex"]
-    assert sorted(p.name for p in out.iterdir()) == [".groups.json", "README_mine.md", G, "tidy.csv"]
+    assert sorted(p.name for p in out.iterdir()) == [".groups.json", "README_mine.md", G, "report.html", "tidy.csv"]
     assert (out / G / "table.md").read_text() != "old"
 
 

@@ -255,15 +255,15 @@ def test_one_method_column_the_label_only_where_it_says_more(tmp_path):
     write(tmp_path, record("s", "skip_last", preset="skip_last_2", label="Skip last 2 scales", flops=5e11))
     write(tmp_path, record("n", "nova", preset="nova_toy", label="NOVA (small-schedule thresholds)", flops=4e11))
     write(tmp_path, record("v", "skipvar", label="SkipVAR (adaptive, DM ssim 0.84)", flops=6e11))
-    aggregate(tmp_path, tmp_path / "out", figures=False)
-    md = (tmp_path / "out" / "table.md").read_text()
+    [g] = aggregate(tmp_path, tmp_path / "out", figures=False).groups
+    md = (g.folder / "table.md").read_text()
     main = md[:md.index("####")].splitlines()
     header = next(line for line in main if line.startswith("| method "))
     assert "label" not in header.split(" | ")[1]                                     # no second name column
     names = [line.split(" | ")[0][2:] for line in main if line.startswith("| ") and "---" not in line][1:]
     assert names == ["baseline", "NOVA (small-schedule thresholds)", "skip_last_2", "SkipVAR (adaptive, DM ssim 0.84)"]
     assert not any("Baseline" in line or "Skip last 2 scales" in line for line in main)   # never both
-    tidy = pd.read_csv(tmp_path / "out" / "tidy.csv").set_index("entry_id")
+    tidy = pd.read_csv(g.folder / "tidy.csv").set_index("entry_id")
     assert (tidy.loc["n", "method_preset"], tidy.loc["n", "method_label"]) == ("nova_toy", "NOVA (small-schedule thresholds)")
     # the rule on its own: knob values are news, case and filler words are not
     assert says_more("fastvar(r=0.4)", "fastvar") and says_more("FastVAR r=0.6", "fastvar")
