@@ -55,7 +55,7 @@ def test_the_dry_run_lists_finished_and_new_jobs_with_estimates_and_writes_nothi
     assert lines[0] == "[varbench] dry run: 2 jobs of smoke (nothing is run)"
     base, nova = [line for line in lines if "method=" in line]
     assert "finished (skipped)" in base and "—" in base
-    assert "new: 2 images" in nova and "scaled from 1 run of toy with 2 images" in nova
+    assert "new: 2 images" in nova and "(other methods' run of toy with 2 images)" in nova   # the baseline's
     assert "1 to run, 1 finished; ≈" in text and "every file the jobs need is in place" in text
     assert sorted(str(p) for p in (tmp_path / "store").rglob("*")) == before      # nothing written
 

@@ -474,7 +474,7 @@ def test_offline_runs_travel_every_file_they_name_moves_with_the_folder(store, w
         assert np.array_equal(np.asarray(Image.open(png).convert("RGB")), np.asarray(stored.convert("RGB")))
     assert len(per_image["data"]) == 3
     sweep = runs["sweep"]
-    assert _sha(_staged(sweep, "table-exp", "table.csv")) == _sha(res / "table.csv")
+    assert _sha(_staged(sweep, "table-exp", f"{TOY}/table.csv")) == _sha(res / TOY / "table.csv")   # per group folder
 
     again = tmp_path / "third"                                      # moved once more: relocate again
     shutil.move(str(carried), str(again))
