@@ -68,6 +68,10 @@ class GenerationOutput:
     image_stats: list[dict] = dataclasses.field(default_factory=list)         # per image: its policy's stats
     no_effect_reasons: list[Optional[str]] = dataclasses.field(default_factory=list)  # per image: why its
                                             # policy changed nothing (every plan neutral), else None
+    kv_bytes: list[dict] = dataclasses.field(default_factory=list)  # per scale, after it ran: the batch's KV
+                                            # cache {"allocated", "used"} bytes (`KVCache.nbytes`, summed
+                                            # over sub-batches); "allocated" is the same at every scale
+                                            # once each block has appended (buffers are preallocated)
 
 
 class _Timer:
@@ -226,7 +230,7 @@ class InfinityRuntime:
         policies = [policy.fork() for _ in range(batch)] if per_image else [policy]
         for p in policies:
             p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
-        root = self._state(ctx, text, negative, sched, h_div_w, seeds)
+        root = self._state(ctx, text, negative, sched, h_div_w, seeds, _kv_capacity(policies, ctx))
         tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
         image_tokens = [root.image_text_tokens(i) for i in range(batch)]
         groups = [(list(range(batch)), root)]
@@ -279,6 +283,8 @@ class InfinityRuntime:
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
             policy_stats={"per_image": image_stats} if per_image else image_stats[0],
             image_traces=image_traces, image_flops=per_image_flops, image_stats=image_stats, no_effect_reasons=reasons,
+            kv_bytes=[{k: sum(d[k] for d in {id(st.kv_bytes[si]): st.kv_bytes[si] for _, st in groups}.values())
+                       for k in ("allocated", "used")} for si in range(n_scales)],
         )
 
     def _per_image_step(self, si, groups, policies, cfgs, taus, top_k, top_p):
@@ -300,20 +306,22 @@ class InfinityRuntime:
                 out.append((members, sub))
         return out
 
-    def _state(self, ctx, text, negative, sched, h_div_w, seeds) -> GenState:
+    def _state(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity=None) -> GenState:
         """A fresh generation state; in graph mode the one of the previous call with the same shapes,
-        refilled in place (its tensors are what the captured graphs read and write)."""
+        refilled in place (its tensors are what the captured graphs read and write).
+        `kv_capacity`: per-block KV capacities (None: the whole schedule)."""
         if not self.cuda_graphs:
-            return GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+            return GenState(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity)
         key = (ctx, tuple(text.features.shape), tuple(text.lens), None if negative is None else
-               (tuple(negative.features.shape), tuple(negative.lens)), nearest_template(h_div_w))
+               (tuple(negative.features.shape), tuple(negative.lens)), nearest_template(h_div_w),
+               None if kv_capacity is None else tuple(kv_capacity))
         state = self._graph_states.get(key)
         if state is None:
             # each state holds a whole KV cache: keep only the newest (a new prompt length or batch
             # size starts over eagerly; the timed pass repeats one shape and replays)
             while len(self._graph_states) >= self.max_graph_states:
                 self._graph_states.pop(next(iter(self._graph_states)))
-            state = self._graph_states[key] = GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+            state = self._graph_states[key] = GenState(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity)
             state.graphs = StepGraphs(self)
         else:
             state.restart(text, negative, seeds)
@@ -331,6 +339,20 @@ class InfinityRuntime:
                          for c in summed_codes.split(1)])
         img = ((img + 1) / 2).clamp_(0, 1)
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
+
+
+def _kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional[list[int]]:
+    """Per-block KV capacities for this generation: the largest any (reset) policy asks for
+    (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the baseline:
+    every block holds the whole schedule)."""
+    full = sum(h * w for h, w in ctx.schedule)
+    asked = [c for p in policies if (c := getattr(p, "kv_capacity", lambda: None)()) is not None]
+    if not asked:
+        return None
+    for c in asked:
+        if len(c) != ctx.depth:
+            raise ValueError(f"a policy's kv_capacity() gave {len(c)} capacities for a {ctx.depth}-block model")
+    return [min(full, max(int(c[bi]) for c in asked)) for bi in range(ctx.depth)]
 
 
 def _per_scale(v, n: int, name: str) -> list[float]:
