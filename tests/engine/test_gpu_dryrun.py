@@ -150,3 +150,17 @@ def test_failed_triton_kernel_falls_back_to_sdpa(monkeypatch, caplog):
     warns = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warns) == 1 and "runtime.fused_entropy=false" in warns[0].getMessage()
     assert rt.fused_entropy is False and [f["knob"] for f in rt.fallbacks] == ["runtime.fused_entropy=false"]
+
+
+def test_scalekv_preset_runs_at_real_shapes_and_allocates_less():
+    """The fake-CUDA dry run of the ScaleKV presets (2B, reduced depth): the selection runs inside the
+    scale steps on CUDA tensors without a host read, the per-block capacities are what is allocated, and
+    the peak drops. The released budget file is not shipped: `make_policy` stands in a budget of its shape."""
+    base = gpu_dryrun.run_one("infinity_2b", "baseline", 2, depth=2)
+    row = gpu_dryrun.run_one("infinity_2b", "scalekv", 2, depth=2)
+    assert row["status"] == "ok", row["errors"]
+    # of 2 blocks one drafts (keeps ~all: 10,481 of 10,521) and one refines (1,052 + the scale's tokens,
+    # at most 1,052 + 4,096): (10,481 + 5,148) / (2 * 10,521) = 74% of the baseline's KV bytes
+    assert row["kv_bytes"] < 0.8 * base["kv_bytes"] and row["peak_bytes"] < base["peak_bytes"]
+    tiny = gpu_dryrun.run_one("infinity_8b", "scalekv_8b", 1, depth=2)
+    assert tiny["status"] == "ok", tiny["errors"]

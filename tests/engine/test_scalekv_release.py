@@ -16,8 +16,8 @@ release's own history.
   - the evicting (scale, block) pairs and the cache length each held: exactly (the release also compresses
     after the last scale, which nothing reads; we skip it, checked);
   - kept positions: exactly, unless a position's pooled score lies within SCORE_TOL of the cut-off
-    (a near-tie an ulp of another CPU may flip); such differences are counted and must stay rare.
-    Measured on the writer's CPU: 0 differing positions;
+    (a near-tie: our K differ from the release's by fp32 ulps); such differences are counted and must stay
+    rare. Measured on the writer's CPU: 2 of 120,656 kept positions differ, both near-ties;
   - bits: as tests/engine/test_upstream_parity.py compares them (a flip only within the logit tolerance of
     its decision threshold, rare). Measured on the writer's CPU: 0 flips.
 """
@@ -157,6 +157,7 @@ def test_same_kept_positions(release, ours):
             far = diff & ((pooled - cut.unsqueeze(-1)).abs() > SCORE_TOL)
             assert not far.any(), f"{k}: {int(far.sum())} kept positions differ from the release beyond a near-tie"
             differing += int(diff.sum())
+    print(f"kept positions differing from the release: {differing} of {total}")
     assert total > 10_000
     assert differing <= max(4, total // 10_000), f"{differing} of {total} kept positions differ (near-ties)"
 
@@ -166,6 +167,7 @@ def test_same_bits(ours):
     of its decision threshold, and rarely (the upstream parity test's rule)."""
     _, run, _, _ = ours
     rep = compare_bits(run, MARGIN_TOL)
+    print(rep)
     assert not rep.far, rep.describe(CASE, MARGIN_TOL)
     assert rep.flips <= max(2, math.ceil(rep.near / 10)), rep.describe(CASE, MARGIN_TOL)
     assert rep.bits == 168_336

@@ -298,6 +298,9 @@ class StandInPolicy:
     def no_effect_reason(self):
         return self.inner.no_effect_reason()
 
+    def kv_capacity(self):
+        return self.inner.kv_capacity()
+
     def reset(self, ctx):
         with unset_fake_temporarily():
             self.inner.reset(dataclasses.replace(ctx, device="cpu"))
@@ -307,7 +310,9 @@ class StandInPolicy:
             plan = self.inner.plan(si)
         blocks = {bi: (bp if bp.keep is None else dataclasses.replace(bp, keep=self.fc.mode.from_tensor(bp.keep)))
                   for bi, bp in plan.blocks.items()}
-        return dataclasses.replace(plan, blocks=blocks)
+        kv = {bi: (kb if kb.keep is None else dataclasses.replace(kb, keep=self.fc.mode.from_tensor(kb.keep)))
+              for bi, kb in plan.kv.items()}
+        return dataclasses.replace(plan, blocks=blocks, kv=kv)
 
     def _standin(self, t: Optional[torch.Tensor], hi: float, n: Optional[int] = None) -> Optional[torch.Tensor]:
         if t is None:

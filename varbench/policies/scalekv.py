@@ -191,6 +191,19 @@ def window_positions(h: int, w: int, window_size: int, n_held: int) -> tuple[lis
     return sorted(pos), True
 
 
+def window_offsets(h: int, w: int, window_size: int, n_held: int, device) -> torch.Tensor:
+    """`window_positions` as a device tensor built from aranges (it runs inside a scale step, where a
+    tensor made from host data would be a host-to-device copy in a captured graph)."""
+    g = math.isqrt(window_size)
+    if g * g != window_size or h < g or w < g:
+        m = min(window_size, n_held)
+        return torch.arange(h * w - m, h * w, device=device)
+    hp, wp = h // g, w // g
+    hc = (torch.arange(g, device=device) * hp + (hp - 1) // 2).clamp(0, h - 1)
+    wc = (torch.arange(g, device=device) * wp + (wp - 1) // 2).clamp(0, w - 1)
+    return (hc[:, None] * w + wc[None, :]).reshape(-1)   # ascending and distinct (hp, wp >= 1)
+
+
 @dataclass(frozen=True)
 class ScaleKVSelector:
     """ScaleKV's selection (`scale_kv.py::update_kv`, card step 3) as a `KVSelector`. Frozen and
@@ -206,17 +219,15 @@ class ScaleKVSelector:
         k = ctx.keys                                    # (rows, H, L, c)
         L, c = k.shape[2], k.shape[3]
         n = ctx.h * ctx.w
-        dev = k.device
-        offs, _ = window_positions(ctx.h, ctx.w, self.window_size, L)
-        local = torch.tensor([min(max(o, 0), n - 1) for o in offs], device=dev)   # scale_kv.py:250 clamp
+        offs = window_offsets(ctx.h, ctx.w, self.window_size, L, k.device)   # device ops only: no host copy in a step
+        local = offs.clamp(0, n - 1)                    # scale_kv.py:250 clamp
         q = ctx.query_proj(local)                       # (rows, H, m, c): the raw window queries
         scores = torch.matmul(q.to(k.dtype), k.transpose(2, 3)) / math.sqrt(c)
         win = None
         if ctx.appended is None:   # the release: this scale's grid is the last n cache positions
-            win = torch.tensor([min(max(o + L - n, 0), L - 1) for o in offs], device=dev)
-            mask = torch.ones((1, 1, 1, L), dtype=torch.bool, device=dev)
-            mask[..., win] = False
-            scores = scores.masked_fill(~mask, float("-inf"))
+            win = (offs + (L - n)).clamp(0, L - 1)
+            keep_mask = torch.ones((1, 1, 1, L), dtype=torch.bool, device=k.device).index_fill(3, win, False)
+            scores = scores.masked_fill(~keep_mask, float("-inf"))
         summed = scores.sum(dim=2)                      # (rows, H, L): no softmax, as released
         pool = F.avg_pool1d if self.pooling == "avgpool" else F.max_pool1d
         pooled = pool(summed, self.kernel_size, padding=self.kernel_size // 2, stride=1)
@@ -371,3 +382,25 @@ class ScaleKV(Policy):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "budget": self.source, "base_capacity": self.base_capacity,
                 "window_size": self.window_size, "kernel_size": self.kernel_size, "pooling": self.pooling}
+
+
+def synthetic_budgets(schedule, depth: int, *, base_capacity: int = RELEASED_BASE_CAPACITY, drafters=(0,),
+                      refiner_keep: float = 0.1, drafter_slack: int = 8) -> dict:
+    """A budget in the release's format for any (schedule, depth), shaped like the released 10% files
+    (OURS, for dry runs and tests; not the release's data): drafters keep all but `drafter_slack` of
+    the positions they hold, refiners `refiner_keep` of the schedule's tokens, on every scale the
+    release's rule compresses (from the first whose cache exceeds `base_capacity`)."""
+    total = sum(h * w for h, w in schedule)
+    mn = max(RELEASED_WINDOW, int(refiner_keep * total))
+    out, held_d, reached = {}, 0, False
+    for si, (h, w) in enumerate(schedule):
+        held_d += h * w
+        if held_d <= base_capacity and not reached:
+            continue
+        reached = True
+        key = budget_key(si)
+        mx = max(mn, held_d - drafter_slack)
+        out.setdefault(f"Scale {key}", {**{f"Block {b}": int(b in drafters) for b in range(depth)},
+                                        "High": sum(1 for b in range(depth) if b in drafters), "Max": mx, "Min": mn})
+        held_d = min(held_d, out[f"Scale {key}"]["Max"])
+    return out
