@@ -11,7 +11,8 @@ from varbench.core.errors import ConfigError
 from varbench.engine.flops import plan_trace
 from varbench.engine.plan import KVBudget, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.state import KVCache, kv_cache_bytes
+from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.state import KVCache, kv_cache_bytes, kv_staging_capacity
 from varbench.policies import build_policy
 from varbench.policies.scalekv import ScaleKV, synthetic_budgets, window_offsets, window_positions
 
@@ -90,15 +91,93 @@ def test_an_eviction_changes_the_image_shrinks_the_cache_and_is_for_good(tiny_rt
     assert strip(out.trace) == plan_trace(out.schedule, ctx_plans, 4, 1, True, tt)
 
 
+def test_staged_append_attends_in_the_staging_buffer_and_evicts_into_the_own_one():
+    c = KVCache(2, [4, 10], staging=7)
+    kv = torch.arange(2 * 1 * 2 * 3 * 3, dtype=torch.float32).view(2, 1, 2, 3, 3)
+    k, _ = c.append(0, kv, torch.float32)                          # 3 <= 4: in its own buffer
+    assert c.staged is None and k.data_ptr() == c.kv[0].data_ptr()
+    k, v = c.append(0, kv + 100, torch.float32)                    # 6 > 4: staged (kept + this scale's)
+    assert c.staged == 0 and k.data_ptr() == c.stage.data_ptr() and k.shape[2] == 6
+    assert torch.equal(k[0, 0], torch.cat([kv[0, 0, 0], kv[0, 0, 0] + 100])) and torch.equal(v[0, 1, 3:], kv[1, 0, 1] + 100)
+    keep = torch.tensor([[[0, 2, 4, 5], [1, 2, 3, 5]]])
+    want = c.held(0).gather(3, keep.unsqueeze(0).unsqueeze(-1).expand(2, -1, -1, -1, 3)).clone()
+    c.evict(0, keep)
+    assert c.staged is None and c.len[0] == 4 and torch.equal(c.kv[0][:, :, :, :4], want)
+    c.settle(0, last=False)                                          # evicted: nothing left to settle
+    # allocated: both own buffers and the staging buffer (static from the first append on); used: own only
+    assert c.nbytes() == {"allocated": kv_cache_bytes([4], 1, 2, 3, 4, staging=7), "used": kv_cache_bytes([4], 1, 2, 3, 4)}
+    assert c.staging_nbytes() == (kv_cache_bytes([], 1, 2, 3, 4, staging=7), 0)
+    c.append(0, kv, torch.float32)                                   # 7: staged again, no budget
+    with pytest.raises(ValueError, match="kv_capacity"):
+        c.settle(0, last=False)                                      # before the last scale: a policy bug
+    c.settle(0, last=True)                                           # after it: nothing reads it, dropped
+    assert c.len[0] == 4 and c.staged is None and torch.equal(c.kv[0][:, :, :, :4], want)
+    with pytest.raises(ValueError, match="staging buffer: 7"):
+        c.append(0, torch.cat([kv, kv], 3), torch.float32)           # 4 + 6 > 7: more than the staging holds
+    with pytest.raises(ValueError, match="kv_capacity"):
+        c.evict(1, torch.zeros(1, 2, 11, dtype=torch.long))         # more than block 1 keeps between scales
+
+
+def test_staging_capacity_bounds_what_a_block_holds_during_a_scale():
+    sched = [(1, 1), (2, 2), (4, 4)]                       # 1, 4, 16 -> 1, 5, 21 cumulative
+    assert kv_staging_capacity(None, sched) == 0           # the baseline: no staging buffer
+    assert kv_staging_capacity([21, 21], sched) == 0       # every block holds the whole schedule
+    assert kv_staging_capacity([21, 3], sched) == 3 + 16   # kept 3, plus the last scale's 16
+    assert kv_staging_capacity([21, 8], sched) == 21       # never more than the schedule's tokens so far
+
+
 def test_capacities_are_allocated_and_a_too_small_one_is_named(tiny_rt):
+    """Each block's own buffer holds what it keeps between scales, one staging buffer the busiest scale
+    of a block: allocated bytes equal the analytic count exactly, and are less than sizing every block
+    to its peak (kept + the scale's tokens, the layout without staging)."""
     p = build_policy("scalekv", **ScaleKV.ACTIVE)
     out = gen(tiny_rt, p)
     base = gen(tiny_rt)
     caps = p.kv_capacity()
-    assert max(caps) < 521 and out.kv_bytes[-1]["allocated"] == kv_cache_bytes(caps, 2, 2, 32, 4)
+    staging = kv_staging_capacity(caps, scale_schedule(1.0, PN))
+    # ACTIVE keeps 160 (drafter) / 64 (refiners) between scales; the drafter's 160 + the 16x16 scale's 256
+    assert caps == [160, 64, 64, 64] and staging == 160 + 256 and p.stats()["staging"] == staging
+    assert out.kv_bytes[-1]["allocated"] == kv_cache_bytes(caps, 2, 2, 32, 4, staging)
+    assert all(kb["allocated"] == out.kv_bytes[-1]["allocated"] for kb in out.kv_bytes)   # preallocated at scale 0
+    peaks = [max(t["blocks"][b]["kv"] for t in out.trace) for b in range(4)]            # positions each attended to
+    assert max(peaks) > max(caps) and out.kv_bytes[-1]["allocated"] < kv_cache_bytes(peaks, 2, 2, 32, 4)
     assert out.kv_bytes[-1]["allocated"] < base.kv_bytes[-1]["allocated"] == kv_cache_bytes([521] * 4, 2, 2, 32, 4)
+    assert p.stats()["capacity_fraction"] == pytest.approx((sum(caps) + staging) / (4 * 521))
     with pytest.raises(ValueError, match="kv_capacity"):
         gen(tiny_rt, Scripted(lambda si, ctx: ScalePlan(), capacity=[100] * 4))
+
+
+class PeakSized(ScaleKV):
+    """ScaleKV with every block's own buffer sized to its peak (kept + the scale's tokens): no append
+    ever stages (the layout before the staging buffer)."""
+
+    def kv_capacity(self):
+        held = [0] * self.ctx.depth
+        peak = [0] * self.ctx.depth
+        for si, (h, w) in enumerate(self.ctx.schedule):
+            for b in range(self.ctx.depth):
+                held[b] += h * w
+                peak[b] = max(peak[b], held[b])
+                held[b] = min(held[b], self.keeps.get(si, {}).get(b, held[b]))
+        return peak
+
+
+def test_staging_changes_no_bit(tiny_rt, monkeypatch):
+    """Attending and selecting in the staging buffer, then compacting into the own buffer, computes
+    what attending and evicting in place does: same bits, same kept positions, same trace."""
+    import varbench.engine.state as st
+
+    staged = []
+    append = st.KVCache.append
+    monkeypatch.setattr(st.KVCache, "append", lambda self, bi, kv, dt: (r := append(self, bi, kv, dt),
+                                                                         staged.append(self.staged is not None))[0])
+    a = gen(tiny_rt, build_policy("scalekv", **ScaleKV.ACTIVE), seeds=(0, 1))
+    n_staged = sum(staged)
+    staged.clear()
+    b = gen(tiny_rt, PeakSized(**ScaleKV.ACTIVE), seeds=(0, 1))
+    assert n_staged > 0 and not any(staged)
+    assert same(a, b) and [t["blocks"] for t in a.trace] == [t["blocks"] for t in b.trace]
+    assert a.kv_bytes[-1]["allocated"] < b.kv_bytes[-1]["allocated"]
 
 
 def test_window_is_the_grid_of_patch_centres():

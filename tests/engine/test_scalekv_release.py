@@ -32,6 +32,7 @@ import torch
 
 from golden_parity import CaseRun, compare_bits, decide, load_golden, text_batch
 from varbench.engine.runtime import InfinityRuntime
+from varbench.engine.state import kv_cache_bytes, kv_staging_capacity
 from varbench.policies.scalekv import ScaleKV
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "scalekv_release" / "scalekv_release_tiny.pt"
@@ -135,9 +136,15 @@ def test_same_evicting_scales_blocks_and_cache_lengths(release, ours):
     assert {k[0] for k in kept} == set(range(7, 13))
     for k, (_, _, n) in rec.items():
         assert kept[k].shape[-1] == n
-    # the runtime's capacity: the longest cache each block held, which the release's last scale shows
-    assert policy.kv_capacity() == [max(kept[(si, b)].shape[-1] for si in range(7, 13)) for b in range(DEPTH)]
-    assert out.kv_bytes[-1]["allocated"] == sum(2 * 2 * 2 * cap * 32 * 4 for cap in policy.kv_capacity())
+    # the runtime's capacity: the most each block keeps between scales (the 521 positions of scales 0..6
+    # before the first compression, or what the release kept after a compression before the last scale),
+    # plus one staging buffer for a block's kept positions and the scale's tokens (the longest cache the
+    # release held, at its last scale)
+    caps = [max([521] + [int(kept[(si, b)][0, 0].sum()) for si in range(7, last)]) for b in range(DEPTH)]
+    assert policy.kv_capacity() == caps
+    staging = max(kept[(last, b)].shape[-1] for b in range(DEPTH))
+    assert kv_staging_capacity(caps, out.schedule) == staging
+    assert out.kv_bytes[-1]["allocated"] == 2 * 2 * 2 * (sum(caps) + staging) * 32 * 4 == kv_cache_bytes(caps, 2, 2, 32, 4, staging)
 
 
 def test_same_kept_positions(release, ours):

@@ -64,7 +64,7 @@ class StepGraphs:
                 graph, out = self.capture(state, lambda: state.core(si, plan, cfg, tau, top_k, top_p))
             except Exception as err:  # noqa: BLE001 - any capture failure: degrade to eager, don't die
                 # a capture runs nothing on the device: undo its host-side effects and run the step eagerly
-                state.kv.len = kv_len
+                state.kv.len, state.kv.staged = kv_len, None
                 for g, st in zip(state.generators, rng):
                     g.set_state(st)
                 state.graphs = None

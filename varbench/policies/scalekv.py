@@ -55,9 +55,16 @@ Reconstructed / ours (each stated where it applies):
    positions by the same pooled scores (window queries still from the grid centres); a block skipped
    at a scale evicts nothing there. The budgets' lengths are planned on the full schedule's lengths.
 
-Memory: the runtime allocates each block's cache at the most positions it ever holds under these
-budgets (`kv_capacity`: the kept positions plus the current scale's tokens, the peak at the last
-scale), not the whole schedule, so `KVCache.nbytes()["allocated"]` drops with the budget.
+Memory (ours: the release keeps `torch.cat` results, whose memory is whatever the allocator holds):
+each block's own cache holds the most positions it keeps BETWEEN scales under these budgets
+(`kv_capacity`), and one staging buffer shared by all blocks holds a block's kept positions plus the
+current scale's tokens while it attends and selects (`varbench.engine.state.KVCache`; blocks run one
+after another, so one buffer serves them all). `KVCache.nbytes()["allocated"]` (own buffers + the
+staging buffer) is then ~12% of the full cache on 2B with the released 10% file (the block that
+drafts at the 48x48 scale keeps 6,385, the one drafting until 32x32 keeps 4,100, the 30 refiners the
+632 of the 20x20 scale; staging 6,385 + 4,096), against ~10% at the release's busiest moment. Static
+per-block sizes (CUDA graphs) cost the difference: a block is sized to the most it ever keeps.
+The last scale appends into the staging buffer and evicts nothing (nothing reads the cache after it).
 
 Knobs: `ScaleKVKnobs` below.
 """
@@ -76,6 +83,7 @@ import torch.nn.functional as F
 from varbench.core.errors import ConfigError
 from varbench.engine.plan import GenerationContext, KVBudget, KVSelectContext, ScalePlan
 from varbench.engine.policy import Policy
+from varbench.engine.state import kv_staging_capacity
 from varbench.policies.knobs import MethodKnobs, knob
 
 # The released rule (mobiushy/SpecuKV @ f515bb6)
@@ -319,7 +327,7 @@ class ScaleKV(Policy):
                                   f"model has {depth}; use the budget file made for this model (2b_10%_budget.json: 32 "
                                   "blocks, 8b_10%_budget.json: 40)")
         held = [0] * depth
-        peak = [0] * depth
+        between = [0] * depth       # per block: the most it keeps from one scale to the next
         reached = [False] * depth   # scale_kv.py has_reached_base, per block (one cluster per layer)
         self.keeps: dict[int, dict[int, int]] = {}
         self.drafters: dict[int, list[int]] = {}
@@ -328,7 +336,6 @@ class ScaleKV(Policy):
             keeps = {}
             for b in range(depth):
                 held[b] += h * w
-                peak[b] = max(peak[b], held[b])
                 if held[b] <= self.base_capacity and not reached[b]:
                     continue
                 reached[b] = si != LAST_SCALE_HARDCODED
@@ -346,10 +353,12 @@ class ScaleKV(Policy):
                 if si != last:       # nothing reads the cache after the last scale
                     keeps[b] = keep
                 held[b] = keep
+            if si != last:
+                between = [max(a, hb) for a, hb in zip(between, held)]
             if keeps:
                 self.keeps[si] = keeps
                 self.drafters[si] = [b for b in keeps if self.budgets[budget_key(si)].drafters[b]]
-        self._capacity = peak
+        self._capacity = between
         self._window_q = {si: len(window_positions(h, w, self.window_size, 1 << 30)[0])
                           for si, (h, w) in enumerate(ctx.schedule)}
 
@@ -361,14 +370,19 @@ class ScaleKV(Policy):
         return ScalePlan(kv={b: KVBudget(n_keep=k, selector=self.selector, sel_queries=q) for b, k in keeps.items()})
 
     def kv_capacity(self) -> Optional[list[int]]:
-        full = sum(h * w for h, w in self.ctx.schedule)
-        return None if all(c >= full for c in self._capacity) else list(self._capacity)
+        """Per block the most positions it keeps between scales (the runtime stages the scales that
+        overflow it, `varbench.engine.state.KVCache`); None when nothing is ever evicted (the
+        baseline's cache, bit for bit)."""
+        return list(self._capacity) if self.keeps else None
 
     def stats(self) -> dict[str, Any]:
         full = sum(h * w for h, w in self.ctx.schedule)
+        caps = self.kv_capacity()
+        staging = kv_staging_capacity(caps, self.ctx.schedule)
+        held = full * self.ctx.depth if caps is None else sum(caps) + staging
         return {"budget": self.source, "active": bool(self.keeps),
                 "evicting_scales": sorted(self.keeps), "drafters": {int(s): d for s, d in sorted(self.drafters.items())},
-                "capacity": list(self._capacity), "capacity_fraction": sum(self._capacity) / (full * self.ctx.depth)}
+                "capacity": caps, "staging": staging, "capacity_fraction": held / (full * self.ctx.depth)}
 
     def no_effect_reason(self) -> Optional[str]:
         if self.keeps:
