@@ -383,7 +383,8 @@ class _MemoFullBlock:
 
     def __call__(self, state, si, bi, x):
         led = self.led
-        key = (si, tuple(x.shape), x.dtype, state.rows, state.kv.len[bi], state.kv.kv[bi] is None)
+        key = (si, tuple(x.shape), x.dtype, state.rows, state.kv.len[bi], state.kv.kv[bi] is None,
+               state.kv.capacities[bi])   # with the length: whether its append stages (KV budgets)
         seen = self.memo.get(key)
         if seen is None or seen[0] < 2:
             now0, outer_peak, ops0 = led.now, led.peak, led.ops[si]

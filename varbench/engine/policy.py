@@ -73,10 +73,12 @@ class Policy(abc.ABC):
         return {}
 
     def kv_capacity(self) -> Optional[Sequence[int]]:
-        """Per block, the most K/V positions it will hold in this generation (read after `reset`),
-        when the policy's plans carry KV budgets (`ScalePlan.kv`): the runtime then allocates each
-        block's cache at that size instead of the whole schedule, so the budget saves memory that
-        is never allocated. None (the default): every block holds the whole schedule."""
+        """Per block, the most K/V positions it keeps BETWEEN scales in this generation (after its
+        evictions; read after `reset`), when the policy's plans carry KV budgets (`ScalePlan.kv`):
+        the runtime then allocates each block's own cache at that size, plus one staging buffer
+        shared by the blocks for the scales whose kept positions and new tokens overflow it
+        (`varbench.engine.state.KVCache`), so the budget saves memory that is never allocated.
+        None (the default): every block holds the whole schedule, no staging buffer."""
         return None
 
     def no_effect_reason(self) -> Optional[str]:

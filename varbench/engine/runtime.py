@@ -70,8 +70,9 @@ class GenerationOutput:
                                             # policy changed nothing (every plan neutral), else None
     kv_bytes: list[dict] = dataclasses.field(default_factory=list)  # per scale, after it ran: the batch's KV
                                             # cache {"allocated", "used"} bytes (`KVCache.nbytes`, summed
-                                            # over sub-batches); "allocated" is the same at every scale
-                                            # once each block has appended (buffers are preallocated)
+                                            # over sub-batches; allocated includes the staging buffer of
+                                            # KV budgets); "allocated" is the same at every scale once each
+                                            # block has appended (buffers are preallocated)
 
 
 class _Timer:
@@ -342,9 +343,10 @@ class InfinityRuntime:
 
 
 def _kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional[list[int]]:
-    """Per-block KV capacities for this generation: the largest any (reset) policy asks for
-    (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the baseline:
-    every block holds the whole schedule)."""
+    """Per-block KV capacities between scales for this generation: the largest any (reset) policy
+    asks for (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the
+    baseline: every block holds the whole schedule and no staging buffer is allocated). The state
+    sizes its staging buffer from these (`varbench.engine.state.kv_staging_capacity`)."""
     full = sum(h * w for h, w in ctx.schedule)
     asked = [c for p in policies if (c := getattr(p, "kv_capacity", lambda: None)()) is not None]
     if not asked:
