@@ -88,7 +88,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
             out = fc.generate(rt, make_policy(preset, cfg.depth), batch)
             ran = [t for t in out.trace if t["ran"]]
             # the KV cache: one bf16 buffer (2, rows, H, capacity, c) per block (`varbench.engine.state.KVCache`)
-            kv = out.kv_bytes[-1]["allocated"]   # per-block capacities (smaller under a KV budget)
+            kv = out.kv_bytes[-1]["allocated"]   # per-block capacities (smaller under a KV budget) + its staging buffer
             row.update(
                 peak_bytes=fc.ledger.peak, weights_bytes=weights, kv_bytes=kv,
                 activations_bytes=fc.ledger.peak - weights - kv,

@@ -249,3 +249,23 @@ def test_graph_key_carries_the_kv_budget(tiny_rt):
     k2 = g.key(S, 3, ScalePlan(kv={0: KVBudget(9, selector=sel, sel_queries=16)}), 3.0, 1.0, 900, 0.97)
     assert k1 is not None and k1 != k2
     assert g.key(S, 3, ScalePlan(kv={0: KVBudget(8, selector=lambda c: None)}), 3.0, 1.0, 900, 0.97) is None
+
+
+@pytest.mark.parametrize("method", ["baseline", "scalekv", "nova+scalekv"])
+def test_analytic_kv_bytes_equal_the_allocated_bytes(tiny_rt, method):
+    """The analytic count (no run) is what the runtime allocates, byte for byte, with and without the
+    staging buffer (the baseline has none)."""
+    from varbench.engine.plan import GenerationContext
+    from varbench.engine.runtime import analytic_kv_bytes
+
+    sk = {"name": "scalekv", "knobs": ScaleKV.ACTIVE}
+    nova = {"name": "nova", "knobs": {"t_min_tokens": 16, "min_tokens_to_prune": 16, "t_force": -3}}
+    make = {"baseline": lambda: None, "scalekv": lambda: build_policy("scalekv", **ScaleKV.ACTIVE),
+            "nova+scalekv": lambda: build_policy("compose", policies=[nova, sk])}[method]
+    out = gen(tiny_rt, make(), seeds=(0, 1))
+    cfg = tiny_rt.cfg
+    ctx = GenerationContext(schedule=tuple(out.schedule), depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+                            batch=2, cfg_rows=True, cfg=(3.0,) * len(out.schedule), tau=(1.0,) * len(out.schedule))
+    assert out.kv_bytes[-1]["allocated"] == analytic_kv_bytes(make(), ctx, itemsize=4)   # the tiny runtime: fp32 K/V
+    if method == "baseline":
+        assert out.kv_bytes[-1]["allocated"] == kv_cache_bytes([521] * 4, 4, 2, 32, 4)     # no staging buffer

@@ -45,7 +45,7 @@ from varbench.engine.models.schedules import nearest_template, rope_reference_gr
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.state import GenState
+from varbench.engine.state import GenState, kv_cache_bytes, kv_staging_capacity
 
 log = logging.getLogger("varbench.engine.runtime")
 
@@ -355,6 +355,22 @@ def _kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional
         if len(c) != ctx.depth:
             raise ValueError(f"a policy's kv_capacity() gave {len(c)} capacities for a {ctx.depth}-block model")
     return [min(full, max(int(c[bi]) for c in asked)) for bi in range(ctx.depth)]
+
+
+def analytic_kv_bytes(policy: Optional[Policy], ctx: GenerationContext, itemsize: int = 2) -> int:
+    """The KV-cache bytes a generation of `ctx` under `policy` (reset here for ctx; None: the
+    baseline) allocates, without running it: the per-block capacities the runtime would take
+    (`_kv_capacity`), the staging buffer they need (`kv_staging_capacity`), `kv_cache_bytes`.
+    A run's `GenerationOutput.kv_bytes[-1]["allocated"]` equals it (one policy for the batch, rows
+    as at scale 0; tested on the tiny model). itemsize 2: bf16 K/V (a bf16 run), 4: an fp32 run."""
+    policies = []
+    if policy is not None:
+        policy.reset(ctx)
+        policies.append(policy)
+    caps = _kv_capacity(policies, ctx)
+    full = sum(h * w for h, w in ctx.schedule)
+    return kv_cache_bytes([full] * ctx.depth if caps is None else caps, ctx.rows, ctx.num_heads,
+                          ctx.embed_dim // ctx.num_heads, itemsize, kv_staging_capacity(caps, ctx.schedule))
 
 
 def _per_scale(v, n: int, name: str) -> list[float]:
