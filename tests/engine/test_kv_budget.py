@@ -169,8 +169,13 @@ def test_staging_changes_no_bit(tiny_rt, monkeypatch):
 
     staged = []
     append = st.KVCache.append
-    monkeypatch.setattr(st.KVCache, "append", lambda self, bi, kv, dt: (r := append(self, bi, kv, dt),
-                                                                         staged.append(self.staged is not None))[0])
+
+    def spy(self, bi, kv, dtype):
+        out = append(self, bi, kv, dtype)
+        staged.append(self.staged is not None)
+        return out
+
+    monkeypatch.setattr(st.KVCache, "append", spy)
     a = gen(tiny_rt, build_policy("scalekv", **ScaleKV.ACTIVE), seeds=(0, 1))
     n_staged = sum(staged)
     staged.clear()

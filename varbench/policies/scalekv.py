@@ -60,11 +60,15 @@ each block's own cache holds the most positions it keeps BETWEEN scales under th
 (`kv_capacity`), and one staging buffer shared by all blocks holds a block's kept positions plus the
 current scale's tokens while it attends and selects (`varbench.engine.state.KVCache`; blocks run one
 after another, so one buffer serves them all). `KVCache.nbytes()["allocated"]` (own buffers + the
-staging buffer) is then ~12% of the full cache on 2B with the released 10% file (the block that
-drafts at the 48x48 scale keeps 6,385, the one drafting until 32x32 keeps 4,100, the 30 refiners the
-632 of the 20x20 scale; staging 6,385 + 4,096), against ~10% at the release's busiest moment. Static
-per-block sizes (CUDA graphs) cost the difference: a block is sized to the most it ever keeps.
-The last scale appends into the staging buffer and evicts nothing (nothing reads the cache after it).
+staging buffer; `varbench.engine.runtime.analytic_kv_bytes` without a run) is then, at 1024^2 with
+CFG, 11.9% of the full cache on 2B with the released 10% file (the block that drafts at the 48x48
+scale keeps 6,385, the one drafting until 32x32 keeps 4,100, the 30 refiners the 632 of the 20x20
+scale; staging 6,385 + 4,096 = 10,481) and 12.4% on 8B (3 drafters keep 6,200, 37 refiners 629;
+staging 10,296): 44.1 -> 5.2 GB (2B) and 96.5 -> 12.0 GB (8B) at batch 8, bf16. The release holds
+~10% between its scales; static per-block sizes (CUDA graphs) cost the difference: a block is
+sized to the most it ever keeps (the refiners' 632 of the first compressed scale, not the 420-465
+of later ones). The last scale appends into the staging buffer and evicts nothing (nothing reads
+the cache after it): its K/V are read there and dropped.
 
 Knobs: `ScaleKVKnobs` below.
 """
