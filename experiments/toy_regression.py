@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "curated" / "toy_regression.json"
-METHODS = ["baseline", "fastvar_generalised", "nova_toy", "toprovar_toy", "skip_last_2", "skipvar_hybrid", "skipvar_toy"]  # *_toy: thresholds scaled to the toy schedule; fastvar_generalised: FastVAR counted from the last scale (the release keys on widths 32/40, absent on the 16x16 toy)
+METHODS = ["baseline", "fastvar_generalised", "nova_toy", "toprovar_toy", "skip_last_2", "skipvar_hybrid", "skipvar_toy",
+           "scalekv_toy"]  # *_toy: thresholds (scalekv: budgets) scaled to the toy schedule; fastvar_generalised: FastVAR counted from the last scale (the release keys on widths 32/40, absent on the 16x16 toy)
 N_PROMPTS = 24           # 4 per GenEval tag
 QUALITY_TOL = 0.10       # absolute, on toy GenEval overall (24 prompts: one prompt = 1/24 of a tag mean)
 FLOPS_REL_TOL = 0.02     # relative, on the FLOPs ratio
@@ -44,7 +45,7 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
             method_cfg.knobs[k] = v
         policy = build_policy_from_cfg(method_cfg)
         ev = ToyGenEval()
-        flops = 0.0
+        flops = kv = 0.0
         for i in range(0, n_prompts, 8):
             chunk = prompts[i:i + 8]
             res = rt.generate([p["prompt"] for p in chunk], [1000 * (i + j) for j in range(len(chunk))], policy,
@@ -54,12 +55,14 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
             ev.update([Sample(prompt_index=i + j, sample_index=0, prompt=p["prompt"], metadata=p["metadata"],
                               image=Image.fromarray(res.images[j].numpy())) for j, p in enumerate(chunk)])
             flops += res.flops["total"] / n_prompts   # the mean over every prompt (adaptive methods vary)
+            kv += res.kv_bytes[-1]["allocated"] / n_prompts   # KV bytes allocated per image (a batch of 8 holds 8)
         r = ev.compute()
         out[name] = {"toy_geneval": r.metrics["overall"],
-                     "per_tag": {k: v for k, v in r.metrics.items() if k != "overall"}, "flops": flops}
-    base = out["baseline"]["flops"]
+                     "per_tag": {k: v for k, v in r.metrics.items() if k != "overall"}, "flops": flops, "kv_bytes": kv}
+    base, base_kv = out["baseline"]["flops"], out["baseline"]["kv_bytes"]
     for v in out.values():
         v["flops_x"] = base / v["flops"]
+        v["kv_x"] = base_kv / v["kv_bytes"]   # KV-cache memory saving (exact: allocated capacities)
     return out
 
 
@@ -79,6 +82,11 @@ def check(measured: dict, reference: dict) -> list[str]:
         if abs(rel) > tol_f:
             problems.append(f"{name}: FLOPs ratio {got['flops_x']:.3f}x vs reference {ref['flops_x']:.3f}x "
                             f"({rel:+.1%}, tolerance ±{tol_f:.0%})")
+        if "kv_x" in ref:   # references written before KV accounting have no memory entry
+            rel = got["kv_x"] / ref["kv_x"] - 1
+            if abs(rel) > tol_f:
+                problems.append(f"{name}: KV memory ratio {got['kv_x']:.3f}x vs reference {ref['kv_x']:.3f}x "
+                                f"({rel:+.1%}, tolerance ±{tol_f:.0%})")
     return problems
 
 

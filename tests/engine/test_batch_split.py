@@ -214,3 +214,23 @@ def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
     monkeypatch.setattr(GenState, "split", spy)
     rt.generate(PROMPTS, SEEDS, build_policy("nova", **NOVA), pn=PN, cfg=CFG)
     assert seen and all(seen)
+
+
+def test_split_batches_share_the_staging_buffer_of_a_kv_budget(rt):
+    """NOVA (per-image plans: the batch splits) + ScaleKV (KV budgets, appends through the staging
+    buffer): each image runs what it runs alone, evicts where it does alone, and the parts' KV bytes add
+    up to one set of buffers (the parts view the parent's own buffers and its staging buffer)."""
+    from varbench.policies.scalekv import ScaleKV
+
+    make = lambda: build_policy("compose", policies=[{"name": "nova", "knobs": NOVA},   # noqa: E731
+                                                     {"name": "scalekv", "knobs": ScaleKV.ACTIVE}])
+    alone = [_alone(rt, make, i) for i in range(4)]
+    out = rt.generate(PROMPTS, SEEDS, make(), pn=PN, cfg=CFG)
+    assert len({str(_kept(t)) for t in out.image_traces}) > 1   # images ran different plans: the batch split
+    evicted = lambda tr: [[bool(b.get("kv_evicted")) for b in t["blocks"]] for t in tr]   # noqa: E731
+    for i, one in enumerate(alone):
+        assert _kept(out.image_traces[i]) == _kept(one.trace) and evicted(out.image_traces[i]) == evicted(one.trace)
+        assert evicted(one.trace) != evicted(_alone(rt, lambda: None, i).trace)           # ScaleKV acted
+        assert _bit_agreement([b if b is None else b[i:i + 1] for b in out.bits], one.bits) > 0.97
+    # allocated once for the batch (4 images' rows), not once per part: 4x one image's
+    assert out.kv_bytes[-1]["allocated"] == 4 * alone[0].kv_bytes[-1]["allocated"]

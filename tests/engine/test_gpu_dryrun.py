@@ -150,3 +150,31 @@ def test_failed_triton_kernel_falls_back_to_sdpa(monkeypatch, caplog):
     warns = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warns) == 1 and "runtime.fused_entropy=false" in warns[0].getMessage()
     assert rt.fused_entropy is False and [f["knob"] for f in rt.fallbacks] == ["runtime.fused_entropy=false"]
+
+
+def test_scalekv_preset_runs_at_real_shapes_and_allocates_less():
+    """The fake-CUDA dry run of the ScaleKV presets (2B, reduced depth): the selection runs inside the
+    scale steps on CUDA tensors without a host read, the per-block capacities are what is allocated, and
+    the peak drops. The released budget file is not shipped: `make_policy` stands in a budget of its shape."""
+    import dataclasses
+
+    from varbench.engine.models.infinity import PRESETS
+    from varbench.engine.models.schedules import scale_schedule
+    from varbench.engine.plan import GenerationContext
+    from varbench.engine.runtime import analytic_kv_bytes
+
+    base = gpu_dryrun.run_one("infinity_2b", "baseline", 2, depth=2)
+    row = gpu_dryrun.run_one("infinity_2b", "scalekv", 2, depth=2)
+    assert row["status"] == "ok", row["errors"]
+    cfg = dataclasses.replace(PRESETS["infinity_2b"], depth=2)
+    sched = tuple(scale_schedule(1.0, "1M"))
+    ctx = GenerationContext(schedule=sched, depth=2, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads, batch=2,
+                            cfg_rows=True, cfg=(4.0,) * len(sched), tau=(1.0,) * len(sched))
+    # what the fake device allocated is the analytic count (bf16, rows 4, 2048 channels): of the stand-in's
+    # 2 blocks one drafts (all but 8 positions at each of its 4 compressions: 6,425 - 32 = 6,393 kept before
+    # the 64x64 scale), one refines (1,052 = 10% of 10,521); the staging buffer holds 6,393 + 4,096. With
+    # only 2 blocks the one staging buffer weighs as much as a block: 85% of the baseline here
+    assert row["kv_bytes"] == analytic_kv_bytes(gpu_dryrun.make_policy("scalekv", 2), ctx) == 2 * 4 * 2048 * 2 * (6393 + 1052 + 10489)   # K+V, rows, C, bf16
+    assert row["kv_bytes"] < 0.9 * base["kv_bytes"] and row["peak_bytes"] < base["peak_bytes"]
+    tiny = gpu_dryrun.run_one("infinity_8b", "scalekv_8b", 1, depth=2)
+    assert tiny["status"] == "ok", tiny["errors"]

@@ -41,8 +41,9 @@ def plan_signature(plan: ScalePlan) -> tuple:
     blocks = tuple((bi, bp.mode, bp.n_keep if bp.mode == "prune" else 0, tuple(bp.sublayers), bp.fill, bp.cache_from,
                     bp.prune_kv, bp.keep is None, _selector_key(bp.selector))
                    for bi, bp in sorted(plan.blocks.items()) if bp.mode != "full")
+    kv = tuple((bi, kb.n_keep, kb.keep is None, _selector_key(kb.selector)) for bi, kb in sorted(plan.kv.items()))
     return (plan.run, blocks, plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
-            plan.attention_entropy_queries, tuple(sorted(plan.release_residuals)), plan.cfg, plan.tau, plan.drop_uncond)
+            plan.attention_entropy_queries, tuple(sorted(plan.release_residuals)), plan.cfg, plan.tau, plan.drop_uncond, kv)
 
 
 def group_by_plan(plans: Sequence[ScalePlan]) -> list[list[int]]:
@@ -90,7 +91,9 @@ def merge_plans(plans: Sequence[ScalePlan], cfg_rows: bool) -> ScalePlan:
         if bp.keep is not None:
             bp = dataclasses.replace(bp, keep=_merge_keep([p.blocks[bi].keep for p in plans], cfg_rows))
         blocks[bi] = bp
-    return dataclasses.replace(first, blocks=blocks)
+    kv = {bi: (dataclasses.replace(kb, keep=_merge_keep([p.kv[bi].keep for p in plans], cfg_rows)) if kb.keep is not None else kb)
+          for bi, kb in first.kv.items()}
+    return dataclasses.replace(first, blocks=blocks, kv=kv)
 
 
 def select_signals(sig: ScaleSignals, image: int, batch: int) -> ScaleSignals:

@@ -298,6 +298,9 @@ class StandInPolicy:
     def no_effect_reason(self):
         return self.inner.no_effect_reason()
 
+    def kv_capacity(self):
+        return self.inner.kv_capacity()
+
     def reset(self, ctx):
         with unset_fake_temporarily():
             self.inner.reset(dataclasses.replace(ctx, device="cpu"))
@@ -307,7 +310,9 @@ class StandInPolicy:
             plan = self.inner.plan(si)
         blocks = {bi: (bp if bp.keep is None else dataclasses.replace(bp, keep=self.fc.mode.from_tensor(bp.keep)))
                   for bi, bp in plan.blocks.items()}
-        return dataclasses.replace(plan, blocks=blocks)
+        kv = {bi: (kb if kb.keep is None else dataclasses.replace(kb, keep=self.fc.mode.from_tensor(kb.keep)))
+              for bi, kb in plan.kv.items()}
+        return dataclasses.replace(plan, blocks=blocks, kv=kv)
 
     def _standin(self, t: Optional[torch.Tensor], hi: float, n: Optional[int] = None) -> Optional[torch.Tensor]:
         if t is None:
@@ -378,7 +383,8 @@ class _MemoFullBlock:
 
     def __call__(self, state, si, bi, x):
         led = self.led
-        key = (si, tuple(x.shape), x.dtype, state.rows, state.kv.len[bi], state.kv.kv[bi] is None)
+        key = (si, tuple(x.shape), x.dtype, state.rows, state.kv.len[bi], state.kv.kv[bi] is None,
+               state.kv.capacities[bi])   # with the length: whether its append stages (KV budgets)
         seen = self.memo.get(key)
         if seen is None or seen[0] < 2:
             now0, outer_peak, ops0 = led.now, led.peak, led.ops[si]

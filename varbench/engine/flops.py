@@ -8,6 +8,7 @@ Counted per scale from its trace entry (rows = 2B with CFG, executed tokens per 
   FFN             2*2*rows*n_q*C*hidden
   head            2*rows*L*C*(2d)      next-scale word embedding 2*B*L*d*C
   entropy signal  2*rows*n_ent*n_kv*C (the extra score pass for requested attention entropies)
+  KV selection    2*rows*n_sel*(C^2 + n_kv*C) (a KV budget's raw queries and their scores, ScaleKV)
 Per generation (`text_flops`): the pooled SOS, the text projection for cross-attention and each
 block's text K/V projection (computed once per generation by this runtime). Norms, RoPE,
 softmax exponentials and AdaLN vectors are not counted: they are O(L*C), not O(L*C^2).
@@ -39,6 +40,8 @@ def scale_flops(cfg, tr: dict) -> float:
         total += 2 * rows * b["ca"] * c * c * 2 + 4 * b["ca"] * text * c
         total += 4 * rows * b["ffn"] * c * hid
         total += 2 * rows * b.get("ent_q", 0) * b["kv"] * c
+        # a KV budget's selection: raw q projection of its queries and their scores over the cache
+        total += 2 * rows * b.get("kv_sel_q", 0) * (c * c + b["kv"] * c)
     total += 2 * rows * n * c * 2 * d
     if tr["si"] > 0:
         total += 2 * tr["batch"] * n * d * c
@@ -108,9 +111,18 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
                 if bi in plan.attention_entropy_for:
                     q = c["sa"]
                     c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
+                kb = plan.kv.get(bi)
+                if kb is not None:   # as GenState.apply_kv_budget decides it
+                    c["kv_kept"] = kv[bi]
+                    if kv[bi] > kb.n_keep:
+                        if kb.selector is not None:
+                            c["kv_sel_q"] = kb.sel_queries
+                        kv[bi] = c["kv_kept"] = kb.n_keep
+                        c["kv_evicted"] = True
             blocks.append(c)
         out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
-                    "text_tokens": text_tokens[rows], "blocks": blocks, "neutral": is_neutral(plan)})
+                    "text_tokens": text_tokens[rows], "blocks": blocks,
+                    "neutral": is_neutral(plan) and not any(b.get("kv_evicted") for b in blocks)})
     return out
 
 

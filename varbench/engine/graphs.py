@@ -64,7 +64,7 @@ class StepGraphs:
                 graph, out = self.capture(state, lambda: state.core(si, plan, cfg, tau, top_k, top_p))
             except Exception as err:  # noqa: BLE001 - any capture failure: degrade to eager, don't die
                 # a capture runs nothing on the device: undo its host-side effects and run the step eagerly
-                state.kv.len = kv_len
+                state.kv.len, state.kv.staged = kv_len, None
                 for g, st in zip(state.generators, rng):
                     g.set_state(st)
                 state.graphs = None
@@ -94,7 +94,8 @@ class StepGraphs:
 
     def key(self, state: GenState, si: int, plan: ScalePlan, cfg, tau, top_k, top_p) -> Optional[tuple]:
         """Everything a captured step bakes in: the plan's shape (not its kept indices, which are
-        copied into static buffers), the KV lengths, and the addresses of the residuals it may read.
+        copied into static buffers), its KV budgets (with the KV lengths they decide whether a block
+        evicts), the KV lengths, and the addresses of the residuals it may read.
         None (run eagerly): the plan has a selector that is not a dataclass (no stable signature), or
         residuals of an eager step are alive (a graph would read their soon-freed memory)."""
         blocks = []
@@ -106,12 +107,17 @@ class StepGraphs:
                 sel = (type(bp.selector).__qualname__, dataclasses.astuple(bp.selector))
             blocks.append((bi, bp.mode, bp.n_keep, tuple(bp.sublayers), bp.fill, bp.cache_from, bp.prune_kv,
                            None if bp.keep is None else tuple(bp.keep.shape), sel))
+        kv = []
+        for bi, kb in sorted(plan.kv.items()):
+            if kb.keep is not None or not dataclasses.is_dataclass(kb.selector):
+                return None   # fixed positions (a forced test selection) or an opaque selector: eager
+            kv.append((bi, kb.n_keep, kb.sel_queries, type(kb.selector).__qualname__, dataclasses.astuple(kb.selector)))
         residuals = tuple((src, k, t.data_ptr()) for src, d in sorted(state.residuals.items()) for k, t in sorted(d.items()))
         if any(ptr not in self.static_ptrs for *_, ptr in residuals):
             return None  # residuals from an eager step live in memory a graph must not hold on to
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
                 plan.attention_entropy_queries, plan.attention_entropy_sampling, state.rows, tuple(state.kv.len), residuals,
-                cfg, tau, top_k, top_p)
+                cfg, tau, top_k, top_p, tuple(kv))
 
     def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
         """The plan with every `keep` copied into a buffer that lives as long as this state."""

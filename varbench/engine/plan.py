@@ -36,6 +36,67 @@ class SelectorContext:
 Selector = Callable[[torch.Tensor, SelectorContext], torch.Tensor]
 
 
+@dataclasses.dataclass(frozen=True)
+class KVSelectContext:
+    """What a KV selector sees of one block's self-attention at one scale (`KVBudget`).
+
+    keys:        (rows, H, L, c) the block's cached keys after this scale's append (earlier scales'
+                 kept positions, then this scale's), as self-attention just read them (post-RoPE,
+                 in the cache's dtype);
+    query_proj:  positions (m,) long of this scale's h*w grid -> (rows, H, m, c) the raw query
+                 projection x_mod @ W_q^T of those tokens (no q bias, no cosine normalisation, no
+                 RoPE), in the block weights' dtype; computed on demand, only for the asked positions;
+    appended:    None when this scale appended all h*w tokens in grid order (the last h*w cache
+                 positions are this scale's grid); else (rows, m) the grid positions of the m tokens
+                 it appended (pruned K/V), or an empty (rows, 0) tensor (a skipped block).
+    """
+
+    scale: int
+    block: int
+    h: int
+    w: int
+    n_keep: int
+    batch: int
+    cfg_rows: bool
+    keys: torch.Tensor
+    query_proj: Callable[[torch.Tensor], torch.Tensor]
+    appended: Optional[torch.Tensor]
+
+
+#: A KV selector returns the cache positions a block keeps, (rows, H, n_keep) long, ascending per
+#: (row, head). It runs inside the scale step: no host reads, shapes from (n_keep, L) only.
+KVSelector = Callable[[KVSelectContext], torch.Tensor]
+
+
+@dataclasses.dataclass
+class KVBudget:
+    """How many cached K/V positions one block keeps after its self-attention at one scale.
+
+    The runtime applies it right after the block ran at this scale (its attention read the whole
+    cache, this scale's K/V included): when the block holds more than `n_keep` positions, the
+    cache is compacted to the `n_keep` chosen positions per (row, head) and the others are gone for
+    good (later scales never see them); when it holds `n_keep` or fewer, nothing is evicted.
+    `n_keep` is static, so every (scale, plan, KV lengths) has static shapes (CUDA graphs).
+
+    keep:      fixed positions (rows, H, n_keep), ascending (tests: a forced selection); or
+    selector:  a `KVSelector` called on the block's cache. Exactly one of the two.
+    sel_queries: how many raw query projections the selector computes (for the FLOPs count).
+    """
+
+    n_keep: int
+    keep: Optional[torch.Tensor] = None
+    selector: Optional[KVSelector] = None
+    sel_queries: int = 0
+
+    def validate(self) -> None:
+        if (self.keep is None) == (self.selector is None):
+            raise ValueError("A KVBudget needs exactly one of `keep` (positions) or `selector`.")
+        if self.n_keep < 1:
+            raise ValueError(f"KVBudget.n_keep={self.n_keep} must be >= 1 (a block cannot attend to nothing).")
+        if self.keep is not None and self.keep.shape[-1] != self.n_keep:
+            raise ValueError(f"KVBudget.keep has {self.keep.shape[-1]} positions but n_keep={self.n_keep}.")
+
+
 @dataclasses.dataclass
 class BlockPlan:
     """How one transformer block runs at one scale.
@@ -107,6 +168,9 @@ class ScalePlan:
     cfg / tau:      override the configured guidance scale / temperature at this scale.
     drop_uncond:    run only the conditional rows at this scale (logits become cond-only); the
                     unconditional K/V are not extended at this scale (SkipVAR-style).
+    kv:             {block index: KVBudget}: after this scale's self-attention the block keeps at most
+                    that many cached positions (ScaleKV); absent blocks keep everything. Blocks
+                    skipped at this scale evict nothing.
     """
 
     run: bool = True
@@ -119,6 +183,7 @@ class ScalePlan:
     cfg: Optional[float] = None
     tau: Optional[float] = None
     drop_uncond: bool = False
+    kv: dict[int, KVBudget] = dataclasses.field(default_factory=dict)
 
 
 def entropy_query_pick(n: int, k: int, scale: int, sampling: str, device) -> torch.Tensor:
@@ -202,7 +267,9 @@ class GenerationContext:
 def is_neutral(plan: ScalePlan) -> bool:
     """True if the plan changes nothing the model computes: every scale runs, every block in full,
     no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
-    only observe, so they do not count.)"""
+    only observe, so they do not count.) KV budgets do not count here either: whether one evicts
+    depends on the cache length at run time, so the runtime marks a scale whose budget evicted
+    something as not neutral itself (trace `neutral`)."""
     return (
         plan.run
         and all(bp.mode == "full" for bp in plan.blocks.values())

@@ -72,6 +72,15 @@ class Policy(abc.ABC):
         """What this policy did to the last generation (goes into the per-image trace)."""
         return {}
 
+    def kv_capacity(self) -> Optional[Sequence[int]]:
+        """Per block, the most K/V positions it keeps BETWEEN scales in this generation (after its
+        evictions; read after `reset`), when the policy's plans carry KV budgets (`ScalePlan.kv`):
+        the runtime then allocates each block's own cache at that size, plus one staging buffer
+        shared by the blocks for the scales whose kept positions and new tokens overflow it
+        (`varbench.engine.state.KVCache`), so the budget saves memory that is never allocated.
+        None (the default): every block holds the whole schedule, no staging buffer."""
+        return None
+
     def no_effect_reason(self) -> Optional[str]:
         """Why this policy's plans for the last generation changed nothing, in one line that names
         the policy (e.g. ``"fastvar: no schedule width in 32/40/48/64 at h/w 1.25 (1M)"``); None

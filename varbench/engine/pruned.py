@@ -67,6 +67,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         rot = qkv_rope(bc, xin, table)
         counts["qkv"] = n
     kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype)
+    state.kv_appended = idx if (idx is not None and bp.prune_kv) else None   # for a KV budget's selector
     q = rot[0]
     if idx is not None and not bp.prune_kv:  # every token gives K/V, kept tokens query
         q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))

@@ -45,7 +45,7 @@ from varbench.engine.models.schedules import nearest_template, rope_reference_gr
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.state import GenState
+from varbench.engine.state import GenState, kv_cache_bytes, kv_staging_capacity
 
 log = logging.getLogger("varbench.engine.runtime")
 
@@ -68,6 +68,11 @@ class GenerationOutput:
     image_stats: list[dict] = dataclasses.field(default_factory=list)         # per image: its policy's stats
     no_effect_reasons: list[Optional[str]] = dataclasses.field(default_factory=list)  # per image: why its
                                             # policy changed nothing (every plan neutral), else None
+    kv_bytes: list[dict] = dataclasses.field(default_factory=list)  # per scale, after it ran: the batch's KV
+                                            # cache {"allocated", "used"} bytes (`KVCache.nbytes`, summed
+                                            # over sub-batches; allocated includes the staging buffer of
+                                            # KV budgets); "allocated" is the same at every scale once each
+                                            # block has appended (buffers are preallocated)
 
 
 class _Timer:
@@ -226,7 +231,7 @@ class InfinityRuntime:
         policies = [policy.fork() for _ in range(batch)] if per_image else [policy]
         for p in policies:
             p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
-        root = self._state(ctx, text, negative, sched, h_div_w, seeds)
+        root = self._state(ctx, text, negative, sched, h_div_w, seeds, _kv_capacity(policies, ctx))
         tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
         image_tokens = [root.image_text_tokens(i) for i in range(batch)]
         groups = [(list(range(batch)), root)]
@@ -279,6 +284,8 @@ class InfinityRuntime:
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
             policy_stats={"per_image": image_stats} if per_image else image_stats[0],
             image_traces=image_traces, image_flops=per_image_flops, image_stats=image_stats, no_effect_reasons=reasons,
+            kv_bytes=[{k: sum(d[k] for d in {id(st.kv_bytes[si]): st.kv_bytes[si] for _, st in groups}.values())
+                       for k in ("allocated", "used")} for si in range(n_scales)],
         )
 
     def _per_image_step(self, si, groups, policies, cfgs, taus, top_k, top_p):
@@ -300,20 +307,22 @@ class InfinityRuntime:
                 out.append((members, sub))
         return out
 
-    def _state(self, ctx, text, negative, sched, h_div_w, seeds) -> GenState:
+    def _state(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity=None) -> GenState:
         """A fresh generation state; in graph mode the one of the previous call with the same shapes,
-        refilled in place (its tensors are what the captured graphs read and write)."""
+        refilled in place (its tensors are what the captured graphs read and write).
+        `kv_capacity`: per-block KV capacities (None: the whole schedule)."""
         if not self.cuda_graphs:
-            return GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+            return GenState(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity)
         key = (ctx, tuple(text.features.shape), tuple(text.lens), None if negative is None else
-               (tuple(negative.features.shape), tuple(negative.lens)), nearest_template(h_div_w))
+               (tuple(negative.features.shape), tuple(negative.lens)), nearest_template(h_div_w),
+               None if kv_capacity is None else tuple(kv_capacity))
         state = self._graph_states.get(key)
         if state is None:
             # each state holds a whole KV cache: keep only the newest (a new prompt length or batch
             # size starts over eagerly; the timed pass repeats one shape and replays)
             while len(self._graph_states) >= self.max_graph_states:
                 self._graph_states.pop(next(iter(self._graph_states)))
-            state = self._graph_states[key] = GenState(self, ctx, text, negative, sched, h_div_w, seeds)
+            state = self._graph_states[key] = GenState(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity)
             state.graphs = StepGraphs(self)
         else:
             state.restart(text, negative, seeds)
@@ -331,6 +340,37 @@ class InfinityRuntime:
                          for c in summed_codes.split(1)])
         img = ((img + 1) / 2).clamp_(0, 1)
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
+
+
+def _kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional[list[int]]:
+    """Per-block KV capacities between scales for this generation: the largest any (reset) policy
+    asks for (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the
+    baseline: every block holds the whole schedule and no staging buffer is allocated). The state
+    sizes its staging buffer from these (`varbench.engine.state.kv_staging_capacity`)."""
+    full = sum(h * w for h, w in ctx.schedule)
+    asked = [c for p in policies if (c := getattr(p, "kv_capacity", lambda: None)()) is not None]
+    if not asked:
+        return None
+    for c in asked:
+        if len(c) != ctx.depth:
+            raise ValueError(f"a policy's kv_capacity() gave {len(c)} capacities for a {ctx.depth}-block model")
+    return [min(full, max(int(c[bi]) for c in asked)) for bi in range(ctx.depth)]
+
+
+def analytic_kv_bytes(policy: Optional[Policy], ctx: GenerationContext, itemsize: int = 2) -> int:
+    """The KV-cache bytes a generation of `ctx` under `policy` (reset here for ctx; None: the
+    baseline) allocates, without running it: the per-block capacities the runtime would take
+    (`_kv_capacity`), the staging buffer they need (`kv_staging_capacity`), `kv_cache_bytes`.
+    A run's `GenerationOutput.kv_bytes[-1]["allocated"]` equals it (one policy for the batch, rows
+    as at scale 0; tested on the tiny model). itemsize 2: bf16 K/V (a bf16 run), 4: an fp32 run."""
+    policies = []
+    if policy is not None:
+        policy.reset(ctx)
+        policies.append(policy)
+    caps = _kv_capacity(policies, ctx)
+    full = sum(h * w for h, w in ctx.schedule)
+    return kv_cache_bytes([full] * ctx.depth if caps is None else caps, ctx.rows, ctx.num_heads,
+                          ctx.embed_dim // ctx.num_heads, itemsize, kv_staging_capacity(caps, ctx.schedule))
 
 
 def _per_scale(v, n: int, name: str) -> list[float]:

@@ -36,46 +36,185 @@ from varbench.engine.block_step import BlockConsts, cross_attention, ffn, modula
 from varbench.engine.models.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
 from varbench.engine.models.infinity import CrossAttnBlock, key_runs
 from varbench.engine.models.text import TextBatch
-from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, is_neutral
+from varbench.engine.plan import BlockPlan, GenerationContext, KVBudget, KVSelectContext, ScalePlan, ScaleSignals, is_neutral
 from varbench.engine.sampling import bit_entropy, guided_logits, sample_bits
 
 _FULL = BlockPlan()
 
 
 class KVCache:
-    """Per-block K/V buffers (2, rows, H, capacity, c) preallocated for the whole schedule; blocks may
-    hold different lengths (pruned K/V, skipped blocks). Static capacity keeps each step's shapes static."""
+    """Per-block K/V buffers (2, rows, H, capacity_b, c), preallocated at block b's first append;
+    blocks may hold different lengths (pruned K/V, skipped blocks, KV budgets). Static capacities
+    keep each step's shapes static.
 
-    def __init__(self, depth: int, capacity: int):
+    capacity: one int (every block holds the whole schedule, the baseline) or one per block (a plan
+    with KV budgets: the most positions block b holds BETWEEN scales, after its evictions,
+    `Policy.kv_capacity`), so a budget's saving is memory actually not allocated.
+
+    staging: 0 (the baseline: no staging buffer) or the positions of one buffer (2, rows, H, staging,
+    c) shared by every block (`kv_staging_capacity`). A block whose append would overflow its own
+    buffer (its kept positions plus this scale's tokens) copies what it holds into the staging
+    buffer, appends there, attends there, and its KV budget then gathers the kept positions back
+    into its own buffer (`evict`; `settle` checks nothing is left there). Blocks run one after
+    another, so one staging buffer serves them all: only one block at a time holds a whole scale.
+    That is what makes a budget's memory the budget's size (ScaleKV: ~10% of the full cache) and
+    not kept + the last scale's tokens in every block. The cost: one copy of the kept positions
+    per staged (scale, block).
+
+    Measuring (`nbytes`, `block_nbytes`, `staging_nbytes`): allocated = the buffers as allocated
+    (every row, the whole capacity; the staging buffer's included in `nbytes`); used = the
+    positions held now, over the rows in use, in the blocks' own buffers (between steps the staging
+    buffer holds nothing that is read again). Heads hold the same count of positions (a budget keeps
+    n_keep per row and head), so used = 2 * rows * H * len * c * itemsize.
+    """
+
+    def __init__(self, depth: int, capacity, staging: int = 0):
         self.full: list[Optional[torch.Tensor]] = [None] * depth   # all rows, as allocated
         self.kv: list[Optional[torch.Tensor]] = [None] * depth     # the rows in use
         self.len = [0] * depth
-        self.capacity = capacity
+        caps = [int(capacity)] * depth if isinstance(capacity, int) else [int(c) for c in capacity]
+        if len(caps) != depth:
+            raise ValueError(f"KVCache: {len(caps)} capacities for {depth} blocks")
+        self.capacities = caps
+        self.staging_capacity = int(staging)
+        self.stage_full: Optional[torch.Tensor] = None   # the staging buffer, all rows, as allocated
+        self.stage: Optional[torch.Tensor] = None        # its rows in use
+        self.staged: Optional[int] = None                # the block whose K/V lie in the staging buffer now
+        self.staged_from = 0                             # that block's own length before its append
+
+    @property
+    def capacity(self) -> int:
+        """The largest block capacity (all of them, without KV budgets)."""
+        return max(self.capacities)
 
     def restart(self) -> None:
         """Empty, keeping the buffers (graph mode: captured steps write to these addresses)."""
         self.kv, self.len = list(self.full), [0] * len(self.len)
+        self.stage, self.staged = self.stage_full, None
 
     def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c)."""
+        """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c): views of its own
+        buffer, or of the staging buffer when its own cannot hold them (then `evict` or `settle`
+        must follow before the next block appends)."""
         if self.kv[bi] is None:
             two, rows, heads, _, c = kv.shape
-            self.kv[bi] = self.full[bi] = kv.new_empty((2, rows, heads, self.capacity, c), dtype=dtype)
+            self.kv[bi] = self.full[bi] = kv.new_empty((2, rows, heads, self.capacities[bi], c), dtype=dtype)
+        if self.stage is None and self.staging_capacity:   # with the first buffer: allocated is static from then on
+            two, rows, heads, _, c = self.kv[bi].shape
+            self.stage = self.stage_full = kv.new_empty((2, rows, heads, self.staging_capacity, c), dtype=dtype)
+        if self.staged is not None:
+            raise RuntimeError(f"KV cache: block {self.staged} still holds the staging buffer (no evict/settle after its step)")
         buf, start = self.kv[bi], self.len[bi]
-        self.len[bi] = end = start + kv.shape[3]
-        buf.narrow(3, start, kv.shape[3]).copy_(kv)
-        return buf.narrow(3, 0, end).unbind(0)
+        end = start + kv.shape[3]
+        if end <= self.capacities[bi]:
+            self.len[bi] = end
+            buf.narrow(3, start, kv.shape[3]).copy_(kv)
+            return buf.narrow(3, 0, end).unbind(0)
+        if end > self.staging_capacity:
+            raise ValueError(f"KV cache of block {bi} holds {self.capacities[bi]} positions (staging buffer: "
+                             f"{self.staging_capacity}) but this scale needs {end}: the policy's kv_capacity() is "
+                             "smaller than what its plans keep (a policy bug)")
+        st = self.stage
+        st.narrow(3, 0, start).copy_(buf.narrow(3, 0, start))
+        st.narrow(3, start, kv.shape[3]).copy_(kv)
+        self.staged, self.staged_from, self.len[bi] = bi, start, end
+        return st.narrow(3, 0, end).unbind(0)
+
+    def held(self, bi: int) -> torch.Tensor:
+        """Block bi's K/V held now, (2, rows, H, len, c): in the staging buffer after a staged append."""
+        return (self.stage if self.staged == bi else self.kv[bi]).narrow(3, 0, self.len[bi])
+
+    def evict(self, bi: int, keep: torch.Tensor) -> None:
+        """Keep only positions `keep` (rows, H, k), ascending, of block bi's cache: they move to the
+        front of its own buffer in that order, the rest is overwritten later (gone for good). Static
+        shapes: k is the tensor's, the length becomes k. From the staging buffer the kept positions
+        are gathered straight into the own buffer; in place, through one temporary of the kept size."""
+        buf, n = self.kv[bi], self.len[bi]
+        k = keep.shape[-1]
+        if k > self.capacities[bi]:
+            raise ValueError(f"KV budget keeps {k} positions of block {bi} but its cache holds {self.capacities[bi]} "
+                             "between scales: the policy's kv_capacity() is smaller than what its plans keep (a policy bug)")
+        idx = keep.unsqueeze(0).unsqueeze(-1).expand(2, -1, -1, -1, buf.shape[-1])
+        if self.staged == bi:
+            torch.gather(self.stage.narrow(3, 0, n), 3, idx, out=buf.narrow(3, 0, k))
+            self.staged = None
+        else:
+            kept = buf.narrow(3, 0, n).gather(3, idx)
+            buf.narrow(3, 0, k).copy_(kept)
+        self.len[bi] = k
+
+    def settle(self, bi: int, last: bool) -> None:
+        """After block bi's step (and its budget's `evict`, if any): a block still in the staging buffer
+        holds more than its own buffer can. After the last scale nothing reads the cache again, so it
+        keeps what its own buffer held (this scale's K/V were read and are dropped); before, that is
+        a policy whose kv_capacity() is smaller than what its plans keep."""
+        if self.staged != bi:
+            return
+        if not last:
+            raise ValueError(f"KV cache of block {bi} holds {self.capacities[bi]} positions between scales but keeps "
+                             f"{self.len[bi]} after this scale: the policy's kv_capacity() is smaller than what its "
+                             "plans keep (a policy bug)")
+        self.len[bi], self.staged = self.staged_from, None
+
+    def block_nbytes(self, bi: int) -> tuple[int, int]:
+        """(allocated, used) bytes of block bi's own K/V buffer (0, 0 before its first append)."""
+        full, cur = self.full[bi], self.kv[bi]
+        if full is None:
+            return 0, 0
+        _, rows, heads, _, c = cur.shape
+        return full.numel() * full.element_size(), 2 * rows * heads * self.len[bi] * c * full.element_size()
+
+    def staging_nbytes(self) -> tuple[int, int]:
+        """(allocated, used) bytes of the staging buffer (0, 0 without one, or before the first append);
+        used is 0: between steps it holds nothing that is read again."""
+        return (0, 0) if self.stage_full is None else (self.stage_full.numel() * self.stage_full.element_size(), 0)
+
+    def nbytes(self) -> dict[str, int]:
+        """{"allocated", "used"}: bytes of every block's K/V buffer and of the staging buffer as
+        allocated, and of the positions held now over the rows in use (see the class docstring)."""
+        pairs = [self.block_nbytes(bi) for bi in range(len(self.len))] + [self.staging_nbytes()]
+        return {"allocated": sum(a for a, _ in pairs), "used": sum(u for _, u in pairs)}
 
     def view(self, rows) -> "KVCache":
         """A cache over `rows(buffer)` of every block's rows in use (views: appends write into this
-        cache's memory), with the same capacity and lengths."""
-        new = KVCache(len(self.len), self.capacity)
+        cache's memory), with the same capacities and lengths. The staging buffer is viewed too (the
+        parts of a split batch run one after another and share it)."""
+        new = KVCache(len(self.len), self.capacities, self.staging_capacity)
         new.kv = [None if t is None else rows(t) for t in self.kv]
         new.full, new.len = list(new.kv), list(self.len)
+        if self.stage is not None:
+            new.stage = new.stage_full = rows(self.stage)
         return new
 
     def drop_uncond(self, batch: int) -> None:
         self.kv = [None if t is None else t[:, :batch] for t in self.kv]
+        if self.stage is not None:
+            self.stage = self.stage[:, :batch]
+
+
+def kv_staging_capacity(capacities: Optional[Sequence[int]], schedule: Sequence[tuple[int, int]]) -> int:
+    """The positions of `KVCache`'s staging buffer for blocks of these (between-scale) capacities on
+    this schedule: the most any block can hold during a scale beyond its own buffer. Block b enters
+    scale si holding at most min(cap_b, tokens before si) and appends at most h*w, so it holds at most
+    min(cap_b + h*w, tokens through si); it stages where that exceeds cap_b. 0 when no block ever
+    does (None: the baseline, every block holds the whole schedule)."""
+    if capacities is None:
+        return 0
+    need, cum = 0, 0
+    for h, w in schedule:
+        cum += h * w
+        for cap in capacities:
+            if cum > cap:
+                need = max(need, min(int(cap) + h * w, cum))
+    return need
+
+
+def kv_cache_bytes(capacities: Sequence[int], rows: int, heads: int, head_dim: int, itemsize: int,
+                   staging: int = 0) -> int:
+    """The bytes `KVCache` allocates for blocks of these capacities and a staging buffer of `staging`
+    positions (`kv_staging_capacity`; 0: none). Analytic: 2 * rows * H * positions * c * itemsize per
+    buffer; bf16 runs hold bf16 K/V, itemsize 2."""
+    return sum(2 * rows * heads * int(cap) * head_dim * itemsize for cap in [*capacities, staging])
 
 
 @dataclasses.dataclass
@@ -132,14 +271,20 @@ class GenState:
     steps; the runtime sets it on the whole-batch states it keeps for graph mode."""
 
     def __init__(self, rt, ctx: GenerationContext, text: TextBatch, negative: Optional[TextBatch],
-                 sched: list[tuple[int, int]], h_div_w: float, seeds: Sequence[int]):
+                 sched: list[tuple[int, int]], h_div_w: float, seeds: Sequence[int],
+                 kv_capacity: Optional[Sequence[int]] = None):
+        """`kv_capacity`: per-block KV capacities between scales (`Policy.kv_capacity`), with a staging
+        buffer for the scales that overflow them (`KVCache`); None: the whole schedule, no staging."""
         self.rt, self.m, self.ctx, self.sched = rt, rt.model, ctx, sched
         self.batch = ctx.batch
         self.rows = self.rows0 = ctx.rows
         self.ca_text, self.ca_mask, self.cond, self.shared_gss = _condition(rt, text, negative, ctx.cfg_rows)
         self.blocks: list[CrossAttnBlock] = self.m.blocks
         self._build_text_consts()
-        self.kv = KVCache(len(self.blocks), sum(h * w for h, w in sched))
+        self.kv_capacity = None if kv_capacity is None else [int(c) for c in kv_capacity]
+        self.kv = KVCache(len(self.blocks), sum(h * w for h, w in sched) if kv_capacity is None else self.kv_capacity,
+                          kv_staging_capacity(self.kv_capacity, sched))
+        self.kv_appended: Optional[torch.Tensor] = None   # set by a planned block: grid positions it appended
         self.kv_dtype = torch.float32 if rt.dtype == torch.float32 else torch.bfloat16
         self.rope = [rt.rope_qkv(hw, h_div_w) for hw in sched]
         self.patch = 2 if rt.cfg.patchify else 1
@@ -152,6 +297,8 @@ class GenState:
         self.bits: list[Optional[torch.Tensor]] = []
         self.entropies: list[Optional[torch.Tensor]] = []
         self.trace: list[dict] = []
+        #: per scale, after it ran: {"allocated", "used"} bytes of this state's KV cache (`KVCache.nbytes`)
+        self.kv_bytes: list[dict[str, int]] = []
         self.dropped_uncond = False
         self.consts_full = self.consts
         self.h_div_w = h_div_w
@@ -225,12 +372,13 @@ class GenState:
         sub.bits = [None if t is None else t.index_select(0, idx) for t in self.bits]
         sub.entropies = [None if t is None else t.index_select(0, idx) for t in self.entropies]
         sub.trace = list(self.trace)          # the entries so far are shared (they ran for these images too)
+        sub.kv_bytes = list(self.kv_bytes)
         sub.graphs = None
         return sub
 
     def restart(self, text: TextBatch, negative: Optional[TextBatch], seeds: Sequence[int]) -> None:
         """Graph mode: begin a new generation in the same tensors (captured steps read their addresses)."""
-        fresh = GenState(self.rt, self.ctx, text, negative, self.sched, self.h_div_w, seeds)
+        fresh = GenState(self.rt, self.ctx, text, negative, self.sched, self.h_div_w, seeds, self.kv_capacity)
         for old, new in zip(self.consts_full, fresh.consts):
             for name in BlockConsts.PER_PROMPT:
                 getattr(old, name).copy_(getattr(new, name))
@@ -242,7 +390,7 @@ class GenState:
         self.text_tokens = fresh.text_tokens
         self.consts, self.rows, self.dropped_uncond = self.consts_full, self.rows0, False
         self.kv.restart()
-        self.residuals, self.bits, self.entropies, self.trace = {}, [], [], []
+        self.residuals, self.bits, self.entropies, self.trace, self.kv_bytes = {}, [], [], [], []
 
     # -------------------------------------------------------------- one scale
     def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> Optional[ScaleSignals]:
@@ -253,6 +401,7 @@ class GenState:
         if not plan.run:
             self.bits.append(None)
             self.entropies.append(None)
+            self.kv_bytes.append(self.kv.nbytes())
             self.trace.append({"si": si, "h": h, "w": w, "ran": False, "rows": 0, "batch": self.batch, "tokens": n, "blocks": [],
                                "neutral": False})
             return None
@@ -267,6 +416,10 @@ class GenState:
             if not 0 <= bi < len(self.blocks):
                 raise ValueError(f"plan for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
             bp.validate(n)
+        for bi, kb in plan.kv.items():
+            if not 0 <= bi < len(self.blocks):
+                raise ValueError(f"KV budget for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
+            kb.validate()
         out = self.run_core(si, plan, cfg, tau, top_k, top_p)
         if out.residual_store is not None:
             self.residuals[si] = out.residual_store
@@ -276,7 +429,9 @@ class GenState:
         self.bits.append(out.bits)
         self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": self.rows, "batch": self.batch, "tokens": n,
                            "text_tokens": self.text_tokens[self.rows], "blocks": out.counts,
-                           "neutral": is_neutral(plan)})   # the image is what the released model makes (varbench.engine.effect)
+                           # the image is what the released model makes (varbench.engine.effect)
+                           "neutral": is_neutral(plan) and not any(c.get("kv_evicted") for c in out.counts)})
+        self.kv_bytes.append(self.kv.nbytes())   # after this scale (and its evictions)
         cfg_active = self.rows == 2 * self.batch
         d = out.guided.shape[-1] // 2
         return ScaleSignals(
@@ -305,13 +460,20 @@ class GenState:
         for bi in range(len(self.blocks)):
             bp = plan.blocks.get(bi, _FULL)
             counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
+            x_in, appended = x, None
             if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for:
                 x = self.full_block(si, bi, x)
                 counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
             elif bp.mode != "skip":
+                self.kv_appended = None
                 x = pruned.planned_block(self, si, bi, x, bp, counts, residual_store,
                                          bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx,
                                          plan.attention_entropy_sampling)
+                appended = self.kv_appended
+            budget = plan.kv.get(bi)
+            if budget is not None and bp.mode != "skip":
+                self.apply_kv_budget(si, bi, x_in, budget, appended, counts)
+            self.kv.settle(bi, si == len(self.sched) - 1)   # nothing of this block left in the staging buffer
             counts_all.append(counts)
         logits = self.m.logits(x, self.cond[:self.rows])
         guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
@@ -319,6 +481,40 @@ class GenState:
         entropy = bit_entropy(guided)
         self._accumulate(si, bits)
         return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store)
+
+    def apply_kv_budget(self, si: int, bi: int, x_in: torch.Tensor, budget: KVBudget,
+                        appended: Optional[torch.Tensor], counts: dict) -> None:
+        """After block bi ran at scale si on input `x_in`: when it holds more than `budget.n_keep`
+        positions, keep the budget's (fixed or selected) positions and evict the rest (a host
+        decision on host lengths, so the step's shapes stay static). Records `kv_kept` (positions
+        held after), `kv_evicted` and `kv_sel_q` (raw queries the selector computed) in `counts`."""
+        n_held = self.kv.len[bi]
+        counts["kv_kept"] = n_held
+        if n_held <= budget.n_keep:
+            return
+        if budget.keep is not None:
+            keep = budget.keep.to(x_in.device)
+        else:
+            bc = self.consts[bi]
+            h, w = self.sched[si]
+            rows, _, C = x_in.shape
+
+            def query_proj(pos: torch.Tensor) -> torch.Tensor:
+                """The raw query projection (x_mod @ W_q^T, no bias) of grid positions `pos`."""
+                xm = modulated_norm(x_in.index_select(1, pos), bc.scale1, bc.shift1, bc.eps)
+                q = torch.matmul(xm.to(bc.wdtype), bc.w_qkv[:, :, :C])
+                return q.view(rows, pos.shape[0], bc.heads, -1).transpose(1, 2)
+
+            k = self.kv.held(bi)[0]   # its own buffer, or the staging buffer its append overflowed into
+            keep = budget.selector(KVSelectContext(scale=si, block=bi, h=h, w=w, n_keep=budget.n_keep, batch=self.batch,
+                                                   cfg_rows=rows == 2 * self.batch, keys=k, query_proj=query_proj,
+                                                   appended=appended))
+            counts["kv_sel_q"] = budget.sel_queries
+        if keep.shape[0] != self.rows:
+            keep = keep[: self.rows] if keep.shape[0] > self.rows else keep.repeat(self.rows // keep.shape[0], 1, 1)
+        self.kv.evict(bi, keep)
+        counts["kv_kept"] = budget.n_keep
+        counts["kv_evicted"] = True
 
     def _scale_input(self, si: int) -> torch.Tensor:
         """The residual stream entering scale si: SOS (+ start position) at scale 0, else the word

@@ -14,6 +14,7 @@ REGISTRY = LazyRegistry("method", group=METHODS_GROUP, entries={
     "skip_last": "varbench.policies.skip:SkipLast",
     "skipvar_fixed": "varbench.policies.skip:SkipVARFixed",
     "skipvar": "varbench.policies.skipvar:SkipVAR",
+    "scalekv": "varbench.policies.scalekv:ScaleKV",
     "compose": "varbench.policies.compose:Compose",
 })
 

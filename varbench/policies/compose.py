@@ -6,7 +6,14 @@ Changes: nothing of its own. Each member policy is reset, planned and observed a
          plans merge: a scale runs only if every member runs it; a block skipped by any member is
          skipped; a block pruned by one member is pruned; residual caching and attention-entropy
          requests are unions; guidance/temperature overrides must agree; dropping the
-         unconditional branch by any member drops it.
+         unconditional branch by any member drops it; KV budgets (ScaleKV's `ScalePlan.kv`) are a
+         union by block (two members budgeting the same block at the same scale is refused), and the
+         runtime's per-block KV capacity is the smallest any member asks for (`kv_capacity`).
+Memory x compute: a KV budget (scalekv) composes with FastVAR, NOVA, SkipVAR and the skip
+         baselines: they prune tokens, blocks, rows or scales, which only shortens what a block
+         caches, so the budget's capacity still bounds it. Where a member pruned a scale's K/V
+         (prune_kv), ScaleKV's selection has no guaranteed window keys and keeps the top n_keep
+         of every position by its pooled scores (its card).
 Typical use: NOVA's schedule on top of FastVAR's cache (the NOVA summary hints NOVA was evaluated
          over FastVAR): members [fastvar, nova], conflict "last" (NOVA's per-layer plan wins where
          both prune a block), cache "first" (NOVA's pruned slots are filled from FastVAR's cached
@@ -197,6 +204,14 @@ class Compose(Policy):
                 if bp.mode != "full":
                     cands.setdefault(bi, []).append((i, bp))
         blocks = {bi: self._merge_block(si, bi, c) for bi, c in sorted(cands.items())}
+        kv: dict = {}
+        for i, p in enumerate(plans):
+            for bi, kb in p.kv.items():
+                if bi in kv:
+                    raise ValueError(f"compose: two members ({self.members[kv[bi][0]].name}, {self.members[i].name}) set a KV "
+                                     f"budget for block {bi} at scale {si}; one memory method per block (run them as "
+                                     "separate arms)")
+                kv[bi] = (i, kb)
         att = frozenset().union(*(p.attention_entropy_for for p in plans))
         qs = [p.attention_entropy_queries for p in plans if p.attention_entropy_for]
         queries = None if (not qs or any(q is None for q in qs)) else max(qs)
@@ -208,7 +223,16 @@ class Compose(Policy):
         self._alive -= release
         return ScalePlan(run=True, blocks=blocks, keep_residuals=keep, attention_entropy_for=att,
                          attention_entropy_queries=queries, cfg=overrides["cfg"], tau=overrides["tau"],
-                         drop_uncond=any(p.drop_uncond for p in plans), release_residuals=release)
+                         drop_uncond=any(p.drop_uncond for p in plans), release_residuals=release,
+                         kv={bi: kb for bi, (_, kb) in sorted(kv.items())})
+
+    def kv_capacity(self) -> Optional[list[int]]:
+        """Per block the smallest capacity a member asks for (members without a KV budget ask for
+        none; see the card: the others only shorten what a block caches)."""
+        caps = [c for m in self.members if (c := m.kv_capacity()) is not None]
+        if not caps:
+            return None
+        return [min(int(c[bi]) for c in caps) for bi in range(len(caps[0]))]
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
         for m in self.members:
