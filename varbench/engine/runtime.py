@@ -57,8 +57,9 @@ class GenerationOutput:
     bits: list[Optional[torch.Tensor]]      # per scale (B, h, w, d) int64 on the transformer grid; None if no
                                             # image ran it, -1 in the rows of images that skipped it
     schedule: list[tuple[int, int]]
-    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms (of
-                                            # image 0's sub-batch; `image_traces` has every image's)
+    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms, KV
+                                            # bytes held and in use (of image 0's sub-batch; `image_traces`
+                                            # has every image's)
     flops: dict                             # the batch's {"total", "text", "per_scale": [...]}
     timings_ms: dict                        # {"text", "ar", "decode", "per_scale": [...]}
     policy_stats: dict                      # the policy's stats; per-image decisions at batch > 1: {"per_image": [...]}
@@ -241,6 +242,7 @@ class InfinityRuntime:
             plan = policy.plan(si)
             signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
                                  taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+            _note_kv_bytes(state)
             if signals is not None:
                 policy.observe(si, signals)
         scale_marks.mark()
@@ -294,6 +296,7 @@ class InfinityRuntime:
                 plan = merge_plans([plans[j] for j in part], state.ctx.cfg_rows)
                 signals = sub.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
                                    taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+                _note_kv_bytes(sub)
                 if signals is not None:
                     for k, i in enumerate(members):
                         policies[i].observe(si, select_signals(signals, k, len(members)))
@@ -331,6 +334,12 @@ class InfinityRuntime:
                          for c in summed_codes.split(1)])
         img = ((img + 1) / 2).clamp_(0, 1)
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
+
+
+def _note_kv_bytes(state: GenState) -> None:
+    """The KV cache's bytes after this scale, in its trace entry (`varbench.engine.memory`): the
+    (sub-)batch's buffers as held and the positions in use. From tensor shapes: no device read."""
+    state.trace[-1].update(kv_bytes_allocated=state.kv.bytes_allocated(), kv_bytes_used=state.kv.bytes_used())
 
 
 def _per_scale(v, n: int, name: str) -> list[float]:

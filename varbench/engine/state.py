@@ -68,14 +68,28 @@ class KVCache:
 
     def view(self, rows) -> "KVCache":
         """A cache over `rows(buffer)` of every block's rows in use (views: appends write into this
-        cache's memory), with the same capacity and lengths."""
+        cache's memory), with the same capacity and lengths. Its `full` is `rows` of the buffers as
+        allocated: the same views until `drop_uncond`, after it this part's share of the rows still
+        held (the dropped rows are not permuted by a split, so the share is by count), which
+        `bytes_allocated` counts."""
         new = KVCache(len(self.len), self.capacity)
         new.kv = [None if t is None else rows(t) for t in self.kv]
-        new.full, new.len = list(new.kv), list(self.len)
+        new.full = [None if t is None else rows(t) for t in self.full]
+        new.len = list(self.len)
         return new
 
     def drop_uncond(self, batch: int) -> None:
         self.kv = [None if t is None else t[:, :batch] for t in self.kv]
+
+    # memory accounting (varbench.engine.memory): from shapes only, no device read, safe inside a step
+    def bytes_allocated(self) -> int:
+        """Bytes of the buffers this cache holds (`full`; in a `view`, its rows' share of them)."""
+        return sum(t.numel() * t.element_size() for t in self.full if t is not None)
+
+    def bytes_used(self) -> int:
+        """Bytes of the cached positions attention can read: per block rows in use * `len`."""
+        return sum(t.shape[1] * t.shape[2] * n * t.shape[4] * 2 * t.element_size()
+                   for t, n in zip(self.kv, self.len) if t is not None)
 
 
 @dataclasses.dataclass
