@@ -211,3 +211,39 @@ def test_trace_rows_summarise_into_the_record_block():
     # peaks of different kinds (images made on different devices) are not compared
     rows[1]["memory"]["peak_kind"] = "cuda_max_memory_allocated"
     assert memory_summary(rows, 2, None, "float32")["peak_bytes"] is None
+
+
+def test_fake_cuda_kv_bytes_at_real_shapes_read_no_device_value(monkeypatch):
+    """The CUDA path at Infinity-2B's shapes (depth 2, 1024², bf16, batch 2, CFG) on fake tensors
+    (varbench/engine/fake_cuda.py): the trace's KV bytes equal the analytic model's, the ledger's
+    peak holds at least weights + KV, and the accounting reads no device value even when called
+    inside a step (where a KV-budget seam may call it): a host read there raises HostReadInStep."""
+    from experiments import gpu_dryrun
+    from varbench.engine.fake_cuda import FakeCuda
+
+    real_core = state_mod.GenState.core
+
+    def core(self, *a, **k):
+        before = (self.kv.bytes_allocated(), self.kv.bytes_used())
+        out = real_core(self, *a, **k)
+        assert self.kv.bytes_used() >= before[1]
+        return out
+
+    monkeypatch.setattr(state_mod.GenState, "core", core)
+    with FakeCuda() as fc:
+        rt = fc.runtime("infinity_2b", depth=2)
+        out = fc.generate(rt, gpu_dryrun.make_policy("baseline"), 2)
+        peak = fc.ledger.peak
+        pruned = fc.generate(rt, gpu_dryrun.make_policy("fastvar"), 2)
+    sched = out.schedule
+    tt = {4: out.trace[0]["text_tokens"], 2: out.trace[0]["text_tokens"]}
+    model = kv_plan_bytes(rt.cfg, plan_trace(sched, [ScalePlan()] * len(sched), rt.cfg.depth, 2, True, tt), torch.bfloat16)
+    assert [tr["kv_bytes_used"] for tr in out.trace] == model.used_per_scale
+    # depth 2 x rows 4 x capacity (the 1M schedule's tokens: 1²+2²+4²+6²+8²+12²+16²+20²+24²+32²+40²+48²+64²
+    # = 10521) x K,V x embed_dim 2048 x 2 bytes
+    assert out.trace[-1]["kv_bytes_allocated"] == model.allocated == 2 * 4 * 10521 * 2 * 2048 * 2
+    w = weights_bytes(rt.cfg, torch.bfloat16)
+    assert peak >= model.allocated + w["transformer"] + w["vae"]
+    # FastVAR prunes K/V at the last scales: the same buffers, fewer positions in use
+    assert pruned.trace[-1]["kv_bytes_allocated"] == model.allocated
+    assert max(tr["kv_bytes_used"] for tr in pruned.trace) < model.used_peak
