@@ -247,3 +247,20 @@ def test_fake_cuda_kv_bytes_at_real_shapes_read_no_device_value(monkeypatch):
     # FastVAR prunes K/V at the last scales: the same buffers, fewer positions in use
     assert pruned.trace[-1]["kv_bytes_allocated"] == model.allocated
     assert max(tr["kv_bytes_used"] for tr in pruned.trace) < model.used_peak
+
+
+def test_flops_table_prints_the_analytic_kv_of_2b_and_8b(capsys):
+    """`python -m experiments.flops_table --memory`: the baseline's cache by hand (blocks x 2 rows
+    (CFG) x the 1M schedule's 10521 tokens x K,V x embed_dim x bf16), 8x at batch 8, and FastVAR's
+    pruned K/V in use below it."""
+    from experiments import flops_table
+
+    for model, depth, c in (("infinity_2b", 32, 2048), ("infinity_8b", 40, 3584)):
+        for bs in (1, 8):
+            m = flops_table.method_memory("baseline", model, bs)
+            assert m["kv_allocated"] == m["kv_used_peak"] == depth * 2 * bs * 10521 * 2 * c * 2
+        f = flops_table.method_memory("fastvar", model, 1)
+        assert f["kv_allocated"] == flops_table.method_memory("baseline", model, 1)["kv_allocated"] > f["kv_used_peak"]
+    assert flops_table.main(["--memory", "--methods", "baseline", "fastvar"]) == 0
+    out = capsys.readouterr().out
+    assert "## 2B" in out and "## 8B" in out and "5,516,034,048 B" in out and "96,530,595,840 B" in out
