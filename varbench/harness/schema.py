@@ -103,7 +103,8 @@ class TimingBlock(TypedDict, total=False):
     per_prompt: dict         # {"ar_ms": [...], "total_ms": [...]}: one latency per timed prompt, in sample order
     ar_repeat_spread: Optional[float]   # the method's own repeats: p90 - p10 over their prompt's median, pooled
     images_per_s: Optional[float]
-    peak_mem_bytes: Optional[int]   # CUDA only
+    peak_mem_bytes: Optional[int]   # CUDA only; over the whole pass, so with a paired baseline the higher of the
+                                    # two: the method's own peak is the record's memory.peak_bytes (Memory)
     per_scale_ms: list
     n_prompts: int           # prompts timed
     n_repeats: int           # timed generations of the method (prompts x repeats)
