@@ -31,6 +31,9 @@ Every FLOPs number in the docs comes from here: `--write` regenerates
                                                       write \\| for | inside a markdown table cell)
 
 and `--check` (run by tests/engine/test_flops_docs.py) lists every place that no longer matches.
+
+`--memory` prints the analytic KV cache (varbench/engine/memory.py) of every preset for 2B and 8B
+at batch 1 and 8, from the same plans: the buffers allocated and the most positions in use.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from varbench.engine.flops import plan_trace, scale_flops, text_flops
+from varbench.engine.memory import kv_plan_bytes, weights_bytes
 from varbench.engine.stage_flops import T5_MAX_LENGTH, preset_stage_flops
 from varbench.engine.models.infinity import PRESETS
 from varbench.engine.models.schedules import scale_schedule
@@ -99,8 +103,10 @@ def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int
                         attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=4.0)
 
 
-def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
-                 nova_act: int, topro_D: int) -> tuple[float, dict]:
+def method_trace(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
+                 nova_act: int, topro_D: int) -> tuple[list[dict], dict]:
+    """The trace the runtime would record for the method's plans under the scenario (`plan_trace`),
+    and the policy's stats."""
     cfg = PRESETS[model]
     sched = tuple(scale_schedule(h_div_w, pn))
     ctx = GenerationContext(schedule=sched, depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
@@ -115,9 +121,54 @@ def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, ba
         if p.run:
             pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale))
     tt = {2 * batch: 2 * batch * text_len, batch: batch * text_len}
-    trace = plan_trace(sched, plans, cfg.depth, batch, True, tt)
-    total = text_flops(cfg, tt[2 * batch], 2 * batch) + sum(scale_flops(cfg, tr) for tr in trace)
-    return total, pol.stats()
+    return plan_trace(sched, plans, cfg.depth, batch, True, tt), pol.stats()
+
+
+def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
+                 nova_act: int, topro_D: int) -> tuple[float, dict]:
+    trace, stats = method_trace(name, knobs, model, h_div_w, pn, batch, text_len, nova_act, topro_D)
+    cfg = PRESETS[model]
+    total = text_flops(cfg, 2 * batch * text_len, 2 * batch) + sum(scale_flops(cfg, tr) for tr in trace)
+    return total, stats
+
+
+def method_memory(preset: str, model: str, batch: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Analytic memory of one generation of `batch` images under the preset (default scenario,
+    bf16 as on the GPU; varbench/engine/memory.py): KV-cache bytes allocated and the most in use,
+    and the weights (transformer + VAE)."""
+    name, _, knobs = load_method(preset)
+    trace, _ = method_trace(name, knobs, model, SCENARIO["h_div_w"], SCENARIO["pn"], batch, SCENARIO["text_len"],
+                            SCENARIO["nova_act"], SCENARIO["topro_D"])
+    kv = kv_plan_bytes(PRESETS[model], trace, dtype)
+    return {"kv_allocated": kv.allocated, "kv_used_peak": kv.used_peak, "weights": _weights(model, dtype)}
+
+
+@functools.lru_cache(maxsize=None)
+def _weights(model: str, dtype: torch.dtype) -> int:
+    return sum(weights_bytes(PRESETS[model], dtype).values())
+
+
+def render_memory(methods=DEFAULT_METHODS, batches=(1, 8)) -> str:
+    """The analytic KV cache of every preset, 2B and 8B, per batch size (GiB = 2^30 bytes)."""
+    lines = [f"# analytic KV cache per generation, GiB (2^30 bytes), bf16, CFG on (2 rows per image), "
+             f"{SCENARIO['pn']} h/w {SCENARIO['h_div_w']}; adaptive rows: the FLOPs scenario",
+             "# alloc: buffers held (preallocated for the schedule: pruning and skipping do not shrink them); "
+             "used: the most cached positions in use; x: baseline / preset"]
+    for key, model in MODELS.items():
+        base = {bs: method_memory("baseline", model, bs) for bs in batches}
+        lines.append(f"## {key.upper()}: weights {base[batches[0]]['weights'] / 2**30:.2f} GiB; baseline KV "
+                     + ", ".join(f"batch {bs}: {base[bs]['kv_allocated']:,} B" for bs in batches))
+        head = "".join(f" | bs{bs} alloc | bs{bs} used | x alloc | x used" for bs in batches)
+        lines.append(f"{'config':32s}{head}")
+        for m in methods:
+            cells = []
+            for bs in batches:
+                mm = method_memory(m, model, bs)
+                cells.append(f" | {mm['kv_allocated'] / 2**30:8.2f} | {mm['kv_used_peak'] / 2**30:7.2f} | "
+                             f"{base[bs]['kv_allocated'] / mm['kv_allocated']:7.2f} | "
+                             f"{base[bs]['kv_used_peak'] / mm['kv_used_peak']:6.2f}")
+            lines.append(f"{m:32s}" + "".join(cells))
+    return "\n".join(lines) + "\n"
 
 
 def stage_extra(model: str, h_div_w: float, pn: str, t5_tokens: int = T5_MAX_LENGTH) -> float:
@@ -214,7 +265,12 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
     ap.add_argument("--write", action="store_true", help="regenerate results/curated/flops_analytic.md and the docs' markers")
     ap.add_argument("--check", action="store_true", help="exit 1 listing every generated number that drifted")
+    ap.add_argument("--memory", action="store_true",
+                    help="print the analytic KV-cache bytes of every preset (--methods) for 2B and 8B at batch 1 and 8")
     a = ap.parse_args(argv)
+    if a.memory:
+        print(render_memory(a.methods), end="")
+        return 0
     if a.write:
         write()
         return 0

@@ -46,6 +46,8 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
     assert rec_s["metrics"] == rec_w["metrics"]                 # == on floats: bit for bit
     assert rec_s["uncertainty"] == rec_w["uncertainty"]
     assert rec_s["flops"] == rec_w["flops"] and rec_s["experiment"]["shards"] == 2
+    # memory: the same images' KV bytes and peaks; weights analytic (no runtime at assembly) == as held
+    assert rec_s["memory"] == rec_w["memory"] and rec_s["memory"]["peak_bytes"] is not None
     assert rec_s["config"]["shard"] is None                      # the job's record, not the assembling shard's
     for name in ("fidelity", "hpsv2_tiny"):
         assert _rows(e0, name) == _rows(whole, name)

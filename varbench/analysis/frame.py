@@ -214,6 +214,19 @@ def _identical_images(rec: Mapping, path: str | None) -> bool | None:
     return bool(cap is not None and psnr is not None and psnr >= cap and ssim == 1.0)
 
 
+def _memory_columns(mem: Any) -> dict[str, Any]:
+    """The record's ``memory`` block (varbench/engine/memory.py) as columns, GiB: kv_gb (the KV-cache
+    buffers one image holds: its share, mean over images), kv_used_gb (the most of them in use),
+    peak_gb (the measured peak of one generation call of memory_batch images; peak_kind says what
+    was measured: CUDA's max_memory_allocated or the CPU's RSS), peak_analytic_gb (weights + KV x
+    batch). NaN / None for records without the block."""
+    mem = mem if isinstance(mem, Mapping) else {}
+    gib = lambda key: _num(mem.get(key)) / 2**30  # noqa: E731
+    return {"kv_gb": gib("kv_bytes_allocated"), "kv_used_gb": gib("kv_bytes_used_peak"), "peak_gb": gib("peak_bytes"),
+            "peak_kind": mem.get("peak_kind"), "peak_analytic_gb": gib("analytic_peak_bytes"),
+            "memory_batch": mem.get("batch")}
+
+
 def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     """Flatten one record into the tidy frame's columns (see :func:`records_to_frame`)."""
     nan = float("nan")
@@ -274,6 +287,7 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         **_paired_columns(rec, tb),
         **_own_spread(rec, tb),
         "peak_mem_gb": peak / 2**30 if peak is not None else nan,  # GiB
+        **_memory_columns(rec.get("memory")),
         "flops_total": float(flops["total"]) if flops.get("total") is not None else nan,
         "flops_ar": float(flops["ar"]) if flops.get("ar") is not None else nan,
         "flops_e2e": float(flops["end_to_end"]) if flops.get("end_to_end") is not None else nan,
@@ -325,7 +339,8 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
     bounded), paired_speedup_ci_level (the coverage attained or nominal), n_repeats,
     reference_spread (the baseline's own p90-p10 over median), ar_spread and ar_ms_reliable (the
     row's own AR repeats' p90-p10 over median, within ``timing.max_reference_spread``), timing_order, speedup_reliable
-    (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB), flops_total
+    (bool; None without a paired block), unreliable_reason; peak_mem_gb (GiB, the timed pass's);
+    kv_gb, kv_used_gb, peak_gb, peak_kind, peak_analytic_gb, memory_batch (``_memory_columns``); flops_total
     (transformer only), flops_ar, flops_e2e (transformer + text encoder + VAE decode), identical_images
     (every image bit-identical to the baseline's, from fidelity; None without it), method_effect /
     method_effect_reason / unchanged_images (did the method change anything: "none" | "partial" |

@@ -57,8 +57,9 @@ class GenerationOutput:
     bits: list[Optional[torch.Tensor]]      # per scale (B, h, w, d) int64 on the transformer grid; None if no
                                             # image ran it, -1 in the rows of images that skipped it
     schedule: list[tuple[int, int]]
-    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms (of
-                                            # image 0's sub-batch; `image_traces` has every image's)
+    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms, KV
+                                            # bytes held and in use (of image 0's sub-batch; `image_traces`
+                                            # has every image's)
     flops: dict                             # the batch's {"total", "text", "per_scale": [...]}
     timings_ms: dict                        # {"text", "ar", "decode", "per_scale": [...]}
     policy_stats: dict                      # the policy's stats; per-image decisions at batch > 1: {"per_image": [...]}
@@ -246,6 +247,7 @@ class InfinityRuntime:
             plan = policy.plan(si)
             signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
                                  taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+            _note_kv_bytes(state)
             if signals is not None:
                 policy.observe(si, signals)
         scale_marks.mark()
@@ -301,6 +303,7 @@ class InfinityRuntime:
                 plan = merge_plans([plans[j] for j in part], state.ctx.cfg_rows)
                 signals = sub.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
                                    taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+                _note_kv_bytes(sub)
                 if signals is not None:
                     for k, i in enumerate(members):
                         policies[i].observe(si, select_signals(signals, k, len(members)))
@@ -371,6 +374,13 @@ def analytic_kv_bytes(policy: Optional[Policy], ctx: GenerationContext, itemsize
     full = sum(h * w for h, w in ctx.schedule)
     return kv_cache_bytes([full] * ctx.depth if caps is None else caps, ctx.rows, ctx.num_heads,
                           ctx.embed_dim // ctx.num_heads, itemsize, kv_staging_capacity(caps, ctx.schedule))
+
+
+def _note_kv_bytes(state: GenState) -> None:
+    """The KV cache's bytes after this scale, in its trace entry (`varbench.engine.memory`): the
+    (sub-)batch's buffers as held and the positions in use. From tensor shapes: no device read."""
+    held = state.kv.nbytes()
+    state.trace[-1].update(kv_bytes_allocated=held["allocated"], kv_bytes_used=held["used"])
 
 
 def _per_scale(v, n: int, name: str) -> list[float]:

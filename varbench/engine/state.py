@@ -177,11 +177,15 @@ class KVCache:
 
     def view(self, rows) -> "KVCache":
         """A cache over `rows(buffer)` of every block's rows in use (views: appends write into this
-        cache's memory), with the same capacities and lengths. The staging buffer is viewed too (the
-        parts of a split batch run one after another and share it)."""
+        cache's memory), with the same capacities and lengths. Its `full` is `rows` of the buffers as
+        allocated: the same views until `drop_uncond`, after it this part's share of the rows still
+        held (the dropped rows are not permuted by a split, so the share is by count), which
+        `bytes_allocated` counts. The staging buffer is viewed too (the parts of a split batch run
+        one after another and share it)."""
         new = KVCache(len(self.len), self.capacities, self.staging_capacity)
         new.kv = [None if t is None else rows(t) for t in self.kv]
-        new.full, new.len = list(new.kv), list(self.len)
+        new.full = [None if t is None else rows(t) for t in self.full]
+        new.len = list(self.len)
         if self.stage is not None:
             new.stage = new.stage_full = rows(self.stage)
         return new

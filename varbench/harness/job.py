@@ -48,6 +48,7 @@ from varbench.core.jsonio import append_jsonl, read_json, read_jsonl, write_json
 from varbench.core.locks import DEFAULT_WAIT_S
 from varbench.core.seeds import SEED_RULE, image_seed
 from varbench.engine.flops import work_summary
+from varbench.engine.memory import measure_peak
 from varbench.engine.stage_flops import stage_flops
 from varbench.harness.build import (build_policy_from_cfg, build_runtime, configure_runtime, generation_kwargs,
                                     generation_resolution, method_file_hashes, model_weight_hashes, resolve_device,
@@ -202,8 +203,9 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
             if not chunk:
                 continue
             with uninterruptible():   # SIGTERM finishes and commits the batch in flight, then stops
-                out = rt.generate([it.prompt for it, _ in batch],
-                                  [image_seed(cfg.generation.seed, it.index, s) for it, s in batch], policy, **kw)
+                with measure_peak(rt.device) as peak:   # this call's peak memory, into its images' trace rows
+                    out = rt.generate([it.prompt for it, _ in batch],
+                                      [image_seed(cfg.generation.seed, it.index, s) for it, s in batch], policy, **kw)
                 rows, written = [], []
                 stages = stage_flops(rt, [it.prompt for it, _ in batch], out.summed_codes.shape[-2:],
                                      kw.get("negative_prompt"))   # text encoder + VAE decode per image
@@ -212,7 +214,7 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
                         continue
                     _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
                                                   metadata={**item.metadata, "prompt": item.prompt})
-                    rows.append(trace_row(out, b, item.index, s, method_name, stages[b]))
+                    rows.append(trace_row(out, b, item.index, s, method_name, stages[b], peak))
                     written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
                 store.commit(written)
@@ -346,12 +348,32 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
         "uncertainty": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["uncertainty"].items()},
         "higher_is_better": {f"{k}/{m}": v for k, r in scores.items() for m, v in r["higher_is_better"].items()},
         "timing": timing, "flops": work["flops"], "work": work["work"],
+        "memory": _memory(job, rt, traces),
         # GPU features that failed on this device and were turned off (runtime.fall_back): the
         # timings then are eager ones; [] when nothing fell back, absent when no runtime was built here
         "provenance": {**collect_provenance(str(job.device)),
                        **({"runtime_fallbacks": list(rt.fallbacks)} if hasattr(rt, "fallbacks") else {})},
         "wall_s": time.perf_counter() - job.t0,
     }
+
+
+def _memory(job: Job, rt, traces: list[dict]) -> dict | None:
+    """The record's ``memory`` block (:class:`varbench.harness.schema.Memory`): the trace rows' KV bytes
+    and measured peaks, the weights as the runtime holds them (analytic for the model preset when
+    the record is assembled without a runtime), and the analytic lower bound of the peak."""
+    from varbench.engine.memory import kv_cache_dtype, memory_summary, module_bytes, weights_bytes
+    from varbench.engine.models.infinity import PRESETS
+
+    preset = str(job.cfg.model.preset)
+    # without a runtime: the job's dtype, but the toy model runs fp32 whatever runtime.dtype says (build_runtime)
+    dtype = rt.dtype if rt is not None else (torch.float32 if preset == "toy" else job.dtype)
+    if rt is not None:
+        weights = {"transformer": module_bytes(rt.model), "vae": module_bytes(rt.vae) if rt.vae is not None else 0}
+    elif preset in PRESETS:
+        weights = weights_bytes(PRESETS[preset], dtype)
+    else:
+        weights = None
+    return memory_summary(traces, int(job.cfg.runtime.batch_size), weights, str(kv_cache_dtype(dtype)).replace("torch.", ""))
 
 
 def _method_effect(job: Job, traces: list[dict], score_dirs: list[Path]) -> dict:

@@ -4,7 +4,7 @@ One record per job (``store/<experiment>/entries/<entry_id>/record.json``), writ
 :func:`varbench.harness.job.assemble_record` and sealed by ``DONE`` (the entry folder, its seal and
 lock: :mod:`varbench.harness.records`). Beside it: ``samples_<evaluator>.jsonl`` (one row per image
 and evaluator: ``prompt_index``, ``sample_index`` and the evaluator's fields) and ``traces.jsonl``
-(:class:`TraceRow`, one row per image: per-scale trace, FLOPs and executed tokens, method stats;
+(:class:`TraceRow`, one row per image: per-scale trace, FLOPs and executed tokens, KV bytes and peak memory, method stats;
 :mod:`varbench.harness.traces`). :func:`varbench.analysis.frame.records_to_frame` flattens records
 into one pandas row each; blocks a record lacks (older records, hand-made ones) read as NaN there.
 
@@ -103,7 +103,8 @@ class TimingBlock(TypedDict, total=False):
     per_prompt: dict         # {"ar_ms": [...], "total_ms": [...]}: one latency per timed prompt, in sample order
     ar_repeat_spread: Optional[float]   # the method's own repeats: p90 - p10 over their prompt's median, pooled
     images_per_s: Optional[float]
-    peak_mem_bytes: Optional[int]   # CUDA only
+    peak_mem_bytes: Optional[int]   # CUDA only; over the whole pass, so with a paired baseline the higher of the
+                                    # two: the method's own peak is the record's memory.peak_bytes (Memory)
     per_scale_ms: list
     n_prompts: int           # prompts timed
     n_repeats: int           # timed generations of the method (prompts x repeats)
@@ -153,6 +154,35 @@ class Work(TypedDict):
     keep_fraction: Spread    # executed / dense per image
 
 
+class MemoryWeights(TypedDict):
+    transformer: int         # bytes of the transformer's parameters and buffers (blocks in the run's dtype, the rest fp32)
+    vae: int                 # bytes of the VAE's (fp32)
+
+
+class Memory(TypedDict):
+    """The job's memory (:mod:`varbench.engine.memory`). KV bytes are **per image** (its share of its
+    generation's cache: the cache is per row, so a batch of B holds B times this), means over the
+    record's images, from the trace rows. A record written before this block has ``memory: None``
+    (older ones lack the key): tables read NaN."""
+
+    kv_bytes_allocated: Optional[float]  # the KV-cache buffers held (preallocated for the whole schedule)
+    kv_bytes_used_peak: Optional[float]  # the most bytes of cached positions in use, over the scales
+    kv_bytes_per_scale: list             # per scale, the bytes in use after it (None where not recorded)
+    kv_dtype: str            # what K/V are cached in (float32 in fp32 runs, else bfloat16)
+    batch: int               # images per generation call (runtime.batch_size): the peak is of such a call
+    peak_bytes: Optional[int]    # the highest measured peak over the calls that made the images (see peak_kind)
+    peak_kind: Optional[str]     # "cuda_max_memory_allocated" (reset before each generate call),
+                                 # "cpu_rss_hwm" (the process's RSS high-water mark over the call, reset before
+                                 # it), "cpu_ru_maxrss" (the process's peak RSS since it started: no reset
+                                 # possible), "mixed" (images made on different devices: no peak), None
+    peak_measured: str       # "generation": around each rt.generate of the generation stage (not the timed
+                             # pass, whose peak also holds the paired baseline's); reused images keep theirs
+    weights_bytes: Optional[MemoryWeights]  # as the runtime holds them; analytic for the preset when assembled
+                                            # without a runtime (shards); None: neither is known
+    analytic_peak_bytes: Optional[int]      # weights + kv_bytes_allocated x batch: the model's lower bound of
+                                            # peak_bytes (no activations, residual caches, text encoder)
+
+
 class RunRecord(TypedDict):
     schema_version: int      # SCHEMA_VERSION
     entry_id: str            # the entry hash (config minus varbench.core.hashing.ENTRY_EXCLUDE, + sha256s)
@@ -172,6 +202,7 @@ class RunRecord(TypedDict):
     timing: Optional[Timing]     # None with timing=none
     flops: Optional[Flops]
     work: Optional[Work]
+    memory: Optional[Memory]     # None when the trace rows predate it
     provenance: dict         # git commit, packages, torch/CUDA, host (varbench/harness/provenance.py)
     wall_s: float            # the job's wall time
 
@@ -187,6 +218,8 @@ class TraceScale(TypedDict):
     entropy_mean: Optional[float]    # this image's mean predictive entropy (nats) at this scale; None when not run
     ms: Optional[float]              # the scale's time in the generating pass (not the timed pass)
     plan_neutral: Optional[bool]     # the policy's plan changed nothing here (varbench/engine/effect.py)
+    kv_bytes_allocated: Optional[int]   # this image's share of its (sub-)batch's KV-cache buffers after this scale
+    kv_bytes_used: Optional[int]        # ... and of the cached positions in use (varbench/engine/memory.py)
 
 
 class TraceFlops(TypedDict):
@@ -206,6 +239,15 @@ class TraceWork(TypedDict):
     dense_tokens: int        # what the dense forward executes
 
 
+class TraceMemory(TypedDict):
+    """One image's memory (:func:`varbench.engine.memory.image_memory`)."""
+
+    kv_bytes_allocated: Optional[int]   # the most of its share of the KV-cache buffers over its scales
+    kv_bytes_used_peak: Optional[int]   # the most of its share of the positions in use
+    peak_bytes: Optional[int]   # the generation call's measured peak (the whole batch's; see Memory.peak_kind)
+    peak_kind: Optional[str]
+
+
 class TraceRow(TypedDict):
     """One row of ``traces.jsonl`` (the image store's and, copied, the entry's): one image."""
 
@@ -218,6 +260,7 @@ class TraceRow(TypedDict):
     work: TraceWork
     stats: dict              # the policy's per-image stats (method-specific, e.g. activation_scale, layer_labels)
     no_effect_reason: Optional[str]  # every plan neutral: why (varbench/engine/effect.py); else None
+    memory: TraceMemory
 
 
 def check_record(record: Mapping[str, Any], kind: type = RunRecord, where: str = "") -> list[str]:
