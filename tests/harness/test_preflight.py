@@ -47,3 +47,15 @@ def test_a_sweep_gets_one_list_with_the_jobs_that_need_each_file(tmp_path):
 
 def test_nothing_missing_is_silent(tmp_path):
     check_files([job_config(tmp_path), job_config(tmp_path, "model=toy", "method=nova")])   # packaged weights only
+
+
+def test_a_methods_release_files_are_named_too(tmp_path):
+    """ScaleKV's budget file and SkipVAR's decision models come from their releases: missing, they are
+    listed with the model's files (a composed method's members included); the toy ones ship."""
+    w = f"paths.weights_dir={tmp_path}/w"
+    whats = [m.what for m in job_files_missing(job_config(tmp_path, "method=nova_scalekv", w))]
+    assert whats == ["method scalekv: ScaleKV budget file 2b_10%_budget.json"]
+    whats = [m.what for m in job_files_missing(job_config(tmp_path, "method=skipvar", w))]
+    assert whats == ["method skipvar: SkipVAR decision models"]
+    assert job_files_missing(job_config(tmp_path, "model=toy", "method=scalekv_toy")) == []
+    assert job_files_missing(job_config(tmp_path, "model=toy", "method=skipvar_toy")) == []

@@ -55,12 +55,12 @@ def baseline(rt):
 
 def acted(out) -> bool:
     """Whether the plan changed anything the model computed (fewer tokens, skipped scale/block,
-    dropped unconditional rows)."""
+    evicted cached K/V, dropped unconditional rows)."""
     for tr in out.trace:
         if not tr["ran"]:
             return True
-        if any(b["mode"] != "full" or b["sa"] < tr["tokens"] for b in tr["blocks"]):
-            return True
+        if any(b["mode"] != "full" or b["sa"] < tr["tokens"] or b.get("kv_evicted") for b in tr["blocks"]):
+            return True                   # (kv_evicted: a KV budget dropped cached positions, e.g. ScaleKV)
     rows = [tr["rows"] for tr in out.trace if tr["ran"]]
     return len(set(rows)) > 1
 
