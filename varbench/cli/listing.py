@@ -99,8 +99,9 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
     """``{method: {model: ""}}`` for each model option the method's config validates on
     (:func:`varbench.harness.config.validate_config` against that model's schedule), with the
     warning the check logged as the value when there was one (e.g. FastVAR's scale widths that are
-    not on a small model's schedule: the method then changes nothing there). Models it fails on
-    are left out."""
+    not on a small model's schedule: the method then changes nothing there), or the release file
+    it needs and this machine lacks (ScaleKV's budget file: not checked further). Models it fails
+    on are left out."""
     import logging
 
     from omegaconf import OmegaConf
@@ -108,6 +109,7 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
     from varbench.cli.sweep_plan import compose_job
     from varbench.core.errors import ConfigError
     from varbench.harness.config import validate_config
+    from varbench.harness.preflight import method_files_missing
 
     class Catch(logging.Handler):
         def __init__(self):
@@ -125,11 +127,16 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
         node = OmegaConf.to_container(method_node(name, options), resolve=False)
         out[name] = {}
         for model, base in bases.items():
+            cfg = OmegaConf.create({**base, "method": node})
+            files = method_files_missing(cfg)
+            if files:                          # e.g. ScaleKV's released budget file: not "unsupported", only absent here
+                out[name][model] = f"needs {files[0].what.split(': ', 1)[-1]}, not found here ({files[0].path})"
+                continue
             catch = Catch()
             logger.addHandler(catch)
             propagate, logger.propagate = logger.propagate, False   # the listing prints the warning itself
             try:
-                validate_config(OmegaConf.create({**base, "method": node}))
+                validate_config(cfg)
             except (ConfigError, ValueError, TypeError, KeyError):
                 continue
             finally:
@@ -153,7 +160,8 @@ def list_methods(search: list[Path]) -> list[str]:
         models = []
         for model, warning in support.get(name, {}).items():
             if warning:
-                mark = notes.setdefault(warning.split(" (")[0], f"[{len(notes) + 1}]")
+                mark = notes.setdefault(warning if warning.startswith("needs ") else warning.split(" (")[0],
+                                        f"[{len(notes) + 1}]")
                 model += mark
             models.append(model)
         rows.append((name, str(label), family, ", ".join(models) or "none", _comment(path)))
@@ -162,7 +170,8 @@ def list_methods(search: list[Path]) -> list[str]:
     out = [f"{'method=':<{w[0]}}  {'label':<{w[1]}}  {'family':<{w[2]}}  {'models':<{w[3]}}  description"]
     out += [f"{n:<{w[0]}}  {lab:<{w[1]}}  {fam:<{w[2]}}  {mod:<{w[3]}}  {desc}" for n, lab, fam, mod, desc in rows]
     out += ["", "models: the model= options the method's knobs validate on"
-            + (" ([k]: with the warning below; the method may change nothing there)" if notes else "")]
+            + (" ([k]: with the note below: a warning of the check, where the method may change nothing, or a "
+               "release file this machine lacks)" if notes else "")]
     out += [f"  {mark} {text}" for text, mark in notes.items()]
     out += ["", "families (the policy's card, varbench/policies/<file>.py):"]
     out += [f"  {fam}: {_card_line(fam)}" for fam in sorted(families)]
