@@ -76,8 +76,6 @@ class HartConfig:
     def __post_init__(self):
         if self.embed_dim % self.num_heads or self.head_dim % 4:
             raise ConfigError(f"HART needs embed_dim/num_heads divisible by 4 (2-D RoPE); got {self.embed_dim}/{self.num_heads}")
-        if self.disable_aln and not self.shared_aln:
-            pass   # plain blocks (no modulation): supported
         if self.sep_aln_pooling_mode not in ("max", "avg"):
             raise ConfigError(f"sep_aln_pooling_mode must be 'max' or 'avg', got {self.sep_aln_pooling_mode!r}")
 
