@@ -243,9 +243,9 @@ def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str |
     rows = {n: i for i, n in enumerate(names)}
     metric = quality_delta_column(frame)
     _, _, _, _, col = speed_values(frame, baseline, speed_col)
-    fig = new_figure(8.2, 6.6)
-    ax = fig.add_axes((0.11, 0.27, 0.66, 0.63))
-    cax = fig.add_axes((0.80, 0.27, 0.025, 0.63))
+    fig = new_figure(10.6, 6.6)
+    ax = fig.add_axes((0.085, 0.27, 0.53, 0.63))
+    cax = fig.add_axes((0.635, 0.27, 0.018, 0.63))
     deltas = np.array([p["delta"] for p in pts])
     span = float(np.nanmax(np.abs(deltas))) if np.isfinite(deltas).any() else 0.0
     span = span if span > 0 else 1e-3
@@ -265,11 +265,12 @@ def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str |
             if np.isfinite(p["ci_low"]) and np.isfinite(p["ci_high"]):
                 ax.errorbar([p["memory_x"]], [p["speedup"]], fmt="none", ecolor=edge, elinewidth=0.9, capsize=2.5,
                             zorder=3, yerr=[[max(p["speedup"] - p["ci_low"], 0.0)], [max(p["ci_high"] - p["speedup"], 0.0)]])
+            # the fill is the quality Δ, so an unreliable speed-up is marked in its name (†), not by a hollow marker
             ax.plot([p["memory_x"]], [p["speedup"]], marker=family_marker(fam), ms=10, ls="none",
-                    mfc=face if p["reliable"] else "white", mec=edge, mew=1.8, zorder=4, gid=f"point:{p['name']}")
+                    mfc=face, mec=edge, mew=1.8, zorder=4, gid=f"point:{p['name']}")
         colours.append(edge)
         xy.append((p["memory_x"], p["speedup"]))
-        labels.append(p["name"])
+        labels.append(p["name"] + ("" if p["reliable"] else " †"))
     fig.varbench_points = pts
     xs = np.array([q[0] for q in xy] + [1.0])
     ys = np.concatenate([[q[1] for q in xy], [p["ci_low"] for p in pts if np.isfinite(p["ci_low"])],
@@ -292,7 +293,7 @@ def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str |
     handles = [Line2D([], [], marker="*", ms=11, color="black", mfc="white", ls="none", label="baseline (1×, 1×)")]
     handles += [Line2D([], [], marker=family_marker(f), ms=8, ls="none", mfc="white", mec=family_colour(f), mew=1.8,
                        label=family_name(f) if f != "scalekv" else "ScaleKV alone") for f in fams]
-    handles.append(Line2D([], [], ls="none", label="fill: quality Δ (colour bar); hollow: speed-up unreliable"))
+    handles.append(Line2D([], [], ls="none", label="fill: quality Δ (colour bar); † after a name: speed-up unreliable"))
     if any(str(m) == "compose" for m in frame["method"]):
         handles.append(Line2D([], [], ls="none", label="a composition: its compute member's shape"))
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.005), ncol=3, fontsize=7.5, frameon=False,
@@ -302,7 +303,7 @@ def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str |
         fig.canvas.draw()
         return obstacles(ax)
 
-    label_points(fig, ax, xy, labels, colours, blocked, max_labels, key_xy=(0.80, 0.24))
+    label_points(fig, ax, xy, labels, colours, blocked, max_labels, key_xy=(0.73, 0.90))
     return fig
 
 
