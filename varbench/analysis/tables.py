@@ -477,7 +477,7 @@ _TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#
                "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
 _TEX_SYMBOLS = {"×": r"$\times$", "±": r"$\pm$", "∞": r"$\infty$", "Δ": r"$\Delta$", "†": r"$^\dagger$",
                 "‡": r"$^\ddagger$", "–": "--", "—": "---", "−": "$-$", "↑": r"$\uparrow$", "↓": r"$\downarrow$",
-                "·": r"$\cdot$", "≥": r"$\geq$", "→": r"$\to$"}
+                "·": r"$\cdot$", "≥": r"$\geq$", "→": r"$\to$", "²": r"$^2$"}
 
 
 def tex(text: str) -> str:
