@@ -243,9 +243,9 @@ def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str |
     rows = {n: i for i, n in enumerate(names)}
     metric = quality_delta_column(frame)
     _, _, _, _, col = speed_values(frame, baseline, speed_col)
-    fig = new_figure(10.6, 6.6)
-    ax = fig.add_axes((0.085, 0.27, 0.53, 0.63))
-    cax = fig.add_axes((0.635, 0.27, 0.018, 0.63))
+    fig = new_figure(8.4, 6.6)
+    ax = fig.add_axes((0.105, 0.27, 0.67, 0.63))
+    cax = fig.add_axes((0.80, 0.27, 0.022, 0.63))
     deltas = np.array([p["delta"] for p in pts])
     span = float(np.nanmax(np.abs(deltas))) if np.isfinite(deltas).any() else 0.0
     span = span if span > 0 else 1e-3
@@ -303,7 +303,12 @@ def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str |
         fig.canvas.draw()
         return obstacles(ax)
 
-    label_points(fig, ax, xy, labels, colours, blocked, max_labels, key_xy=(0.73, 0.90))
+    def widen():   # room on the right for the numbered key when the names do not fit beside the points
+        fig.set_size_inches(10.6, fig.get_size_inches()[1])
+        ax.set_position((0.085, 0.27, 0.53, 0.63))
+        cax.set_position((0.635, 0.27, 0.018, 0.63))
+
+    label_points(fig, ax, xy, labels, colours, blocked, max_labels, widen=widen, key_xy=(0.73, 0.90))
     return fig
 
 
