@@ -33,7 +33,13 @@ Every FLOPs number in the docs comes from here: `--write` regenerates
 and `--check` (run by tests/engine/test_flops_docs.py) lists every place that no longer matches.
 
 `--memory` prints the analytic KV cache (varbench/engine/memory.py) of every preset for 2B and 8B
-at batch 1 and 8, from the same plans: the buffers allocated and the most positions in use.
+at batch 1 and 8, from the same plans: the buffers allocated and the most positions in use. KV-budget
+presets (ScaleKV and its compositions, `MEMORY_METHODS`) size each block's buffer to what it keeps
+between scales plus one shared staging buffer (the runtime's rule: `kv_plan_bytes(..., staging=)`
+equals `varbench.engine.runtime.analytic_kv_bytes`). ScaleKV's released budget files are not in the
+repo: `--budgets DIR` reads them from DIR (2b_10%_budget.json, 8b_10%_budget.json, as released);
+without it a preset whose file is absent runs on `varbench.policies.scalekv.synthetic_budgets` of
+the released shape (OURS: drafter block 0, refiners at 10%), and the output says so per row.
 """
 from __future__ import annotations
 
@@ -50,12 +56,14 @@ from omegaconf import OmegaConf
 
 from varbench.engine.flops import plan_trace, scale_flops, text_flops
 from varbench.engine.memory import kv_plan_bytes, weights_bytes
+from varbench.engine.state import kv_staging_capacity
 from varbench.engine.stage_flops import T5_MAX_LENGTH, preset_stage_flops
 from varbench.engine.models.infinity import PRESETS
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
 from varbench.policies.knobs import register as register_method_schemas
+from varbench.policies.scalekv import synthetic_budgets
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "varbench" / "conf" / "method"
@@ -67,6 +75,9 @@ DEFAULT_METHODS = ["baseline", "fastvar", "fastvar_generalised", "fastvar_2b_pap
                    "skipvar_skip2", "skipvar_uncond3", "skipvar_hybrid", "nova", "nova_fast", "nova_safe", "nova_keep_kv",
                    "nova_on_fastvar", "toprovar", "toprovar_fixed_exit", "toprovar_scale_only", "toprovar_scale_token",
                    "toprovar_scale_layer", "toprovar_gate_detail"]
+#: the memory rows `--memory` adds to DEFAULT_METHODS: ScaleKV (2B and 8B budgets) and its compositions
+MEMORY_METHODS = ["scalekv", "scalekv_8b", "fastvar_scalekv", "nova_scalekv", "skipvar_scalekv",
+                  "fastvar_scalekv_8b", "nova_scalekv_8b", "skipvar_scalekv_8b"]
 MARKER = re.compile(r"<!--flops:(?:(?P<model>2b|8b):)?(?:(?P<scope>e2e):)?(?P<preset>\w+)"
                     r"(?P<knobs>(?:\\?\|[\w]+=[^|>\\]+)*)-->(?P<value>.*?)<!--/flops-->")  # \| inside a table cell
 #: text_len: cross-attention tokens per prompt (the transformer's count); t5_tokens: the positions the
@@ -103,14 +114,56 @@ def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int
                         attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=4.0)
 
 
-def method_trace(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
-                 nova_act: int, topro_D: int) -> tuple[list[dict], dict]:
-    """The trace the runtime would record for the method's plans under the scenario (`plan_trace`),
-    and the policy's stats."""
+def scenario_context(model: str, h_div_w: float, pn: str, batch: int) -> GenerationContext:
     cfg = PRESETS[model]
     sched = tuple(scale_schedule(h_div_w, pn))
-    ctx = GenerationContext(schedule=sched, depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
-                            batch=batch, cfg_rows=True, cfg=(4.0,) * len(sched), tau=(1.0,) * len(sched))
+    return GenerationContext(schedule=sched, depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+                             batch=batch, cfg_rows=True, cfg=(4.0,) * len(sched), tau=(1.0,) * len(sched))
+
+
+def with_budgets(name: str, knobs: dict, model: str, budgets_dir=None) -> tuple[dict, list[str]]:
+    """The knobs with every ScaleKV member's budget file resolved: from `budgets_dir` (the file's name
+    there) when given, else the preset's path; where that file is absent, inline
+    `synthetic_budgets` of the released shape for `model` on the scenario's schedule. Returns the
+    knobs and, per member, where its budget came from ("file PATH" or "synthetic (...)")."""
+    sources: list[str] = []
+
+    def fix(n: str, kn: dict) -> dict:
+        if n == "compose":
+            members = []
+            for m in kn.get("policies", []):
+                if m["name"] == "skipvar":   # adaptive: its decision needs real codes (see `method_memory`)
+                    sources.append("skipvar as its no-skip action (skipvar_fixed skip_last 0)")
+                    members.append({"name": "skipvar_fixed", "knobs": {"skip_last": 0}})
+                else:
+                    members.append({**m, "knobs": fix(m["name"], dict(m.get("knobs") or {}))})
+            return {**kn, "policies": members}
+        if n != "scalekv" or kn.get("budget_file") is None:
+            if n == "scalekv":
+                sources.append("inline (the preset's)")
+            return kn
+        path = Path(kn["budget_file"])
+        if budgets_dir is not None:
+            path = Path(budgets_dir) / path.name
+        if path.is_file():
+            sources.append(f"file {path}")
+            return {**kn, "budget_file": str(path)}
+        cfg = PRESETS[model]
+        sched = scale_schedule(SCENARIO["h_div_w"], SCENARIO["pn"])
+        sources.append(f"synthetic (no {path}: varbench.policies.scalekv.synthetic_budgets, released shape)")
+        return {**{k: v for k, v in kn.items() if k != "budget_file"},
+                "budgets": synthetic_budgets(sched, cfg.depth, base_capacity=kn.get("base_capacity", 650))}
+
+    return fix(name, dict(knobs)), sources
+
+
+def method_trace(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
+                 nova_act: int, topro_D: int, policy=None) -> tuple[list[dict], dict]:
+    """The trace the runtime would record for the method's plans under the scenario (`plan_trace`),
+    and the policy's stats. `policy`: a list the built policy and its plans are appended to."""
+    cfg = PRESETS[model]
+    ctx = scenario_context(model, h_div_w, pn, batch)
+    sched = ctx.schedule
     pol = build_policy(name, **knobs)
     pol.reset(ctx)
     svd_scale = getattr(pol, "svd_si", 5) if name == "toprovar" else 5
@@ -121,6 +174,8 @@ def method_trace(name: str, knobs: dict, model: str, h_div_w: float, pn: str, ba
         if p.run:
             pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale))
     tt = {2 * batch: 2 * batch * text_len, batch: batch * text_len}
+    if policy is not None:
+        policy += [pol, plans]
     return plan_trace(sched, plans, cfg.depth, batch, True, tt), pol.stats()
 
 
@@ -132,15 +187,30 @@ def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, ba
     return total, stats
 
 
-def method_memory(preset: str, model: str, batch: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def method_memory(preset: str, model: str, batch: int, dtype: torch.dtype = torch.bfloat16, budgets_dir=None) -> dict:
     """Analytic memory of one generation of `batch` images under the preset (default scenario,
     bf16 as on the GPU; varbench/engine/memory.py): KV-cache bytes allocated and the most in use,
-    and the weights (transformer + VAE)."""
+    the weights (transformer + VAE), and where a ScaleKV budget came from (`with_budgets`). SkipVAR's
+    adaptive decision reads the decoded codes, which a plan-only count has not: as a composition
+    member it runs as its no-skip action, the largest KV in use of its actions (allocated is the same
+    for all of them: skipping and dropping rows never shrink preallocated buffers). A KV
+    budget (`ScalePlan.kv`) sizes each block's buffer to `Policy.kv_capacity` (never above the
+    schedule, as the runtime) plus the staging buffer those capacities need."""
     name, _, knobs = load_method(preset)
+    knobs, sources = with_budgets(name, knobs, model, budgets_dir)
+    built: list = []
     trace, _ = method_trace(name, knobs, model, SCENARIO["h_div_w"], SCENARIO["pn"], batch, SCENARIO["text_len"],
-                            SCENARIO["nova_act"], SCENARIO["topro_D"])
-    kv = kv_plan_bytes(PRESETS[model], trace, dtype)
-    return {"kv_allocated": kv.allocated, "kv_used_peak": kv.used_peak, "weights": _weights(model, dtype)}
+                            SCENARIO["nova_act"], SCENARIO["topro_D"], policy=built)
+    pol, plans = built
+    sched = scale_schedule(SCENARIO["h_div_w"], SCENARIO["pn"])
+    full = sum(h * w for h, w in sched)
+    caps = pol.kv_capacity()
+    caps = None if caps is None else [min(full, int(c)) for c in caps]
+    budget = {(si, b): kb.n_keep for si, p in enumerate(plans) if p.run for b, kb in p.kv.items()}
+    kv = kv_plan_bytes(PRESETS[model], trace, dtype, capacity=caps, budget=budget or None,
+                       staging=kv_staging_capacity(caps, sched))
+    return {"kv_allocated": kv.allocated, "kv_used_peak": kv.used_peak, "weights": _weights(model, dtype),
+            "staging": kv.staging, "budgets": sources, "knobs": knobs, "name": name}
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,26 +218,46 @@ def _weights(model: str, dtype: torch.dtype) -> int:
     return sum(weights_bytes(PRESETS[model], dtype).values())
 
 
-def render_memory(methods=DEFAULT_METHODS, batches=(1, 8)) -> str:
-    """The analytic KV cache of every preset, 2B and 8B, per batch size (GiB = 2^30 bytes)."""
+def _fits(preset: str, model: str) -> bool:
+    """Whether a memory preset's budget is made for `model` (the *_8b ScaleKV presets for 8B only,
+    the others for 2B); presets without a ScaleKV budget fit both."""
+    if preset not in MEMORY_METHODS:
+        return True
+    return preset.endswith("_8b") == (model == "infinity_8b")
+
+
+def render_memory(methods=DEFAULT_METHODS, batches=(1, 8), budgets_dir=None) -> str:
+    """The analytic KV cache of every preset, 2B and 8B, per batch size (GiB = 2^30 bytes); ScaleKV
+    presets on the model their budget is made for, each row saying where its budget came from."""
     lines = [f"# analytic KV cache per generation, GiB (2^30 bytes), bf16, CFG on (2 rows per image), "
              f"{SCENARIO['pn']} h/w {SCENARIO['h_div_w']}; adaptive rows: the FLOPs scenario",
-             "# alloc: buffers held (preallocated for the schedule: pruning and skipping do not shrink them); "
+             "# alloc: buffers held (preallocated: pruning and skipping do not shrink them; a KV budget sizes each "
+             "block to what it keeps between scales + one shared staging buffer); "
              "used: the most cached positions in use; x: baseline / preset"]
+    notes: dict[str, str] = {}
     for key, model in MODELS.items():
         base = {bs: method_memory("baseline", model, bs) for bs in batches}
         lines.append(f"## {key.upper()}: weights {base[batches[0]]['weights'] / 2**30:.2f} GiB; baseline KV "
                      + ", ".join(f"batch {bs}: {base[bs]['kv_allocated']:,} B" for bs in batches))
         head = "".join(f" | bs{bs} alloc | bs{bs} used | x alloc | x used" for bs in batches)
         lines.append(f"{'config':32s}{head}")
-        for m in methods:
+        for m in [m for m in methods if _fits(m, model)]:
             cells = []
             for bs in batches:
-                mm = method_memory(m, model, bs)
+                mm = method_memory(m, model, bs, budgets_dir=budgets_dir)
                 cells.append(f" | {mm['kv_allocated'] / 2**30:8.2f} | {mm['kv_used_peak'] / 2**30:7.2f} | "
                              f"{base[bs]['kv_allocated'] / mm['kv_allocated']:7.2f} | "
                              f"{base[bs]['kv_used_peak'] / mm['kv_used_peak']:6.2f}")
-            lines.append(f"{m:32s}" + "".join(cells))
+            mark = ""
+            if mm["budgets"]:
+                src = "; ".join(mm["budgets"])
+                mark = f"  [{'SYNTHETIC budget' if 'synthetic' in src else 'budget'}: {src}]".replace(str(ROOT) + "/", "")
+                notes[src] = src
+            lines.append(f"{m:32s}" + "".join(cells) + mark)
+    if any("synthetic" in n for n in notes):
+        lines.append("# SYNTHETIC budget: the released file was not found; the row uses synthetic_budgets of the released "
+                     "shape (ours, not the release's numbers). Pass --budgets DIR holding the release's "
+                     "2b_10%_budget.json / 8b_10%_budget.json (https://github.com/mobiushy/SpecuKV, budgets/).")
     return "\n".join(lines) + "\n"
 
 
@@ -266,10 +356,15 @@ def main(argv=None):
     ap.add_argument("--write", action="store_true", help="regenerate results/curated/flops_analytic.md and the docs' markers")
     ap.add_argument("--check", action="store_true", help="exit 1 listing every generated number that drifted")
     ap.add_argument("--memory", action="store_true",
-                    help="print the analytic KV-cache bytes of every preset (--methods) for 2B and 8B at batch 1 and 8")
+                    help="print the analytic KV-cache bytes of every preset (--methods, plus the ScaleKV presets "
+                         "when --methods is not given) for 2B and 8B at batch 1 and 8")
+    ap.add_argument("--budgets", default=None, metavar="DIR",
+                    help="--memory: read ScaleKV's released budget files (2b_10%%_budget.json, 8b_10%%_budget.json) "
+                         "from DIR; without it, a preset whose file is absent uses synthetic budgets (said per row)")
     a = ap.parse_args(argv)
     if a.memory:
-        print(render_memory(a.methods), end="")
+        methods = a.methods if a.methods is not DEFAULT_METHODS else DEFAULT_METHODS + MEMORY_METHODS
+        print(render_memory(methods, budgets_dir=a.budgets), end="")
         return 0
     if a.write:
         write()

@@ -5,6 +5,8 @@ computed by hand from the numbers put in (e.g. baseline AR 100 ms vs 40 ms -> 2.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pd = pytest.importorskip("pandas")
@@ -627,3 +629,84 @@ def test_a_chosen_baseline_still_refuses_what_does_not_pair(tmp_path):
     # a whole store is a PATH too; each experiment's own baseline still pairs within it without a choice
     result = aggregate(tmp_path / "store", tmp_path / "out", figures=False)
     assert dict(zip(result.paired["entry_id"], result.paired["baseline_entry"]))["exp_b_fastvar"] == "exp_b_baseline"
+
+
+# --------------------------------------------------------------------------- memory columns (issue 24)
+def with_memory(rec, kv_gib, used_gib, peak_gib=None, batch=1, kind="cuda_max_memory_allocated"):
+    """The record's `memory` block as varbench.engine.memory.memory_summary writes it (bytes)."""
+    rec["memory"] = {"kv_bytes_allocated": kv_gib * 2**30, "kv_bytes_used_peak": used_gib * 2**30,
+                     "kv_bytes_per_scale": [used_gib * 2**30], "kv_dtype": "bf16", "batch": batch,
+                     "peak_bytes": None if peak_gib is None else peak_gib * 2**30, "peak_kind": kind,
+                     "peak_measured": "generation", "weights_bytes": None, "analytic_peak_bytes": None}
+    return rec
+
+
+@pytest.fixture()
+def memory_store(tmp_path):
+    """Baseline KV 4 GiB (all in use), ScaleKV 0.5 GiB allocated / 0.25 in use, FastVAR without a
+    memory block (a record from before memory was recorded)."""
+    root = tmp_path / "store"
+    write(root, with_memory(make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.70, 0.02)}),
+                            4.0, 4.0, peak_gib=9.0))
+    write(root, with_memory(make_record("skv01", "scalekv", 80.0, 100.0, 1e12, {"geneval/overall": (0.66, 0.02)},
+                                        label="ScaleKV", paired=paired_block(80.0, 100.0)), 0.5, 0.25, peak_gib=5.5))
+    write(root, make_record("fast01", "fastvar", 40.0, 60.0, 4e11, {"geneval/overall": (0.68, 0.02)}, label="FastVAR"))
+    return root
+
+
+def test_memory_x_is_the_baselines_kv_over_the_methods_and_used_stays_in_the_csvs(memory_store, tmp_path):
+    out = tmp_path / "out"
+    paired = aggregate(memory_store, out).paired.set_index("entry_id")
+    s = paired.loc["skv01"]
+    assert s["memory_x"] == pytest.approx(4.0 / 0.5)          # allocated: the memory that runs out
+    assert s["memory_used_x"] == pytest.approx(4.0 / 0.25)    # positions in use
+    assert s["kv_gb"] == pytest.approx(0.5) and s["peak_gb"] == pytest.approx(5.5)
+    assert paired.loc["base01", "memory_x"] == pytest.approx(1.0)
+    assert math.isnan(paired.loc["fast01", "memory_x"])       # no memory block: no ratio
+    table = pd.read_csv(out / G / "table.csv").set_index("entry_id")
+    for col in ("kv_gb", "kv_used_gb", "peak_gb", "peak_kind", "memory_batch", "memory_x", "memory_used_x"):
+        assert col in table.columns, col
+    assert table.loc["skv01", "memory_used_x"] == pytest.approx(16.0)
+    md = (out / G / "table.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| method"))
+    cols = [c.strip() for c in header.strip("|").split("|")]
+    assert cols[7:10] == ["KV (GB) @1024²", "peak (GB)", "memory ×"]   # labelled with the records' resolution
+    cells = {r.split("|")[1].strip(): [c.strip() for c in r.strip("|").split("|")]
+             for r in md.splitlines() if r.startswith("| ") and not r.startswith("| method")}
+    assert cells["scalekv"][7:10] == ["0.5", "5.5", "8.00×"]
+    assert cells["baseline"][7:10] == ["4", "9", "1.00×"]
+    assert cells["fastvar"][7:10] == ["–", "–", "–"]           # a record without memory shows –
+    assert "per image" in md and "batch 1" in md and "max_memory_allocated" in md
+    assert "speedup_vs_memory.png" in {p.name for p in (out / G).glob("*.png")}
+
+
+def test_memory_x_is_not_formed_across_batch_sizes(tmp_path):
+    """A shared buffer's per-image share depends on the batch: KV at batch 8 vs batch 1 is no ratio."""
+    root = tmp_path / "store"
+    write(root, with_memory(make_record("base01", "baseline", 100.0, 120.0, 1e12, {"geneval/overall": (0.7, 0.02)}), 4.0, 4.0))
+    write(root, with_memory(make_record("skv01", "scalekv", 80.0, 100.0, 1e12, {"geneval/overall": (0.7, 0.02)}),
+                            0.5, 0.25, batch=8))
+    paired = pair_with_baseline(records_to_frame(find_entries(root))).set_index("entry_id")
+    assert math.isnan(paired.loc["skv01", "memory_x"]) and paired.loc["skv01", "kv_gb"] == pytest.approx(0.5)
+
+
+def test_the_memory_figures_points_are_the_tables_ratios(memory_store):
+    """speedup_vs_memory: x = memory_x, y = the paired speed-up with its interval, colour = the
+    quality Δ; the row without memory is not drawn; the baseline sits at (1, 1) with Δ 0."""
+    from varbench.analysis.cost_figures import quality_delta_column, speedup_vs_memory_figure, speedup_vs_memory_points
+
+    paired = pair_with_baseline(records_to_frame(find_entries(memory_store)))
+    pts = {p["name"]: p for p in speedup_vs_memory_points(paired)}
+    assert set(pts) == {"baseline", "scalekv"}
+    s = paired.set_index("entry_id").loc["skv01"]
+    assert pts["scalekv"]["memory_x"] == pytest.approx(8.0)
+    assert pts["scalekv"]["speedup"] == pytest.approx(s["paired_speedup"])
+    assert (pts["scalekv"]["ci_low"], pts["scalekv"]["ci_high"]) == (pytest.approx(s["paired_speedup_ci_low"]),
+                                                                    pytest.approx(s["paired_speedup_ci_high"]))
+    assert quality_delta_column(paired) == "geneval/overall"
+    assert pts["scalekv"]["delta"] == pytest.approx(-0.04) and pts["baseline"]["delta"] == 0.0
+    assert (pts["baseline"]["memory_x"], pts["baseline"]["speedup"]) == (1.0, 1.0)
+    fig = speedup_vs_memory_figure(paired)
+    assert [p["name"] for p in fig.varbench_points] == [p["name"] for p in speedup_vs_memory_points(paired)]
+    without = paired.assign(kv_gb=float("nan"), memory_x=float("nan"))
+    assert speedup_vs_memory_figure(without) is None           # nothing to draw without memory blocks

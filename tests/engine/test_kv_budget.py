@@ -233,8 +233,8 @@ def test_composes_with_nova_and_fastvar_and_refuses_two_budgets(tiny_rt):
     assert any(b.get("kv_evicted") for t in both.trace if t["ran"] for b in t["blocks"])
     fv = gen(tiny_rt, build_policy("compose", policies=[{"name": "fastvar"}, sk]))   # pruned K/V at evicting scales
     assert any(b.get("kv_evicted") for t in fv.trace if t["ran"] for b in t["blocks"])
-    with pytest.raises(ValueError, match="KV budget for block"):
-        gen(tiny_rt, build_policy("compose", policies=[sk, sk]))
+    with pytest.raises(ConfigError, match="two ScaleKV members"):   # refused at construction (compose.INCOMPATIBLE)
+        build_policy("compose", policies=[sk, sk])
 
 
 def test_graph_key_carries_the_kv_budget(tiny_rt):

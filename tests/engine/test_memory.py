@@ -264,3 +264,58 @@ def test_flops_table_prints_the_analytic_kv_of_2b_and_8b(capsys):
     assert flops_table.main(["--memory", "--methods", "baseline", "fastvar"]) == 0
     out = capsys.readouterr().out
     assert "## 2B" in out and "## 8B" in out and "5,516,034,048 B" in out and "96,530,595,840 B" in out
+
+
+def test_kv_plan_bytes_with_the_staging_buffer_equal_a_scalekv_run_scale_by_scale(tiny_rt):
+    """ScaleKV on the tiny runtime: per-block capacities, the shared staging buffer and the budgets'
+    evictions. The plan-only count (capacities from `kv_capacity`, the staging buffer from
+    `kv_staging_capacity`, the budgets from the plans) gives the runtime's allocated and used bytes
+    after every scale, exactly (the last scale's staged K/V dropped unread)."""
+    from varbench.engine.plan import GenerationContext
+    from varbench.engine.state import kv_staging_capacity
+    from varbench.policies import build_policy
+    from varbench.policies.scalekv import ScaleKV
+
+    out = tiny_rt.generate(["a red circle", "a blue square"], seeds=[0, 1], policy=build_policy("scalekv", **ScaleKV.ACTIVE),
+                           cfg=CFG, tau=1.0, pn=PN, decode=False)
+    cfg = tiny_rt.cfg
+    sched = tuple(out.schedule)
+    ctx = GenerationContext(schedule=sched, depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+                            batch=2, cfg_rows=True, cfg=(CFG,) * len(sched), tau=(1.0,) * len(sched))
+    pol = build_policy("scalekv", **ScaleKV.ACTIVE)
+    pol.reset(ctx)
+    plans = [pol.plan(si) for si in range(len(sched))]
+    caps = pol.kv_capacity()
+    staging = kv_staging_capacity(caps, sched)
+    assert staging > 0 and max(caps) < sum(h * w for h, w in sched)        # the case the staging buffer exists for
+    tt = {4: out.trace[0]["text_tokens"], 2: out.trace[0]["text_tokens"] // 2}
+    trace = plan_trace(sched, plans, cfg.depth, 2, True, tt)
+    budget = {(si, b): kb.n_keep for si, p in enumerate(plans) for b, kb in p.kv.items()}
+    m = kv_plan_bytes(cfg, trace, torch.float32, capacity=caps, budget=budget, staging=staging)
+    assert [m.allocated] * len(sched) == [tr["kv_bytes_allocated"] for tr in out.trace]
+    assert m.used_per_scale == [tr["kv_bytes_used"] for tr in out.trace]
+    assert m.staging == 4 * staging * kv_position_bytes(cfg, torch.float32)   # 2 images x [cond; uncond]
+    with pytest.raises(ValueError, match="between scales"):   # a capacity below what the budget keeps is named
+        kv_plan_bytes(cfg, trace, torch.float32, capacity=[c - 1 for c in caps], budget=budget, staging=staging)
+
+
+@pytest.mark.parametrize("preset, model", [("scalekv", "infinity_2b"), ("scalekv_8b", "infinity_8b"),
+                                           ("nova_scalekv", "infinity_2b"), ("skipvar_scalekv_8b", "infinity_8b")])
+def test_flops_table_memory_rows_equal_the_runtimes_analytic_count(preset, model, tmp_path):
+    """`flops_table --memory`'s ScaleKV rows (budget files absent here: synthetic budgets of the
+    released shape, said in the row) allocate what `runtime.analytic_kv_bytes` says for the same
+    policy: per-block capacities + the staging buffer, far below the baseline's cache."""
+    from experiments import flops_table
+    from varbench.engine.runtime import analytic_kv_bytes
+    from varbench.policies import build_policy
+
+    for bs in (1, 8):
+        m = flops_table.method_memory(preset, model, bs, budgets_dir=tmp_path)   # an empty folder: no file there
+        assert any("synthetic" in s for s in m["budgets"])
+        ctx = flops_table.scenario_context(model, 1.0, "1M", bs)
+        assert m["kv_allocated"] == analytic_kv_bytes(build_policy(m["name"], **m["knobs"]), ctx)
+        base = flops_table.method_memory("baseline", model, bs)
+        assert m["staging"] > 0 and m["kv_allocated"] < base["kv_allocated"] / 4
+        assert m["kv_used_peak"] <= m["kv_allocated"] - m["staging"]
+    out = flops_table.render_memory(["baseline", preset], batches=(1,), budgets_dir=tmp_path)
+    assert "SYNTHETIC budget" in out and "--budgets DIR" in out

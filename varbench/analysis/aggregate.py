@@ -72,7 +72,13 @@ total_ms / total_ms (text + AR + decode): the *unpaired* ratios of separately ti
 the CSVs only (they drift with the machine: 2x between jobs on a shared CPU), ``flops_x`` =
 baseline flops_total / flops_total (transformer only, shown as "FLOPs × (transformer)") and
 ``flops_x_e2e`` = baseline flops_e2e / flops_e2e (with the text encoder and the VAE decode, shown as
-"FLOPs × (end to end)"). The paired speed-ups come from each
+"FLOPs × (end to end)"), ``memory_x`` = baseline kv_gb / kv_gb (the KV cache one generate call
+allocates, per image: the memory that runs out; shown as "memory ×") and ``memory_used_x`` =
+baseline kv_used_gb / kv_used_gb (the most positions in use; CSVs only), both NaN when either
+record has no ``memory`` block or the two were measured at different batch sizes
+(``memory_batch``: the per-image share of a shared buffer depends on it). The memory columns
+themselves (``kv_gb``, ``kv_used_gb``, ``peak_gb``, ``peak_kind``, ``peak_analytic_gb``,
+``memory_batch``: :func:`varbench.analysis.frame.records_to_frame`) are in ``table.csv`` too. The paired speed-ups come from each
 record (:func:`varbench.analysis.frame.records_to_frame`): ``paired_speedup`` / ``paired_e2e_speedup``
 (ratio of summed per-prompt times against the baseline timed interleaved in the method's own
 job, over ``n_prompts_timed`` prompts; one prompt: median per-repeat ratio),
@@ -89,7 +95,7 @@ Reading the results in pandas::
 
     df = pd.read_csv("results/nova_sweep/tidy.csv")   # one row per record (all groups), every column above
     df[["method_preset", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
-        "n_repeats", "speedup_reliable", "flops_x", "flops_x_e2e"]]
+        "n_repeats", "speedup_reliable", "flops_x", "flops_x_e2e", "kv_gb", "memory_x"]]
 """
 from __future__ import annotations
 
@@ -134,6 +140,15 @@ def _ratio(num, den) -> float:
     if math.isnan(num) or math.isnan(den) or den == 0:
         return float("nan")
     return num / den
+
+
+def _same_memory_batch(row, base) -> bool:
+    """Both records measured their KV cache at one batch size (a shared buffer's per-image share
+    depends on it); True when neither says (older frames without the column)."""
+    a, b = row.get("memory_batch"), base.get("memory_batch")
+    if _missing(a) and _missing(b):
+        return True
+    return not (_missing(a) or _missing(b)) and int(a) == int(b)
 
 
 def _both_timed(row, base) -> bool:
@@ -281,8 +296,8 @@ def choose_baseline(frame, spec: str = "baseline") -> BaselineChoice:
 
 def pair_with_baseline(frame, baseline: "str | BaselineChoice" = "baseline", allow_unpaired: bool = False,
                        keys: Sequence[str] = PAIR_KEYS):
-    """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x, flops_x_e2e and
-    ``<metric>_delta`` columns (see module docstring). ``baseline``: a ``--baseline`` spelling
+    """Return a copy of ``frame`` with baseline_entry, speedup, e2e_speedup, flops_x, flops_x_e2e,
+    memory_x, memory_used_x and ``<metric>_delta`` columns (see module docstring). ``baseline``: a ``--baseline`` spelling
     (:func:`choose_baseline`) or its result. Raises AggregationError on mismatch."""
     import pandas as pd
 
@@ -309,7 +324,8 @@ def pair_with_baseline(frame, baseline: "str | BaselineChoice" = "baseline", all
     for row, row_is_base in zip(records, is_base):
         out = {"baseline_entry": None, "is_baseline": bool(row_is_base),
                "speedup": float("nan"), "e2e_speedup": float("nan"),
-               "flops_x": float("nan"), "flops_x_e2e": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
+               "flops_x": float("nan"), "flops_x_e2e": float("nan"), "memory_x": float("nan"),
+               "memory_used_x": float("nan"), **{f"{m}_delta": float("nan") for m in delta_metrics}}
         diffs = [(b, _differs(row, b, keys)) for b in base_rows]
         match = [b for b, d in diffs if not d]
         who = f"{row.get('method_label')!r} (entry {row.get('entry_id')})"
@@ -352,6 +368,9 @@ def pair_with_baseline(frame, baseline: "str | BaselineChoice" = "baseline", all
         out["e2e_speedup"] = _ratio(base.get("total_ms"), row.get("total_ms"))
         out["flops_x"] = _ratio(base.get("flops_total"), row.get("flops_total"))
         out["flops_x_e2e"] = _ratio(base.get("flops_e2e"), row.get("flops_e2e"))
+        if _same_memory_batch(row, base):
+            out["memory_x"] = _ratio(base.get("kv_gb"), row.get("kv_gb"))
+            out["memory_used_x"] = _ratio(base.get("kv_used_gb"), row.get("kv_used_gb"))
         for m in delta_metrics:
             a, b = row.get(m), base.get(m)
             if a is not None and b is not None and not (math.isnan(a) or math.isnan(b)):
@@ -399,7 +418,8 @@ WIDE_COLUMNS: tuple[str, ...] = (
     "n_images", "n_prompts_timed", "repeats_per_prompt", "n_repeats", "ar_ms", "ar_ms_p10", "ar_ms_p90", "ar_spread", "ar_ms_reliable", "total_ms", "paired_speedup", "paired_speedup_ci_low", "paired_speedup_ci_high",
     "paired_speedup_ci_level", "paired_e2e_speedup", "paired_e2e_speedup_ci_low", "paired_e2e_speedup_ci_high",
     "paired_ci_kind", "speedup_reliable", "unreliable_reason", "timing_tries", "speedup", "e2e_speedup", "flops_x",
-    "flops_x_e2e", "identical_images", "method_effect", "method_effect_reason", "unchanged_images", "skipped_metrics")
+    "flops_x_e2e", "kv_gb", "kv_used_gb", "peak_gb", "peak_kind", "peak_analytic_gb", "memory_batch", "memory_x",
+    "memory_used_x", "identical_images", "method_effect", "method_effect_reason", "unchanged_images", "skipped_metrics")
 
 
 def wide_table(paired, baseline: str = "baseline"):

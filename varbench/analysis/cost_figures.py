@@ -3,7 +3,7 @@
 Usage::
 
     from varbench.analysis.cost_figures import write_cost_figures, speedup_vs_flops_figure, latency_vs_batch_figure
-    write_cost_figures(paired, "results/nova_sweep/toy-64px")   # speedup_vs_flops.png, latency_vs_batch.png
+    write_cost_figures(paired, "results/nova_sweep/toy-64px")   # speedup_vs_flops.png, speedup_vs_memory.png, latency_vs_batch.png
 
 ``speedup_vs_flops.png``: x is the transformer's FLOPs reduction (``flops_x`` = baseline FLOPs /
 method FLOPs, what the method removes), y the measured speed-up of the AR loop (the paired in-job
@@ -21,6 +21,14 @@ line per row, and, when the records carry paired ratios at several batch sizes, 
 with the paired speed-up per batch size. Written only when some record was timed at two or more
 batch sizes (``timing.batch_sizes``); otherwise there is nothing to draw a line through.
 
+``speedup_vs_memory.png``: x is the KV-cache reduction (``memory_x`` = baseline KV allocated / method
+KV allocated, per image at the record's batch), y the paired speed-up with its interval, colour the
+quality metric's Δ against the baseline (:func:`quality_delta_column`: the first table metric with a
+Δ, e.g. toy GenEval overall; a diverging scale centred on 0, so red is worse and blue better for a
+higher-is-better metric, reversed for a lower-is-better one), marker shape and edge the method
+family's. The composition matrix's figure: memory methods move points right, compute methods up,
+and the colour says what either cost. Written when some non-baseline row has both ratios.
+
 Colours are the method family's (:mod:`varbench.analysis.colours`), markers the preset's, names
 the table's (:func:`varbench.analysis.names.display_names`).
 """
@@ -35,8 +43,10 @@ import numpy as np
 
 from varbench.analysis.canvas import label_points, new_figure, obstacles, save_figure
 from varbench.analysis.colours import family_colour, family_name, preset_markers, row_style
+from varbench.analysis.frame import frame_directions, higher_is_better
 from varbench.analysis.groups import baseline_mask, groups, is_missing, slug, speed_values, speed_words
 from varbench.analysis.names import display_names
+from varbench.analysis.tables import metric_header, table_metrics
 
 FLOPS_WORDS = "FLOPs reduction (×, transformer: baseline FLOPs / method FLOPs per image, analytic)"
 
@@ -152,6 +162,153 @@ def speedup_vs_flops_figure(frame, baseline: str = "baseline", speed_col: str | 
 
     label_points(fig, ax, [(fx[i], x[i]) for i in idx], [names[i] for i in idx], colours, blocked, max_labels,
                  widen=widen, key_xy=(0.72, rect[1] + rect[3]))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# speed-up vs memory
+
+MEMORY_WORDS = "KV-cache reduction (×: baseline KV allocated / method KV allocated, per image)"
+#: one marker per family in the memory figure (colour is taken by the quality Δ there)
+FAMILY_MARKERS: dict[str, str] = {"baseline": "*", "fastvar": "s", "nova": "^", "skipvar": "D", "scalekv": "o",
+                                  "compose": "P", "toprovar": "v", "skipvar_fixed": "X", "skip_last": "h"}
+
+
+def family_marker(family) -> str:
+    return FAMILY_MARKERS.get(str(family), "p")
+
+
+def quality_delta_column(frame) -> str | None:
+    """The metric the memory figure colours by: the first main-table metric (an evaluator's overall,
+    else its first) that has a ``_delta`` column with a value; None when no row has one."""
+    for m in table_metrics(frame):
+        col = f"{m}_delta"
+        if col in frame.columns and np.isfinite(frame[col].astype(float).to_numpy()).any():
+            return m
+    return None
+
+
+def speedup_vs_memory_points(frame, baseline: str = "baseline", speed_col: str | None = None) -> list[dict]:
+    """The memory figure's data: per drawable row ``{"name", "family", "memory_x", "speedup", "ci_low",
+    "ci_high", "reliable", "delta", "is_baseline"}`` (baseline at (1, 1), Δ 0); rows without a
+    memory ratio or a speed-up are left out."""
+    frame = frame.reset_index(drop=True)
+    if "memory_x" not in frame.columns:
+        return []
+    x, lo, hi, reliable, _ = speed_values(frame, baseline, speed_col)
+    mx = frame["memory_x"].astype(float).to_numpy()
+    base = baseline_mask(frame, baseline).to_numpy()
+    mx = np.where(base, 1.0, mx)
+    metric = quality_delta_column(frame)
+    delta = frame[f"{metric}_delta"].astype(float).to_numpy() if metric else np.full(len(frame), np.nan)
+    delta = np.where(base, 0.0, delta)
+    names = _no_effect(display_names(frame), frame)
+    out = []
+    for i in range(len(frame)):
+        if not (np.isfinite(mx[i]) and np.isfinite(x[i]) and mx[i] > 0 and x[i] > 0):
+            continue
+        out.append({"name": names[i], "family": str(frame["method"].iloc[i]), "memory_x": float(mx[i]),
+                    "speedup": float(x[i]), "ci_low": float(lo[i]), "ci_high": float(hi[i]),
+                    "reliable": bool(reliable[i]), "delta": float(delta[i]), "is_baseline": bool(base[i])})
+    return out
+
+
+def _member_family(frame, i: int) -> str:
+    """A composition's marker: its compute member's family (FastVAR + ScaleKV is drawn as FastVAR's
+    shape, the ScaleKV part shows on the x axis); the policy's own family otherwise."""
+    fam = str(frame["method"].iloc[i])
+    if fam != "compose":
+        return fam
+    label = str(frame["method_label"].iloc[i]) if "method_label" in frame.columns else ""
+    for f in ("fastvar", "nova", "skipvar", "toprovar"):
+        if label.lower().startswith(f):
+            return f
+    return fam
+
+
+def speedup_vs_memory_figure(frame, baseline: str = "baseline", speed_col: str | None = None, title: str = "",
+                             max_labels: int = 14):
+    """The speed-up-vs-memory Figure of one group (see the module docstring), or None when no
+    non-baseline row has a memory ratio and a speed-up. ``fig.varbench_points`` is
+    :func:`speedup_vs_memory_points`; points carry gids ``"point:<name>"``."""
+    import matplotlib as mpl
+    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.lines import Line2D
+
+    frame = frame.reset_index(drop=True)
+    pts = speedup_vs_memory_points(frame, baseline, speed_col)
+    if not any(not p["is_baseline"] for p in pts):
+        return None
+    names = _no_effect(display_names(frame), frame)
+    rows = {n: i for i, n in enumerate(names)}
+    metric = quality_delta_column(frame)
+    _, _, _, _, col = speed_values(frame, baseline, speed_col)
+    fig = new_figure(8.4, 6.6)
+    ax = fig.add_axes((0.105, 0.27, 0.67, 0.63))
+    cax = fig.add_axes((0.80, 0.27, 0.022, 0.63))
+    deltas = np.array([p["delta"] for p in pts])
+    span = float(np.nanmax(np.abs(deltas))) if np.isfinite(deltas).any() else 0.0
+    span = span if span > 0 else 1e-3
+    up = metric is None or higher_is_better(metric, frame_directions(frame))
+    cmap = mpl.colormaps["RdBu" if up else "RdBu_r"]     # better = blue, worse = red, whichever way the metric points
+    norm = TwoSlopeNorm(vcenter=0.0, vmin=-span, vmax=span)
+    colours, xy, labels = [], [], []
+    for p in pts:
+        i = rows[p["name"]]
+        fam = "baseline" if p["is_baseline"] else _member_family(frame, i)
+        face = "0.75" if not np.isfinite(p["delta"]) else cmap(norm(p["delta"]))
+        edge = family_colour(str(frame["method"].iloc[i]) if fam == "baseline" else fam)
+        if p["is_baseline"]:
+            ax.plot([1.0], [1.0], marker="*", ms=16, color="black", mfc=face, mec="black", mew=1.0, ls="none",
+                    zorder=5, gid="baseline")
+        else:
+            if np.isfinite(p["ci_low"]) and np.isfinite(p["ci_high"]):
+                ax.errorbar([p["memory_x"]], [p["speedup"]], fmt="none", ecolor=edge, elinewidth=0.9, capsize=2.5,
+                            zorder=3, yerr=[[max(p["speedup"] - p["ci_low"], 0.0)], [max(p["ci_high"] - p["speedup"], 0.0)]])
+            # the fill is the quality Δ, so an unreliable speed-up is marked in its name (†), not by a hollow marker
+            ax.plot([p["memory_x"]], [p["speedup"]], marker=family_marker(fam), ms=10, ls="none",
+                    mfc=face, mec=edge, mew=1.8, zorder=4, gid=f"point:{p['name']}")
+        colours.append(edge)
+        xy.append((p["memory_x"], p["speedup"]))
+        labels.append(p["name"] + ("" if p["reliable"] else " †"))
+    fig.varbench_points = pts
+    xs = np.array([q[0] for q in xy] + [1.0])
+    ys = np.concatenate([[q[1] for q in xy], [p["ci_low"] for p in pts if np.isfinite(p["ci_low"])],
+                         [p["ci_high"] for p in pts if np.isfinite(p["ci_high"])], [1.0]])
+    for lim, v in ((ax.set_xlim, xs), (ax.set_ylim, ys)):
+        sp = max(float(v.max() - v.min()), 0.2)
+        lim(max(0.0, float(v.min()) - 0.12 * sp), float(v.max()) + 0.18 * sp)
+    ax.axhline(1.0, color="0.6", lw=0.8, ls=":", zorder=1)
+    ax.axvline(1.0, color="0.6", lw=0.8, ls=":", zorder=1)
+    ax.grid(alpha=0.25)
+    ax.set_xlabel(MEMORY_WORDS, fontsize=8.5)
+    has_ci = any(np.isfinite(p["ci_low"]) for p in pts)
+    ax.set_ylabel(speed_words(col, has_ci).replace(" (×, ", "\n(×, "), fontsize=8.5)
+    ax.set_title(title or "Speed-up vs KV-cache memory saved", fontsize=10)
+    sm = mpl.cm.ScalarMappable(norm=norm, cmap=cmap)
+    cb = fig.colorbar(sm, cax=cax)
+    cb.set_label(f"Δ {metric_header(metric, frame_directions(frame))} vs baseline" if metric else "no quality Δ recorded",
+                 fontsize=8.5)
+    fams = list(dict.fromkeys(_member_family(frame, rows[p["name"]]) for p in pts if not p["is_baseline"]))
+    handles = [Line2D([], [], marker="*", ms=11, color="black", mfc="white", ls="none", label="baseline (1×, 1×)")]
+    handles += [Line2D([], [], marker=family_marker(f), ms=8, ls="none", mfc="white", mec=family_colour(f), mew=1.8,
+                       label=family_name(f) if f != "scalekv" else "ScaleKV alone") for f in fams]
+    handles.append(Line2D([], [], ls="none", label="fill: quality Δ (colour bar); † after a name: speed-up unreliable"))
+    if any(str(m) == "compose" for m in frame["method"]):
+        handles.append(Line2D([], [], ls="none", label="a composition: its compute member's shape"))
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.02, 0.005), ncol=3, fontsize=7.5, frameon=False,
+               columnspacing=1.2, handletextpad=0.4)
+
+    def blocked():
+        fig.canvas.draw()
+        return obstacles(ax)
+
+    def widen():   # room on the right for the numbered key when the names do not fit beside the points
+        fig.set_size_inches(10.6, fig.get_size_inches()[1])
+        ax.set_position((0.085, 0.27, 0.53, 0.63))
+        cax.set_position((0.635, 0.27, 0.018, 0.63))
+
+    label_points(fig, ax, xy, labels, colours, blocked, max_labels, widen=widen, key_xy=(0.73, 0.90))
     return fig
 
 
@@ -276,7 +433,7 @@ def latency_vs_batch_figure(frame, baseline: str = "baseline", title: str = "",
 # files
 
 def write_cost_figures(paired, out: str | Path, baseline: str = "baseline") -> list[Path]:
-    """``speedup_vs_flops.png`` and ``latency_vs_batch.png`` per group of ``paired``
+    """``speedup_vs_flops.png``, ``speedup_vs_memory.png`` and ``latency_vs_batch.png`` per group of ``paired``
     (``__<group>`` appended when it holds several; each written only when it has data)."""
     out = Path(out)
     parts = groups(paired)
@@ -287,6 +444,9 @@ def write_cost_figures(paired, out: str | Path, baseline: str = "baseline") -> l
         fig = speedup_vs_flops_figure(g, baseline, title="Measured speed-up vs FLOPs saved" + (f"\n{sub}" if sub else ""))
         if fig is not None:
             paths.append(save_figure(fig, out / f"speedup_vs_flops{suffix}.png"))
+        fig = speedup_vs_memory_figure(g, baseline, title="Speed-up vs KV-cache memory saved" + (f"\n{sub}" if sub else ""))
+        if fig is not None:
+            paths.append(save_figure(fig, out / f"speedup_vs_memory{suffix}.png"))
         fig = latency_vs_batch_figure(g, baseline, title="Latency vs batch size" + (f"\n{sub}" if sub else ""))
         if fig is not None:
             paths.append(save_figure(fig, out / f"latency_vs_batch{suffix}.png"))

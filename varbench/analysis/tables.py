@@ -16,7 +16,10 @@ both; then ``n`` (images scored / timed prompts × repeats per prompt), ``AR ms 
 (the row's own AR loop: median over timed prompts, [p10, p90] over them), the paired speed-ups
 (AR loop and end to end) with their intervals, ``FLOPs × (transformer)`` (the transformer's count
 alone, what methods change) and ``FLOPs × (end to end)`` (with the text encoder and the VAE decode
-every method still pays; ``–`` for records without that count), then per metric its value
+every method still pays; ``–`` for records without that count), ``KV (GB) @<resolution>`` (the KV
+cache one generate call allocates at the record's batch, per image; :func:`kv_header`), ``peak (GB)``
+(the measured peak of that call, of the kind the footnote names) and ``memory ×`` (baseline KV /
+method KV, allocated; ``–`` for records without a ``memory`` block), then per metric its value
 ``± err`` and ``Δ`` against the baseline (absent for metrics that already compare with the
 baseline's image, and ``—`` on the baseline's own row). An evaluator with an ``overall`` metric
 shows only that; GenEval-style evaluators get a per-tag breakdown table (six tags + overall).
@@ -195,6 +198,34 @@ def _title(row, key: tuple, rows: Sequence = ()) -> str:
                        f"device={device}", where])
 
 
+#: the memory columns of the main table (the KV column's label gets the section's resolution)
+KV_HEADER, PEAK_HEADER, MEMORY_X_HEADER = "KV (GB)", "peak (GB)", "memory ×"
+#: what the peak kinds measure, as the footnote says it (varbench/engine/memory.py)
+PEAK_KINDS = {"cuda_max_memory_allocated": "CUDA max_memory_allocated (weights, KV cache, activations, graph pool)",
+              "cpu_rss_hwm": "the CPU process's resident-set high-water mark over the call (VmHWM: also the text "
+                             "encoder, the VAE, Python and torch's pages)",
+              "cpu_ru_maxrss": "the CPU process's peak RSS since it started (ru_maxrss: VmHWM could not be reset)",
+              "mixed": "mixed kinds over the record's images"}
+
+
+def kv_header(resolution: Any) -> str:
+    """``KV (GB) @1024²`` for a square ``1024x1024`` resolution, ``KV (GB) @1024×768`` otherwise,
+    ``KV (GB)`` when the row has none."""
+    res = "" if _nan(resolution) else str(resolution)
+    h, _, w = res.partition("x")
+    if not res:
+        return KV_HEADER
+    return f"{KV_HEADER} @{h}²" if h == w else f"{KV_HEADER} @{h}×{w}"
+
+
+def gb_cell(v: Any) -> str:
+    """GiB with 3 significant digits (41.1, 5.14, 0.00375: the toy's cache is megabytes); ``–`` for none."""
+    if _nan(v):
+        return "–"
+    v = float(v)
+    return f"{v:.3g}" if v == 0 or v >= 1e-3 else f"{v:.2e}"
+
+
 def timed_cell(n_images: Any, n_prompts: Any, repeats: Any, n_repeats: Any) -> str:
     """``480 / 16×3``: images scored / timed prompts × repeats per prompt (older records: the
     repeats of their one prompt, ``480 / 1×9``)."""
@@ -236,7 +267,9 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
     metrics = table_metrics(table)
     geneval = geneval_evaluators(table)
     header = ["method", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
-              "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)"]
+              "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)", KV_HEADER, PEAK_HEADER,
+              MEMORY_X_HEADER]
+    kv_col = header.index(KV_HEADER)
     recorded = frame_directions(table)
     for m in metrics:
         header += [metric_header(m, recorded)] + ([f"Δ {metric_header(m, recorded)}"] if f"{m}_delta" in table.columns else [])
@@ -245,7 +278,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
         groups.setdefault(_section_key(r), []).append(r)
     sections = []
     for key, rows in groups.items():
-        sec = Section(_title(rows[0], key, rows), header)
+        sec = Section(_title(rows[0], key, rows), header[:kv_col] + [kv_header(rows[0].get("resolution"))] + header[kv_col + 1:])
         breakdowns = {ev: Section(f"{EVALUATOR_NAMES.get(ev, ev)} by tag", ["method"] + [h for _, h in GENEVAL_TAGS])
                       for ev in geneval}
         names = [_preset(r) for r in rows]
@@ -269,8 +302,10 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                                      r.get("paired_e2e_speedup_ci_high"), r.get("speedup_reliable"), n_rep)]
             fx, fx_e2e = r.get("flops_x"), r.get("flops_x_e2e")
             ar = ar_cell(r)
+            mx = r.get("memory_x")
             cells = [name, n, ar, *speeds,
-                     *("–" if _nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e))]
+                     *("–" if _nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e)),
+                     gb_cell(r.get("kv_gb")), gb_cell(r.get("peak_gb")), "–" if _nan(mx) else f"{float(mx):.2f}×"]
             for m in metrics:
                 short = m.rsplit("/", 1)[-1]
                 digits = METRIC_DIGITS.get(short, 4)
@@ -320,6 +355,7 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
                  "(transformer) counts the transformer alone; (end to end) adds the text encoder and the VAE "
                  "decode, which every method runs unchanged, so it is the smaller ratio.")
     rows = [r for _, r in table.iterrows()]
+    notes += memory_notes(rows)
     bad = [r for r in rows if not _is_base(r, baseline) and _flag(r.get("speedup_reliable")) is False]
     if bad:
         by_reason: dict[str, list[str]] = {}
@@ -375,6 +411,26 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
     return notes
 
 
+def memory_notes(rows: Sequence) -> list[str]:
+    """What the memory columns count: one image's share of the KV cache at the records' batch, which peak
+    kind(s) the table shows; nothing when no row has a ``memory`` block."""
+    have = [r for r in rows if not _nan(r.get("kv_gb")) or not _nan(r.get("peak_gb"))]
+    if not have:
+        return []
+    batches = sorted({int(r.get("memory_batch")) for r in have if not _nan(r.get("memory_batch"))})
+    kinds = sorted({str(r.get("peak_kind")) for r in have if not _nan(r.get("peak_kind"))})
+    at = f"batch {', '.join(map(str, batches))}" if batches else "the record's batch"
+    note = (f"{KV_HEADER} @resolution = the KV cache one generate call allocates at the record's batch size "
+            f"(memory.batch; here {at}), per image (the batch's K/V buffers, and a KV budget's shared staging "
+            "buffer, divided by the batch), in the run's K/V dtype; GB = 2^30 bytes. memory × = baseline KV / "
+            "method KV, allocated (the memory that runs out: buffers are preallocated, so pruning and skipping "
+            "do not shrink them, a KV budget does); the positions in use (kv_used_gb, memory_used_x) are in "
+            "table.csv / tidy.csv. peak (GB) = the measured peak of one generate call of that batch: "
+            + ("; ".join(f"{k}: {PEAK_KINDS.get(k, k)}" for k in kinds) if kinds else "not measured")
+            + ". – = the record has no memory block (written before varbench recorded memory).")
+    return [note]
+
+
 def code_version_notes(table) -> list[str]:
     """One note naming the commits when the records were written by different code versions
     (``provenance.git.sha``, ``+dirty`` for a checkout with uncommitted changes): a table mixing them
@@ -421,7 +477,7 @@ _TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#
                "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
 _TEX_SYMBOLS = {"×": r"$\times$", "±": r"$\pm$", "∞": r"$\infty$", "Δ": r"$\Delta$", "†": r"$^\dagger$",
                 "‡": r"$^\ddagger$", "–": "--", "—": "---", "−": "$-$", "↑": r"$\uparrow$", "↓": r"$\downarrow$",
-                "·": r"$\cdot$", "≥": r"$\geq$", "→": r"$\to$"}
+                "·": r"$\cdot$", "≥": r"$\geq$", "→": r"$\to$", "²": r"$^2$"}
 
 
 def tex(text: str) -> str:

@@ -106,7 +106,7 @@ def _announce_sweep_size(config: DictConfig) -> None:
 
     try:
         params = config.hydra.sweeper.get("params")
-        params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+        params = OmegaConf.to_container(params, resolve=True) if params is not None else {}   # resolved, as Hydra instantiates the sweeper (compose_matrix picks its list by model)
         n = sweep_size(list(config.hydra.overrides.task), params)
     except Exception:  # noqa: BLE001 - the count is a courtesy; the line then says "job k"
         n = None

@@ -150,7 +150,7 @@ def sweep_overrides(config: DictConfig) -> dict[str, list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     params = config.hydra.sweeper.get("params") if "sweeper" in config.hydra else None
-    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+    params = OmegaConf.to_container(params, resolve=True) if params is not None else {}   # resolved, as Hydra instantiates the sweeper (compose_matrix picks its list by model)
     strings = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.get("task") or [])
     swept = {}
     for o in OverridesParser.create().parse_overrides(strings):

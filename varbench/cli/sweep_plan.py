@@ -121,7 +121,7 @@ def plan_command(argv: Sequence[str]) -> Optional[SweepPlan]:
         cfg = compose_job(search, overrides)
         return SweepPlan(False, [PlannedJob(list(overrides), cfg)], search)
     params = OmegaConf.select(primary, "hydra.sweeper.params")
-    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+    params = OmegaConf.to_container(params, resolve=True) if params is not None else {}   # resolved, as Hydra instantiates the sweeper (compose_matrix picks its list by model)
     lists = job_overrides(params, overrides)
     if lists is None:
         return None

@@ -15,7 +15,8 @@ graphs). A cached position of one row in one block costs 2 * embed_dim * element
   bytes: what the cache holds. Pruning tokens (FastVAR's `prune_kv`), skipping a scale or
   dropping the unconditional rows (SkipVAR) do **not** change it: the buffers are preallocated.
   A block skipped at every scale allocates nothing; a KV budget that sizes buffers per block
-  (`capacity` as a per-block list) does.
+  (`capacity` as a per-block list) does, plus the one staging buffer shared by all blocks that
+  such a budget needs while a block holds its kept positions and a whole scale (`staging`).
 - *used* after a scale = sum over blocks of rows_in_use * positions_cached * position bytes:
   what attention can read. Pruned K/V append fewer positions, a skipped scale or block appends
   none, `drop_uncond` halves the rows in use from that scale on, and a KV budget (`budget`:
@@ -70,6 +71,7 @@ class KVBytes:
     used_per_scale: list[int]          # bytes in use after each scale
     allocated_per_block: list[int]
     rows: int                          # rows of the buffers as allocated (2B with CFG)
+    staging: int = 0                   # bytes of the shared staging buffer (in `allocated`, not per block)
 
     @property
     def used_peak(self) -> int:
@@ -78,12 +80,12 @@ class KVBytes:
     def per_image(self, batch: int) -> "KVBytes":
         """One image's share (every quantity is a multiple of the batch: rows are per image)."""
         return KVBytes(self.allocated // batch, [u // batch for u in self.used_per_scale],
-                       [a // batch for a in self.allocated_per_block], self.rows // batch)
+                       [a // batch for a in self.allocated_per_block], self.rows // batch, self.staging // batch)
 
 
 def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
                   capacity: int | Sequence[int] | None = None,
-                  budget: Optional[Mapping[tuple[int, int], int]] = None) -> KVBytes:
+                  budget: Optional[Mapping[tuple[int, int], int]] = None, staging: int = 0) -> KVBytes:
     """The KV bytes of a generation from its per-scale trace entries (the runtime's
     `GenerationOutput.trace` of one (sub-)batch, or `varbench.engine.flops.plan_trace` from plans
     alone: entries with ``ran``, ``rows``, ``tokens`` and per block ``mode`` and ``qkv``, the
@@ -92,7 +94,14 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
     `capacity`: positions per block buffer; None = every token of the schedule (the runtime's
     rule), an int for all blocks, or one per block (a budget that sizes buffers per block).
     `budget`: {(scale, block): positions} the block keeps after that scale (the rest evicted for
-    good; absent = keep all). Without `budget` the positions equal the trace's ``kv`` counts."""
+    good; absent = keep all). Without `budget` the positions equal the trace's ``kv`` counts.
+    `staging`: positions of the runtime's one staging buffer shared by all blocks
+    (`varbench.engine.state.kv_staging_capacity` of the capacities; 0: none, the baseline). It is
+    allocated with the first block's buffer (that block's rows) and counted in `allocated`, never in
+    used (`KVCache.nbytes`); during a scale a block may hold up to it, after the scale at most its
+    own capacity, except at the last scale, where the runtime drops the staged K/V unread (the
+    block keeps what it held before). With the plans' budgets, capacities and this, `allocated`
+    equals `varbench.engine.runtime.analytic_kv_bytes` (tested)."""
     depth = max((len(tr["blocks"]) for tr in trace if tr["ran"]), default=0)
     cap = [sum(tr["tokens"] for tr in trace)] * depth if capacity is None else (
         [int(capacity)] * depth if isinstance(capacity, int) else [int(c) for c in capacity])
@@ -103,7 +112,9 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
     length = [0] * depth
     rows = 0
     used = []
-    for tr in trace:
+    stage_rows = None                  # the staging buffer takes the rows of the first block's buffer
+    for t, tr in enumerate(trace):
+        before = list(length)
         if tr["ran"]:
             rows = tr["rows"]          # drop_uncond: the rows in use shrink to the batch from here on
             for bi, blk in enumerate(tr["blocks"]):
@@ -111,18 +122,27 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
                     continue
                 if alloc_rows[bi] is None:
                     alloc_rows[bi] = rows
+                    stage_rows = rows if stage_rows is None else stage_rows
                 length[bi] += blk["qkv"]
-                if length[bi] > cap[bi]:
+                if length[bi] > max(cap[bi], staging):
                     raise ValueError(f"scale {tr['si']} block {bi}: {length[bi]} cached positions exceed the "
-                                     f"buffer's capacity {cap[bi]}")
+                                     f"buffer's capacity {cap[bi]}" + (f" and the staging buffer's {staging}" if staging else ""))
         if budget:
             for bi in range(depth):
                 keep = budget.get((tr["si"], bi))
                 if keep is not None:
                     length[bi] = min(length[bi], int(keep))
+        for bi in range(depth):
+            if length[bi] > cap[bi]:   # still staged after the scale
+                if t != len(trace) - 1:
+                    raise ValueError(f"scale {tr['si']} block {bi}: keeps {length[bi]} positions after the scale but its "
+                                     f"buffer holds {cap[bi]} between scales (a budget or capacity too small)")
+                length[bi] = before[bi]   # the last scale: its staged K/V are read and dropped (KVCache.settle)
         used.append(sum(rows * n * pos for n, r in zip(length, alloc_rows) if r is not None))
     per_block = [0 if r is None else r * c * pos for r, c in zip(alloc_rows, cap)]
-    return KVBytes(sum(per_block), used, per_block, max((r for r in alloc_rows if r is not None), default=0))
+    stage = 0 if stage_rows is None else stage_rows * int(staging) * pos
+    return KVBytes(sum(per_block) + stage, used, per_block, max((r for r in alloc_rows if r is not None), default=0),
+                   stage)
 
 
 def module_bytes(module: torch.nn.Module) -> int:

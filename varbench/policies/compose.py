@@ -13,7 +13,14 @@ Memory x compute: a KV budget (scalekv) composes with FastVAR, NOVA, SkipVAR and
          baselines: they prune tokens, blocks, rows or scales, which only shortens what a block
          caches, so the budget's capacity still bounds it. Where a member pruned a scale's K/V
          (prune_kv), ScaleKV's selection has no guaranteed window keys and keeps the top n_keep
-         of every position by its pooled scores (its card).
+         of every position by its pooled scores (its card). SkipVAR in particular: a scale it
+         skips never runs, so its budget is never applied (ScaleKV plans on the full schedule;
+         the capacities stay an upper bound); its cond-only scales (drop_uncond) shrink the rows
+         in use, while a budget counts positions per row, so the cond rows keep exactly their
+         budget and the dropped uncond rows are never read again; its per-image decisions split
+         the batch, whose parts share the staging buffer. Refused: two KV budgets on one
+         composition (INCOMPATIBLE; a ConfigError at construction, so a composition matrix lists
+         the cell as failed with this reason).
 Typical use: NOVA's schedule on top of FastVAR's cache (the NOVA summary hints NOVA was evaluated
          over FastVAR): members [fastvar, nova], conflict "last" (NOVA's per-layer plan wins where
          both prune a block), cache "first" (NOVA's pruned slots are filled from FastVAR's cached
@@ -56,6 +63,10 @@ INCOMPATIBLE: dict[frozenset, str] = {
     frozenset({"skip_last", "toprovar"}): (
         "ToProVAR chooses its own exit/depth; a fixed skip_last on top silently overrides it. Use "
         "toprovar.fixed_exit for a fixed exit instead."),
+    frozenset({"scalekv"}): (
+        "two ScaleKV members would both budget the same blocks' KV caches: each evicts what the other's "
+        "selection kept, and the runtime sizes a block to one capacity, so neither budget is the one "
+        "applied. One memory method per composition (run different budgets as separate arms)."),
 }
 
 
@@ -126,7 +137,7 @@ class Compose(Policy):
             for j in range(i + 1, len(names)):
                 reason = INCOMPATIBLE.get(frozenset({names[i], names[j]}))
                 if reason:
-                    raise ValueError(f"compose: {names[i]} + {names[j]} is refused. {reason}")
+                    raise ConfigError(f"compose: {names[i]} + {names[j]} is refused. {reason}")
         self.members, self.conflict, self.cache = members, conflict, cache
 
     @property
