@@ -209,8 +209,9 @@ def test_budget_loading_is_strict(bad, match):
 
 
 def test_budget_file_errors_name_the_file_and_the_fix(tmp_path, tiny_rt):
+    absent = ScaleKV(budget_file=str(tmp_path / "2b_10%_budget.json"))   # validates: the preflight names the file
     with pytest.raises(ConfigError, match="no such file.*SpecuKV"):
-        ScaleKV(budget_file=str(tmp_path / "2b_10%_budget.json"))
+        gen(tiny_rt, absent)                                              # ...and the first plan raises
     (tmp_path / "garbled.json").write_text("{not json")
     with pytest.raises(ConfigError, match="garbled.json.*not a JSON"):
         ScaleKV(budget_file=str(tmp_path / "garbled.json"))

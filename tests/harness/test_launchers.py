@@ -97,7 +97,9 @@ def _local_sweep(tmp_path: Path, *overrides: str) -> tuple[str, Path]:
     assert len(list((tmp_path / "store" / "smoke").glob("entries/*/DONE"))) == 2, out
 
     # the launching process aggregated one table with both methods
-    table = (tmp_path / "results" / "smoke" / "table.md")
+    folders = group_dirs(tmp_path / "results" / "smoke")
+    assert len(folders) == 1, "no aggregated table:\n" + out     # one model and resolution: one folder
+    table = folders[0] / "table.md"
     assert table.exists(), "no aggregated table:\n" + out
     rows = [ln for ln in table.read_text().splitlines() if ln.startswith("| ") and "---" not in ln]
     assert sum("| baseline |" in r for r in rows) == 1, table.read_text()          # by name: the column layout may change

@@ -312,12 +312,22 @@ class ScaleKV(Policy):
                               f"downloaded from {RELEASE_URL}) or method.knobs.budgets (the same data inline)"
                               + ("; both are set" if kn.budget_file is not None else "; neither is set"))
         self.budget_file = kn.budget_file
-        self.budgets = (load_budget_file(kn.budget_file) if kn.budget_file is not None
-                        else parse_budgets(dict(kn.budgets), "method.knobs.budgets"))
+        # a file that is there is read (and checked) now; a missing one is named by the preflight
+        # (varbench.harness.preflight) and raised when the policy first plans, as SkipVAR's decision models
+        self._budgets = (parse_budgets(dict(kn.budgets), "method.knobs.budgets") if kn.budget_file is None
+                         else load_budget_file(kn.budget_file) if Path(str(kn.budget_file)).expanduser().is_file()
+                         else None)
         self.source = kn.budget_file if kn.budget_file is not None else "inline"
         self.base_capacity, self.window_size = int(kn.base_capacity), int(kn.window_size)
         self.kernel_size, self.pooling = int(kn.kernel_size), kn.pooling
         self.selector = ScaleKVSelector(self.window_size, self.kernel_size, self.pooling)
+
+    @property
+    def budgets(self) -> dict[int, ScaleBudget]:
+        """The budgets by release scale number (the file's, read on first use when it was absent)."""
+        if self._budgets is None:
+            self._budgets = load_budget_file(self.budget_file)
+        return self._budgets
 
     # -- per generation ---------------------------------------------------------------------
     def reset(self, ctx: GenerationContext) -> None:
