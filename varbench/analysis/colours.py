@@ -30,14 +30,16 @@ FAMILY_COLOURS: dict[str, str] = {
     "skipvar_fixed": "#E69F00",  # orange
     "skip_last": "#56B4E9",      # sky blue
     "compose": "#882255",        # wine (Tol): compositions such as nova_on_fastvar
+    "scalekv": "#332288",        # indigo (Tol): the memory method
 }
 #: colours for families not listed above, chosen by a hash of the name (from Tol's muted scheme,
 #: leaving out the tones close to a known family's: its teal, purple and light blue)
-EXTRA_COLOURS: tuple[str, ...] = ("#332288", "#117733", "#999933", "#661100", "#888888")
+EXTRA_COLOURS: tuple[str, ...] = ("#117733", "#999933", "#661100", "#888888")
 #: legend words for the known families
 FAMILY_NAMES: dict[str, str] = {
     "baseline": "baseline", "fastvar": "FastVAR", "nova": "NOVA", "toprovar": "ToProVAR", "skipvar": "SkipVAR",
     "skipvar_fixed": "SkipVAR fixed skip", "skip_last": "skip last scales", "compose": "composed methods",
+    "scalekv": "ScaleKV",
 }
 #: markers for the presets of one family, in order (filled shapes: a hollow one means "unreliable")
 PRESET_MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">", "p", "8")
