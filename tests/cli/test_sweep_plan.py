@@ -46,3 +46,11 @@ def test_a_single_run_is_one_job_and_hydra_mode_run_wins():
     plan = plan_command(["+experiment=smoke", "hydra.mode=RUN", "method=nova"])
     assert not plan.multirun and len(plan.jobs) == 1 and str(plan.jobs[0].cfg.method.name) == "nova"
     assert plan_command(["--cfg", "job"]) is None          # prints a config: no job to plan
+
+
+def test_a_per_model_method_list_without_the_model_is_one_config_error():
+    from varbench.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="'compose_matrix_methods.tiny' not found.*choose one of them"):
+        plan_command(["+experiment=compose_matrix", "model=tiny"])
+    assert len(plan_command(["+experiment=compose_matrix", "model=toy"]).jobs) == 8

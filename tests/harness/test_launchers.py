@@ -123,7 +123,7 @@ def test_local_submitit_sweep_runs_one_job_at_a_time_and_echoes_their_lines(tmp_
         assert re.search(rf"^\[varbench\] job {k}/2 · record: ", out, re.M), out
         assert re.search(rf"^\[varbench\] job {k}/2 done · {method} ", out, re.M), out
     # all of them before the table (the watcher is stopped, and drained, before the aggregation)
-    assert out.index("[varbench] job 2/2 done") < out.index("[varbench] tables and figures:"), out
+    assert out.index("[varbench] job 2/2 done") < out.index("[varbench] wrote "), out
 
     folders = sorted(p.name for p in (sweep / ".submitit").iterdir() if p.is_dir())
     assert len(folders) == 2 and all(f.isdigit() for f in folders), folders         # no literal "%j"

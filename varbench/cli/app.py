@@ -118,8 +118,12 @@ def preflight(argv: list[str]) -> None:
     from varbench.cli.sweep_plan import plan_command
     from varbench.harness.preflight import check_files
 
+    from varbench.core.errors import ConfigError
+
     try:
         plan = plan_command(argv)
+    except ConfigError:
+        raise                      # ours, naming the fix (e.g. an experiment without a method list for this model)
     except Exception:  # noqa: BLE001 - Hydra's own message follows when the command runs
         return
     if plan is None:

@@ -183,15 +183,22 @@ def list_experiments(search: list[Path]) -> list[str]:
 
     out = []
     for name, path in _options("experiment", search).items():
-        node = OmegaConf.load(path)
-        params = OmegaConf.select(node, "hydra.sweeper.params") or {}
-        sweep = {str(k): [v.strip() for v in str(val).split(",")] for k, val in params.items()}
+        tree = OmegaConf.to_container(OmegaConf.load(path), resolve=False)   # ${...} as written
+        params = ((tree.get("hydra") or {}).get("sweeper") or {}).get("params") or {}
+        per_model = {str(m): str(v) for m, v in (tree.get(f"{name}_methods") or {}).items()}
+        sweep = {str(k): [v.strip() for v in str(val).split(",")] for k, val in params.items()
+                 if not str(val).startswith("${")}
         n = 1
         for values in sweep.values():
             n *= len(values)
-        jobs = "; ".join(f"{k}: {', '.join(v)}" for k, v in sweep.items()) or "one job"
+        jobs = "; ".join(f"{k}: {', '.join(v)}" for k, v in sweep.items())
+        if per_model:       # the methods depend on the model (e.g. compose_matrix: its toy presets)
+            counts = {len(v.split(",")) for v in per_model.values()}
+            n *= counts.pop() if len(counts) == 1 else 1
+            jobs = "; ".join([jobs] * bool(jobs) + [f"method for model={m}: {', '.join(x.strip() for x in v.split(','))}"
+                                                    for m, v in per_model.items()])
         out.append(f"+experiment={name}  ({n} job{'s' if n != 1 else ''})  {_comment(path)}")
-        out.append(f"    {jobs}")
+        out.append(f"    {jobs or 'one job'}")
     return out
 
 

@@ -21,7 +21,10 @@ from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 
+from omegaconf.errors import InterpolationKeyError
+
 from varbench.cli.overrides import first_choice, split_argv
+from varbench.core.errors import ConfigError
 from varbench.core.resources import CONF_DIR
 
 _MULTIRUN_FLAGS = {"-m", "--multirun"}
@@ -121,7 +124,13 @@ def plan_command(argv: Sequence[str]) -> Optional[SweepPlan]:
         cfg = compose_job(search, overrides)
         return SweepPlan(False, [PlannedJob(list(overrides), cfg)], search)
     params = OmegaConf.select(primary, "hydra.sweeper.params")
-    params = OmegaConf.to_container(params, resolve=True) if params is not None else {}   # resolved, as Hydra instantiates the sweeper (compose_matrix picks its list by model)
+    try:   # resolved, as Hydra instantiates the sweeper (compose_matrix picks its method list by model)
+        params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
+    except InterpolationKeyError as e:
+        raise ConfigError(f"this experiment's sweep (hydra.sweeper.params) cannot be built for this command: "
+                          f"{str(e).splitlines()[0]}. An experiment with a per-model method list (e.g. "
+                          "compose_matrix_methods in compose_matrix.yaml) has entries only for the models it "
+                          "lists: choose one of them or add yours") from None
     lists = job_overrides(params, overrides)
     if lists is None:
         return None
