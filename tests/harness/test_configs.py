@@ -5,7 +5,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import varbench  # noqa: F401  (registers the method presets' knob dataclasses in the ConfigStore)
+import varbench.harness  # noqa: F401  (registers the method presets' knob dataclasses in the ConfigStore)
 
 CONF = Path(__file__).resolve().parents[2] / "varbench" / "conf"
 GROUPS = ["model", "method", "benchmark", "timing", "runtime", "logger", "paths"]
