@@ -112,6 +112,18 @@ def test_scatter_without_interval_columns_degrades():
     assert len(_artist(fig, "label")) == len(ROWS)
 
 
+def _assert_labels_clear(fig, rows, gid):
+    """One label box (artists with ``gid``) per row; no two overlap and none covers a marker's centre
+    (x, y of a row: its speed-up and metric, columns 2 and 6 of the rows these tests build)."""
+    boxes = _boxes(fig, gid)
+    assert len(boxes) == len(rows)
+    for a, b in itertools.combinations(boxes, 2):
+        assert not a.overlaps(b), "two labels overprint"
+    pts = fig.axes[0].transData.transform([[r[2], r[6]] for r in rows])
+    for box in boxes:
+        assert not any(box.x0 <= px <= box.x1 and box.y0 <= py <= box.y1 for px, py in pts)
+
+
 def _boxes(fig, gid):
     r = fig.canvas.get_renderer()
     from matplotlib.text import Text
@@ -127,15 +139,9 @@ def test_labels_do_not_overprint_each_other_or_points():
     rows = [ROWS[0]] + [("m%d" % (i % 3), f"method_{i}_long_label", 1.50 + 0.02 * i, np.nan, np.nan, True,
                          0.290 - 0.001 * (i % 4), 0.0005) for i in range(8)]
     fig = speed_quality_figure(frame(rows), "hpsv2/score")
-    boxes = _boxes(fig, "label")
-    assert len(boxes) == len(rows)
-    for a, b in itertools.combinations(boxes, 2):
-        assert not a.overlaps(b), "two labels overprint"
+    _assert_labels_clear(fig, rows, "label")
     ax = fig.axes[0]
-    pts = ax.transData.transform([[r[2], r[6]] for r in rows])
-    for box in boxes:
-        for px, py in pts:   # no label covers a marker's centre
-            assert not (box.x0 <= px <= box.x1 and box.y0 <= py <= box.y1)
+    for box in _boxes(fig, "label"):
         line = _artist(fig, "pareto")[0]   # nor does a label sit on the frontier line
         d = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()]))
         for a, b in zip(d[:-1], d[1:]):
@@ -331,14 +337,7 @@ def test_twelve_close_methods_get_labels_that_do_not_collide():
                         for fam, name in zip(fams, names)]
     fig = speed_quality_figure(frame(rows), "hpsv2/score")
     gid = "label" if _artist(fig, "label") else "label-number"
-    boxes = _boxes(fig, gid)
-    assert len(boxes) == len(rows)
-    for a, b in itertools.combinations(boxes, 2):
-        assert not a.overlaps(b), "two labels overprint"
-    ax = fig.axes[0]
-    pts = ax.transData.transform([[r[2], r[6]] for r in rows])
-    for box in boxes:
-        assert not any(box.x0 <= px <= box.x1 and box.y0 <= py <= box.y1 for px, py in pts)
+    _assert_labels_clear(fig, rows, gid)
     if gid == "label-number":   # the names are then in the key, each once
         key = [t for t in fig.texts if t.get_gid() == "label-key"][0].get_text()
         assert all(key.count(n.split(" (")[0]) >= 1 for n in names)

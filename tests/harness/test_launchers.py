@@ -147,15 +147,6 @@ def test_local_submitit_sweep_runs_jobs_in_parallel_processes_when_asked(tmp_pat
     (s0, e0), (s1, e1) = (_span(x) for x in logs.values())
     assert s0 < e1 and s1 < e0, f"the two jobs did not overlap in time: {(s0, e0)} {(s1, e1)}"
 
-    # the launching process aggregated one table with both methods
-    folders = group_dirs(tmp_path / "results" / "smoke")
-    assert len(folders) == 1, "no aggregated table:\n" + out     # one model and resolution: one folder
-    table = folders[0] / "table.md"
-    assert table.exists(), "no aggregated table:\n" + out
-    rows = [ln for ln in table.read_text().splitlines() if ln.startswith("| ") and "---" not in ln]
-    assert sum("| baseline |" in r for r in rows) == 1, table.read_text()          # by name: the column layout may change
-    assert sum("| skip_last_1 |" in r for r in rows) == 1, table.read_text()
-
 
 def _task_pids(sweep: Path, module: bytes = b"submitit.core._submit") -> list[int]:
     """Pids of the submitit task processes (``python -m submitit.core._submit <folder>``) of ``sweep``

@@ -23,16 +23,9 @@ from varbench.loggers.wandb import DATA_DIR, WandbSink, log_record_artifact  # n
 
 
 @pytest.fixture
-def wb(monkeypatch, tmp_path):
-    """Offline W&B into tmp_path; W&B's own data folder (its default staging place) is ``outside``."""
-    for var in ("WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_API_KEY", "WANDB_BASE_URL", "NETRC"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wbcache"))
-    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "outside"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wbconfig"))
-    return tmp_path
+def wb(offline_wandb):
+    """Offline W&B (tests/loggers/conftest.py); W&B's own data folder is ``wbdata``."""
+    return offline_wandb
 
 
 def _finished(run_dir: Path, wait_s: float = 15.0) -> Path:
@@ -64,7 +57,7 @@ def _sha(path) -> str:
 def test_the_sink_stages_inside_the_run_folder_and_gives_the_data_dir_back(wb):
     import wandb
 
-    outside = str(wb / "outside")
+    outside = str(wb / "wbdata")
     run = WandbSink(mode="offline", dir=wb / "wb").init_run(name="n", job_type="j")
     folder = Path(run.dir).parent
     assert os.environ["WANDB_DATA_DIR"] == str(folder / DATA_DIR)          # for the run's lifetime
@@ -74,7 +67,7 @@ def test_the_sink_stages_inside_the_run_folder_and_gives_the_data_dir_back(wb):
     run.log_artifact(art)
     run.finish()
     assert os.environ["WANDB_DATA_DIR"] == outside                         # the user's setting is back
-    assert not (wb / "outside").exists()                                   # nothing staged there
+    assert not (wb / "wbdata").exists()                                   # nothing staged there
     [ref] = references(_finished(folder))
     assert Path(ref.local_path).is_relative_to(folder / DATA_DIR) and Path(ref.local_path).read_text() == "x"
 
@@ -155,9 +148,9 @@ def test_relocate_names_what_will_not_sync(wb, capsys):
     run.log_artifact(art)
     run.finish()
     folder = _finished(Path(run.dir).parent)
-    assert Path(references(folder)[0].local_path).is_relative_to(wb / "outside")
+    assert Path(references(folder)[0].local_path).is_relative_to(wb / "wbdata")
     shutil.move(str(folder), str(wb / "copied"))
-    shutil.rmtree(wb / "outside")
+    shutil.rmtree(wb / "wbdata")
 
     damaged = wb / "damaged"
     shutil.copytree(_log_run(wb), damaged)

@@ -103,16 +103,9 @@ def store(toy_store, tmp_path):
 
 
 @pytest.fixture
-def wb(monkeypatch, tmp_path):
-    """Offline W&B into tmp_path, nothing from the user's machine."""
-    for var in ("WANDB_DIR", "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_API_KEY", "WANDB_BASE_URL", "NETRC"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wbcache"))
-    monkeypatch.setenv("WANDB_DATA_DIR", str(tmp_path / "wbdata"))
-    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wbconfig"))
-    return tmp_path / "wb"
+def wb(offline_wandb):
+    """Offline W&B (tests/loggers/conftest.py); runs under ``wb/``."""
+    return offline_wandb / "wb"
 
 
 def _job(root, *extra):

@@ -33,7 +33,6 @@ import base64
 import datetime as _dt
 import html
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from varbench.analysis.groups import GROUP_KEYS
 from varbench.analysis.plots import FIGURES_MANIFEST
-from varbench.analysis.tables import Section, build_sections, footnotes
+from varbench.analysis.tables import Section, build_sections, footnotes, is_nan
 from varbench.core.errors import FixableError
 from varbench.core.jsonio import atomic_write_bytes
 from varbench.harness.provenance import code_version
@@ -90,15 +89,6 @@ def ordered_rows(paired, baseline: str = "baseline"):
 
 def _e(text: Any) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _missing(v: Any) -> bool:
-    if v is None:
-        return True
-    try:
-        return not isinstance(v, str) and math.isnan(float(v))
-    except (TypeError, ValueError):
-        return False
 
 
 def _anchor(name: str, taken: set[str]) -> str:
@@ -228,7 +218,7 @@ def _evaluator_versions(rec: Mapping, row: Mapping) -> str:
         named = []
         if isinstance(info, Mapping):
             named = [f"{k} {v}" for k, v in info.items() if isinstance(v, str) and _VERSIONISH.match(v)]
-        parts.append(f"{ev} {_short(h, 8) if not _missing(h) else ''}".strip()
+        parts.append(f"{ev} {_short(h, 8) if not is_nan(h) else ''}".strip()
                      + (f" ({', '.join(named)})" if named else ""))
     return "; ".join(parts) or "—"
 
@@ -245,7 +235,7 @@ def record_facts(row: Mapping, rec: Mapping | None) -> dict[str, str]:
     weights = model.get("weights") if isinstance(model.get("weights"), Mapping) else None
 
     def val(v: Any) -> str:
-        return "—" if _missing(v) else str(v)
+        return "—" if is_nan(v) else str(v)
 
     facts = {
         "code version": code_version(row) if "git_sha" in row else code_version(rec),
@@ -292,9 +282,9 @@ def provenance_html(table) -> str:
     header = ["method", "label", "entry", "created", *differ]
     body = []
     for r, f in zip(rows, facts):
-        preset = r.get("method_preset") if not _missing(r.get("method_preset")) else r.get("method")
+        preset = r.get("method_preset") if not is_nan(r.get("method_preset")) else r.get("method")
         cells = [preset, r.get("method_label"), r.get("entry_id"), r.get("created"), *(f.get(k, "—") for k in differ)]
-        body.append("<tr>" + "".join(f"<td class=\"t\">{_e('—' if _missing(c) else c)}</td>" for c in cells) + "</tr>")
+        body.append("<tr>" + "".join(f"<td class=\"t\">{_e('—' if is_nan(c) else c)}</td>" for c in cells) + "</tr>")
     out.append("<p>Per record" + (f" (what differs: {_e(', '.join(differ))})" if differ else "") + ":</p>")
     out.append('<div class="scroll"><table><thead><tr>' + "".join(f'<th class="t">{_e(h)}</th>' for h in header)
                + "</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table></div>")
@@ -327,9 +317,9 @@ a{color:#0969da}
 def _when_what(groups: Sequence[ReportGroup]) -> list[str]:
     frames = [g.paired for g in groups]
     n_rec = sum(len(f) for f in frames)
-    ids = {str(v) for f in frames if "entry_id" in f.columns for v in f["entry_id"] if not _missing(v)}
-    exps = sorted({str(v) for f in frames if "experiment" in f.columns for v in f["experiment"] if not _missing(v)})
-    created = sorted(str(v) for f in frames if "created" in f.columns for v in f["created"] if not _missing(v))
+    ids = {str(v) for f in frames if "entry_id" in f.columns for v in f["entry_id"] if not is_nan(v)}
+    exps = sorted({str(v) for f in frames if "experiment" in f.columns for v in f["experiment"] if not is_nan(v)})
+    created = sorted(str(v) for f in frames if "created" in f.columns for v in f["created"] if not is_nan(v))
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [f"Written {now} · experiment{'s' if len(exps) != 1 else ''}: {', '.join(exps) or '—'} · "
              f"{n_rec} record{'s' if n_rec != 1 else ''} in {len(ids)} entr{'y' if len(ids) == 1 else 'ies'} · "

@@ -68,7 +68,8 @@ class Section:
     subtables: list["Section"] = field(default_factory=list)
 
 
-def _nan(v: Any) -> bool:
+def is_nan(v: Any) -> bool:
+    """None, or a number that is NaN (strings are values); the tables' and the report's missing cell."""
     if v is None:
         return True
     try:
@@ -79,7 +80,7 @@ def _nan(v: Any) -> bool:
 
 def _flag(v: Any) -> bool | None:
     """A boolean column read back from CSV or a frame (None/NaN -> None)."""
-    if _nan(v):
+    if is_nan(v):
         return None
     if isinstance(v, str):
         return v.strip().lower() in ("true", "1", "yes")
@@ -98,7 +99,7 @@ def metric_header(metric: str, recorded: dict | None = None) -> str:
 
 
 def _num(v: Any, digits: int = 4) -> str:
-    if _nan(v):
+    if is_nan(v):
         return "–"
     v = float(v)
     if math.isinf(v):
@@ -108,12 +109,12 @@ def _num(v: Any, digits: int = 4) -> str:
 
 def speed_cell(med: Any, lo: Any, hi: Any, reliable: Any, n: Any) -> str:
     """``1.52× [1.48, 1.57]``; ``†`` appended when unreliable; ``n/a`` interval for one repeat."""
-    if _nan(med):
+    if is_nan(med):
         return "–"
     cell = f"{float(med):.2f}×"
-    if not _nan(n) and int(n) <= 1:
+    if not is_nan(n) and int(n) <= 1:
         cell += " [n/a]"
-    elif not (_nan(lo) or _nan(hi)):
+    elif not (is_nan(lo) or is_nan(hi)):
         cell += f" [{float(lo):.2f}, {float(hi):.2f}]"
     if _flag(reliable) is False:
         cell += f" {DAGGER}"
@@ -127,9 +128,9 @@ def value_cell(value: Any, err: Any, n_images: Any, digits: int = 4, identical: 
     cell = _num(value, digits)
     if cell == "–":
         return cell
-    if not _nan(n_images) and int(n_images) <= 1:
+    if not is_nan(n_images) and int(n_images) <= 1:
         return cell + " ± n/a"
-    if not _nan(err):
+    if not is_nan(err):
         cell += f" ± {float(err):.{digits}f}"
     return cell
 
@@ -141,7 +142,7 @@ def _is_base(row, baseline: str) -> bool:
 def same_work(row) -> bool:
     """The row executed the baseline's work: FLOPs ratio 1 and every image bit-identical."""
     fx = row.get("flops_x")
-    return (_flag(row.get("identical_images")) is True and not _nan(fx) and abs(float(fx) - 1.0) < 1e-9)
+    return (_flag(row.get("identical_images")) is True and not is_nan(fx) and abs(float(fx) - 1.0) < 1e-9)
 
 
 def effect_mark(row) -> str:
@@ -152,7 +153,7 @@ def effect_mark(row) -> str:
         return f" {NO_EFFECT}"
     if effect == "partial":
         k, n = row.get("unchanged_images"), row.get("n_images")
-        return f" ({NO_EFFECT[1:-1]} on {'?' if _nan(k) else int(k)}/{'?' if _nan(n) else int(n)})"
+        return f" ({NO_EFFECT[1:-1]} on {'?' if is_nan(k) else int(k)}/{'?' if is_nan(n) else int(n)})"
     return ""
 
 
@@ -170,7 +171,7 @@ def _preset(row) -> str:
 
 def _section_key(row) -> tuple:
     base = row.get("baseline_entry")
-    if not _nan(base):
+    if not is_nan(base):
         return ("baseline", str(base))
     return ("unpaired",) + tuple(str(row.get(k)) for k in ("model", "resolution", "benchmark", "prompts_sha256",
                                                              "n_images", "device", "pair_key"))
@@ -188,7 +189,7 @@ def _title(row, key: tuple, rows: Sequence = ()) -> str:
     n_p, spp, sel = row.get("n_prompts"), row.get("samples_per_prompt"), row.get("prompt_selection")
     if any(_flag(r.get("benchmark_sha256_matches")) is False for r in rows):
         bench += f" [{MODIFIED_PROMPTS}]"
-    if not _nan(n_p) and not _nan(spp):
+    if not is_nan(n_p) and not is_nan(spp):
         bench += f" ({int(n_p)} prompts × {int(spp)} images"
         bench += f", {sel})" if isinstance(sel, str) and sel not in ("", "{}") else ")"
     model = str(row.get("model")) + (f" [{RANDOM_WEIGHTS}]" if any(_flag(r.get("random_weights")) for r in rows) else "")
@@ -211,7 +212,7 @@ PEAK_KINDS = {"cuda_max_memory_allocated": "CUDA max_memory_allocated (weights, 
 def kv_header(resolution: Any) -> str:
     """``KV (GB) @1024²`` for a square ``1024x1024`` resolution, ``KV (GB) @1024×768`` otherwise,
     ``KV (GB)`` when the row has none."""
-    res = "" if _nan(resolution) else str(resolution)
+    res = "" if is_nan(resolution) else str(resolution)
     h, _, w = res.partition("x")
     if not res:
         return KV_HEADER
@@ -220,7 +221,7 @@ def kv_header(resolution: Any) -> str:
 
 def gb_cell(v: Any) -> str:
     """GiB with 3 significant digits (41.1, 5.14, 0.00375: the toy's cache is megabytes); ``–`` for none."""
-    if _nan(v):
+    if is_nan(v):
         return "–"
     v = float(v)
     return f"{v:.3g}" if v == 0 or v >= 1e-3 else f"{v:.2e}"
@@ -229,11 +230,11 @@ def gb_cell(v: Any) -> str:
 def timed_cell(n_images: Any, n_prompts: Any, repeats: Any, n_repeats: Any) -> str:
     """``480 / 16×3``: images scored / timed prompts × repeats per prompt (older records: the
     repeats of their one prompt, ``480 / 1×9``)."""
-    img = "–" if _nan(n_images) else str(int(n_images))
-    if _nan(n_prompts) and _nan(n_repeats):
+    img = "–" if is_nan(n_images) else str(int(n_images))
+    if is_nan(n_prompts) and is_nan(n_repeats):
         return f"{img} / –"
-    n_p = 1 if _nan(n_prompts) else int(n_prompts)
-    per = int(n_repeats) // n_p if not _nan(n_repeats) else (int(repeats) if not _nan(repeats) else None)
+    n_p = 1 if is_nan(n_prompts) else int(n_prompts)
+    per = int(n_repeats) // n_p if not is_nan(n_repeats) else (int(repeats) if not is_nan(repeats) else None)
     return f"{img} / {n_p}×{'–' if per is None else per}"
 
 
@@ -242,7 +243,7 @@ def ar_cell(row) -> str:
     repeat, ``[p10, p90]`` over prompts when several were timed; ``†`` when its repeats spread."""
     cell = _num(row.get("ar_ms"), 1)
     n_p = row.get("n_prompts_timed")
-    if cell != "–" and not _nan(n_p) and int(n_p) > 1 and not (_nan(row.get("ar_ms_p10")) or _nan(row.get("ar_ms_p90"))):
+    if cell != "–" and not is_nan(n_p) and int(n_p) > 1 and not (is_nan(row.get("ar_ms_p10")) or is_nan(row.get("ar_ms_p90"))):
         cell += f" [{float(row.get('ar_ms_p10')):.1f}, {float(row.get('ar_ms_p90')):.1f}]"
     return cell + (f" {DAGGER}" if _flag(row.get("ar_ms_reliable")) is False else "")
 
@@ -304,8 +305,8 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
             ar = ar_cell(r)
             mx = r.get("memory_x")
             cells = [name, n, ar, *speeds,
-                     *("–" if _nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e)),
-                     gb_cell(r.get("kv_gb")), gb_cell(r.get("peak_gb")), "–" if _nan(mx) else f"{float(mx):.2f}×"]
+                     *("–" if is_nan(v) else f"{float(v):.2f}×" for v in (fx, fx_e2e)),
+                     gb_cell(r.get("kv_gb")), gb_cell(r.get("peak_gb")), "–" if is_nan(mx) else f"{float(mx):.2f}×"]
             for m in metrics:
                 short = m.rsplit("/", 1)[-1]
                 digits = METRIC_DIGITS.get(short, 4)
@@ -313,7 +314,7 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                 cells.append(value_cell(r.get(m), r.get(f"{m}_err"), n_img, digits, ident))
                 if f"{m}_delta" in table.columns:
                     d = r.get(f"{m}_delta")
-                    cells.append(DASH if is_base else ("–" if _nan(d) else f"{float(d):+.{digits}f}"))
+                    cells.append(DASH if is_base else ("–" if is_nan(d) else f"{float(d):+.{digits}f}"))
             sec.rows.append(cells)
             for ev, sub in breakdowns.items():
                 sub.rows.append([name] + [_num(r.get(f"{ev}/{tag}"), 2) for tag, _ in GENEVAL_TAGS])
@@ -327,8 +328,8 @@ _ABS_PATH = re.compile(r"(?<![\w.])(?:/[^\s/:;,()]+)+/([^\s/:;,()]+)")
 
 def footnotes(table, baseline: str = "baseline") -> list[str]:
     """What the symbols mean, per-row reasons for unreliable cells, skipped evaluator parts."""
-    orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not _nan(o)})
-    kinds = {str(k) for k in table.get("paired_ci_kind", []) if not _nan(k)}
+    orders = sorted({str(o).upper() for o in table.get("timing_order", []) if not is_nan(o)})
+    kinds = {str(k) for k in table.get("paired_ci_kind", []) if not is_nan(k)}
     how = []
     if "bootstrap" in kinds:
         how.append("several timed prompts: sum over the prompts of the baseline's ms / sum of the method's "
@@ -381,7 +382,7 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
         notes.append(f"benchmark [{MODIFIED_PROMPTS}]: the prompt file is not the published one; scores are not "
                      "comparable with published numbers (record: benchmark.sha256 vs sha256_expected).")
     retimed = [f"{_preset(r)} ({int(r.get('timing_tries'))} passes)" for r in rows
-               if not _nan(r.get("timing_tries")) and int(r.get("timing_tries")) > 1]
+               if not is_nan(r.get("timing_tries")) and int(r.get("timing_tries")) > 1]
     if retimed:
         notes.append("Re-timed after an unreliable pass (timing.retime_unreliable; the last pass is shown): "
                      + ", ".join(retimed) + ".")
@@ -414,11 +415,11 @@ def footnotes(table, baseline: str = "baseline") -> list[str]:
 def memory_notes(rows: Sequence) -> list[str]:
     """What the memory columns count: one image's share of the KV cache at the records' batch, which peak
     kind(s) the table shows; nothing when no row has a ``memory`` block."""
-    have = [r for r in rows if not _nan(r.get("kv_gb")) or not _nan(r.get("peak_gb"))]
+    have = [r for r in rows if not is_nan(r.get("kv_gb")) or not is_nan(r.get("peak_gb"))]
     if not have:
         return []
-    batches = sorted({int(r.get("memory_batch")) for r in have if not _nan(r.get("memory_batch"))})
-    kinds = sorted({str(r.get("peak_kind")) for r in have if not _nan(r.get("peak_kind"))})
+    batches = sorted({int(r.get("memory_batch")) for r in have if not is_nan(r.get("memory_batch"))})
+    kinds = sorted({str(r.get("peak_kind")) for r in have if not is_nan(r.get("peak_kind"))})
     at = f"batch {', '.join(map(str, batches))}" if batches else "the record's batch"
     note = (f"{KV_HEADER} @resolution = the KV cache one generate call allocates at the record's batch size "
             f"(memory.batch; here {at}), per image (the batch's K/V buffers, and a KV budget's shared staging "
