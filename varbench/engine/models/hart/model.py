@@ -3,7 +3,7 @@
 HART = a next-scale AR transformer over discrete tokens (VAR-style scales, Llama blocks, 2-D RoPE) plus a
 small residual diffusion MLP head that samples the continuous remainder of the last scale
 (`diffloss.net`, an MLP with AdaLN, 8 respaced IDDPM steps). The modules here hold the weights and the
-per-sublayer math; `hart_sampling.sample_hart` is the released sampling loop on top of them.
+per-sublayer math; `varbench.engine.models.hart.sampling.sample_hart` is the released sampling loop on top of them.
 
 Names and shapes equal the released `HARTForT2I` module tree (`tests/fixtures/keys/hart_0p7b.txt`,
 derived from upstream's code), so a released `llm/` folder loads strictly (`load_hart_weights`).

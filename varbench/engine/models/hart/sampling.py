@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from varbench.engine.models.hart import HART, HartQuantizer, rope_1d, rope_2d, stage_positions
+from varbench.engine.models.hart.model import HART, HartQuantizer, rope_1d, rope_2d, stage_positions
 
 
 def sample_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
