@@ -254,6 +254,8 @@ class GenerationContext:
     cfg: tuple[float, ...]                  # per-scale guidance
     tau: tuple[float, ...]                  # per-scale temperature
     device: str = "cpu"
+    backbone: str = "infinity"              # the model family: "infinity" (bit tokens) | "hart" (categorical
+                                            # tokens; stage 0 is the text context, run in full)
 
     @property
     def rows(self) -> int:

@@ -123,14 +123,14 @@ def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, resid
     branch = branch.float() if gate is None else branch.float().mul(gate)
     if bp.fill == "pass":
         return x.scatter_add(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
-    base = _cached_branch(state, si, bi, sub, rows, bp.cache_from)
+    base = cached_branch(state, si, bi, sub, rows, bp.cache_from)
     full = base.scatter(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
     if residual_store is not None:
         residual_store[(bi, sub)] = full
     return x + full
 
 
-def _cached_branch(state, si, bi, sub, rows, cache_from) -> torch.Tensor:
+def cached_branch(state, si, bi, sub, rows, cache_from) -> torch.Tensor:
     """The branch output cached at `cache_from` (default: the nearest earlier scale that kept
     residuals), area-resized to this scale's grid."""
     src = cache_from

@@ -221,6 +221,33 @@ def kv_cache_bytes(capacities: Sequence[int], rows: int, heads: int, head_dim: i
     return sum(2 * rows * heads * int(cap) * head_dim * itemsize for cap in [*capacities, staging])
 
 
+def apply_kv_budget(kv: KVCache, si: int, bi: int, h: int, w: int, rows: int, batch: int, budget: KVBudget,
+                    appended: Optional[torch.Tensor], counts: dict, query_proj) -> None:
+    """After block bi ran at scale si (grid h x w, `rows` rows of `batch` images): when it holds more
+    than `budget.n_keep` positions, keep the budget's (fixed or selected) positions and evict the
+    rest (a host decision on host lengths, so the step's shapes stay static). `query_proj(pos)` gives
+    the block's raw query projection of grid positions `pos` for a selector (the model's own, so
+    this rule is shared by every backbone). Records `kv_kept` (positions held after), `kv_evicted`
+    and `kv_sel_q` (raw queries the selector computed) in `counts`."""
+    n_held = kv.len[bi]
+    counts["kv_kept"] = n_held
+    if n_held <= budget.n_keep:
+        return
+    if budget.keep is not None:
+        keep = budget.keep.to(kv.held(bi).device)
+    else:
+        k = kv.held(bi)[0]   # its own buffer, or the staging buffer its append overflowed into
+        keep = budget.selector(KVSelectContext(scale=si, block=bi, h=h, w=w, n_keep=budget.n_keep, batch=batch,
+                                               cfg_rows=rows == 2 * batch, keys=k, query_proj=query_proj,
+                                               appended=appended))
+        counts["kv_sel_q"] = budget.sel_queries
+    if keep.shape[0] != rows:
+        keep = keep[:rows] if keep.shape[0] > rows else keep.repeat(rows // keep.shape[0], 1, 1)
+    kv.evict(bi, keep)
+    counts["kv_kept"] = budget.n_keep
+    counts["kv_evicted"] = True
+
+
 @dataclasses.dataclass
 class StepOut:
     """What one scale step produced (in graph mode: the captured step's static tensors)."""
@@ -488,37 +515,18 @@ class GenState:
 
     def apply_kv_budget(self, si: int, bi: int, x_in: torch.Tensor, budget: KVBudget,
                         appended: Optional[torch.Tensor], counts: dict) -> None:
-        """After block bi ran at scale si on input `x_in`: when it holds more than `budget.n_keep`
-        positions, keep the budget's (fixed or selected) positions and evict the rest (a host
-        decision on host lengths, so the step's shapes stay static). Records `kv_kept` (positions
-        held after), `kv_evicted` and `kv_sel_q` (raw queries the selector computed) in `counts`."""
-        n_held = self.kv.len[bi]
-        counts["kv_kept"] = n_held
-        if n_held <= budget.n_keep:
-            return
-        if budget.keep is not None:
-            keep = budget.keep.to(x_in.device)
-        else:
-            bc = self.consts[bi]
-            h, w = self.sched[si]
-            rows, _, C = x_in.shape
+        """After block bi ran at scale si on input `x_in`: `apply_kv_budget` (below) with this
+        block's raw query projection (x_mod @ W_q^T, no bias) for a selector."""
+        bc = self.consts[bi]
+        rows, _, C = x_in.shape
 
-            def query_proj(pos: torch.Tensor) -> torch.Tensor:
-                """The raw query projection (x_mod @ W_q^T, no bias) of grid positions `pos`."""
-                xm = modulated_norm(x_in.index_select(1, pos), bc.scale1, bc.shift1, bc.eps)
-                q = torch.matmul(xm.to(bc.wdtype), bc.w_qkv[:, :, :C])
-                return q.view(rows, pos.shape[0], bc.heads, -1).transpose(1, 2)
+        def query_proj(pos: torch.Tensor) -> torch.Tensor:
+            xm = modulated_norm(x_in.index_select(1, pos), bc.scale1, bc.shift1, bc.eps)
+            q = torch.matmul(xm.to(bc.wdtype), bc.w_qkv[:, :, :C])
+            return q.view(rows, pos.shape[0], bc.heads, -1).transpose(1, 2)
 
-            k = self.kv.held(bi)[0]   # its own buffer, or the staging buffer its append overflowed into
-            keep = budget.selector(KVSelectContext(scale=si, block=bi, h=h, w=w, n_keep=budget.n_keep, batch=self.batch,
-                                                   cfg_rows=rows == 2 * self.batch, keys=k, query_proj=query_proj,
-                                                   appended=appended))
-            counts["kv_sel_q"] = budget.sel_queries
-        if keep.shape[0] != self.rows:
-            keep = keep[: self.rows] if keep.shape[0] > self.rows else keep.repeat(self.rows // keep.shape[0], 1, 1)
-        self.kv.evict(bi, keep)
-        counts["kv_kept"] = budget.n_keep
-        counts["kv_evicted"] = True
+        h, w = self.sched[si]
+        apply_kv_budget(self.kv, si, bi, h, w, self.rows, self.batch, budget, appended, counts, query_proj)
 
     def _scale_input(self, si: int) -> torch.Tensor:
         """The residual stream entering scale si: SOS (+ start position) at scale 0, else the word

@@ -36,6 +36,25 @@ def tiny_runtime(seed: int = 0, **overrides) -> InfinityRuntime:
     return InfinityRuntime(model, vae, text)
 
 
+def tiny_hart_runtime(seed: int = 0, decoder: bool = True, **overrides):
+    """A runtime with a tiny random HART ('hart_tiny'; `overrides` change HartConfig fields), its
+    quantizer, a tiny random tokenizer decoder (`decoder=False`: none) and a word-level text encoder."""
+    from varbench.engine.models.hart.model import HART_PRESETS, build_hart, build_hart_quantizer
+    from varbench.engine.models.hart.runtime import HartRuntime
+
+    cfg = dataclasses.replace(HART_PRESETS["hart_tiny"], **overrides)
+    torch.manual_seed(seed)
+    model, quant = build_hart(cfg), build_hart_quantizer(cfg)
+    perturb_(model, seed + 1, std=0.1)   # q/v biases and scale_mul start constant
+    dec = None
+    if decoder:
+        from varbench.engine.models.hart.tokenizer import build_hart_decoder
+
+        dec = build_hart_decoder("hart_tiny")
+    text = WordTextEncoder(dim=cfg.context_dim, max_len=cfg.context_token)
+    return HartRuntime(model, quant, dec, text)
+
+
 def cpu_fingerprint() -> dict:
     """What decides the CPU's float kernels: model, ISA flags, torch's dispatch level, threads, and the
     environment variables that move MKL/oneDNN/ATen onto other code paths.

@@ -82,17 +82,22 @@ class DiffusionSchedule:
         return set(out)
 
 
-def diffusion_sample(net, z: torch.Tensor, cfg: float, generator: torch.Generator, sched: DiffusionSchedule,
-                     temperature: float = 1.0, vae_scale: float = 0.6) -> torch.Tensor:
+def diffusion_sample(net, z: torch.Tensor, cfg: float, generator: Optional[torch.Generator], sched: DiffusionSchedule,
+                     temperature: float = 1.0, vae_scale: float = 0.6, randn=None) -> torch.Tensor:
     """(N, Cvae) residual latents for conditions z (N, C) [DiffLoss.sample + p_sample_loop]. With cfg != 1
-    the rows are [cond; uncond] and share noise."""
+    the rows are [cond; uncond] and share noise.
+
+    Noise: `randn(rows)` -> (rows, Cvae) when given (the runtime's per-image draws), else one draw from
+    `generator` per call over all rows, as the release draws from the global generator."""
     n, cc, dev = z.shape[0], net.in_channels, z.device
+    if randn is None:
+        randn = lambda rows: torch.randn(rows, cc, generator=generator, device=dev)   # noqa: E731
     if cfg != 1.0:
-        noise = torch.randn(n // 2, cc, generator=generator, device=dev)
+        noise = randn(n // 2)
         x = torch.cat((noise, noise))
         fn = lambda x, t: net.forward_with_cfg(x, t, z, cfg)   # noqa: E731
     else:
-        x = torch.randn(n, cc, generator=generator, device=dev)
+        x = randn(n)
         fn = lambda x, t: net(x, t, z)   # noqa: E731
     f32 = lambda arr, i: torch.tensor(arr[i], dtype=torch.float64, device=dev).float()   # noqa: E731
     for i in reversed(range(sched.num_steps)):
@@ -102,7 +107,7 @@ def diffusion_sample(net, z: torch.Tensor, cfg: float, generator: torch.Generato
         log_var = frac * f32(sched.log_betas, i) + (1 - frac) * f32(sched.log_var_clipped, i)
         x0 = (f32(sched.sqrt_recip, i) * x - f32(sched.sqrt_recipm1, i) * eps).clamp(-1, 1)
         mean = f32(sched.coef1, i) * x0 + f32(sched.coef2, i) * x
-        noise = torch.randn(x.shape, generator=generator, device=dev)
+        noise = randn(x.shape[0])
         nonzero = float(i != 0)
         x = mean + nonzero * torch.exp(0.5 * log_var) * noise * temperature
     return x * vae_scale

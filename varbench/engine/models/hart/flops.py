@@ -1,0 +1,78 @@
+"""Analytic FLOPs of HART from what its runtime executed (a multiply-add counts 2), in the style of
+`varbench.engine.flops` (same trace entries, same per-block counts):
+
+  self-attention  qkv 2*rows*n_qkv*C*3C, scores + weighted sum 4*rows*n_q*n_kv*C, proj 2*rows*n_q*C^2
+  FFN             (Llama: gate, up, down) 3 * 2*rows*n*C*hidden
+  head            2*rows*n*C*V (stage 0: over every text position, as released) + its AdaLN 2*rows*C*2C
+  next input      word embedding 2*B*n*Cvae*C (stages > 0); the shared phi conv on the P x P f_hat,
+                  2*B*P^2*Cvae^2*9, after every stage but the last
+  diffusion head  last stage: per sampling step over rows*L vectors (CFG: 2B*L, as released): input
+                  projection, time MLP, condition projection, per residual block AdaLN (3W) + MLP
+                  (2 W^2), the final AdaLN and projection; plus the discrete tokens' word embedding
+  entropy signal  2*rows*n_ent*n_kv*C; KV selection 2*rows*n_sel*(C^2 + n_kv*C), as on Infinity
+Per generation (`hart_text_flops`): the context projection 2*rows*T*D*C (and per-block `ada_lin`
+where the preset has it). Norms, RoPE, softmax, bicubic/area resizes and the gumbel mixture of
+`more_smooth` (2*B*n*V*Cvae per stage, under 1% of a stage) are not counted.
+"""
+from __future__ import annotations
+
+from varbench.engine.models.hart.sampling import DiffusionSchedule
+
+
+def diffusion_flops(cfg, vectors: int) -> float:
+    """The residual diffusion head over `vectors` rows for all its sampling steps."""
+    w, cc, c = cfg.diff_width, cfg.cvae, cfg.embed_dim
+    per = 2 * cc * w + 2 * (256 * w + w * w) + 2 * c * w
+    per += cfg.diff_depth * (2 * w * 3 * w + 2 * 2 * w * w)
+    per += 2 * w * 2 * w + 2 * w * 2 * cc
+    return float(DiffusionSchedule(cfg.num_sampling_steps).num_steps * vectors * per)
+
+
+def hart_scale_flops(cfg, tr: dict) -> float:
+    """One stage's FLOPs from its trace entry (0 for a skipped stage)."""
+    if not tr.get("ran"):
+        return 0.0
+    c, hid, v = cfg.embed_dim, cfg.ffn_hidden, cfg.vocab_size
+    rows, n, batch = tr["rows"], tr["tokens"], tr["batch"]
+    total = 0.0
+    for b in tr["blocks"]:
+        if b["mode"] == "skip":
+            continue
+        total += 2 * rows * b["qkv"] * c * 3 * c
+        total += 4 * rows * b["sa"] * b["kv"] * c
+        total += 2 * rows * b["sa"] * c * c
+        total += 3 * 2 * rows * b["ffn"] * c * hid
+        total += 2 * rows * b.get("ent_q", 0) * b["kv"] * c
+        total += 2 * rows * b.get("kv_sel_q", 0) * (c * c + b["kv"] * c)
+    total += 2 * rows * n * c * v + 2 * rows * c * 2 * c
+    grid = tr["h"] * tr["w"]
+    if tr["si"] > 0:
+        total += 2 * batch * grid * cfg.cvae * c
+    p = cfg.patch_nums[-1]
+    if tr.get("diffusion"):
+        total += diffusion_flops(cfg, rows * grid) + 2 * batch * grid * cfg.cvae * c
+    else:
+        total += 2 * batch * p * p * cfg.cvae * cfg.cvae * 9
+    return float(total)
+
+
+def hart_text_flops(cfg, rows: int) -> float:
+    """Per generation: the context projection of every row (and `ada_lin` per block, where present)."""
+    total = 2 * rows * cfg.context_token * cfg.context_dim * cfg.embed_dim
+    if not cfg.disable_aln:
+        total += 2 * rows * cfg.embed_dim * 6 * cfg.embed_dim * cfg.depth
+    return float(total)
+
+
+def hart_image_flops(cfg, trace: list[dict]) -> dict:
+    """One image's share of a batch's FLOPs: every count is linear in the rows, so each stage
+    counts for the image's own rows (2 with CFG, 1 after `drop_uncond`)."""
+    def own(tr):
+        if not tr["ran"]:
+            return tr
+        return {**tr, "rows": tr["rows"] // tr["batch"], "batch": 1}
+
+    per_scale = [hart_scale_flops(cfg, own(tr)) for tr in trace]
+    rows0 = trace[0]["rows"] // trace[0]["batch"] if trace and trace[0]["ran"] else 2
+    text = hart_text_flops(cfg, rows0)
+    return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}

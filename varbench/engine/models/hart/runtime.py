@@ -1,0 +1,197 @@
+"""The HART next-stage loop on the shared seams: `HartRuntime.generate` asks the same `Policy` for
+plans, hands it the same `ScaleSignals`, and returns the same `GenerationOutput` as `InfinityRuntime`.
+
+    rt = HartRuntime(model, quant, decoder, text_encoder)
+    out = rt.generate(["a red circle"], seeds=[0], policy=Baseline(), cfg=4.5)
+
+What is shared with Infinity: the plan and signal types (`varbench.engine.plan`), the policy
+interface, the KV cache and its budget rule (`varbench.engine.state`), the pruned-branch cache
+fill (`varbench.engine.pruned.cached_branch`), the exact attention entropy, the timing marks, the
+trace and FLOPs formats. What is HART's (this folder): stage 0 is the text context, tokens are
+categorical over a 4096-word codebook (token entropy = the entropy of the guided softmax), f_hat
+grows through the shared phi convs, and the last stage adds the residual diffusion head's sample
+(timed inside the AR loop and counted in its FLOPs, `varbench.engine.models.hart.flops`).
+
+The schedule a policy sees is HART's patch_nums as square grids ((1, 1), (2, 2), ..., (64, 64)
+for the 0.7B): HART is square-only at its trained resolution (1024², 64x64 tokens).
+CFG rows are always carried, as released: the guidance weight at stage si is cfg * si / (S - 1),
+so even cfg = 0 runs the unconditional rows (the release does; `drop_uncond` plans drop them).
+Numerics: fp32, or fp16/bf16 autocast (`dtype=torch.float16` is what the release's sample.py runs
+on CUDA: the whole loop under `torch.autocast(float16)`).
+Policies with per-image decisions run image by image at batch > 1 (no sub-batch splitting on
+HART yet): exact per image, slower in the timed pass than a batched run.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Optional, Sequence
+
+import torch
+
+from varbench.engine.effect import no_effect_reason
+from varbench.engine.models.hart.flops import hart_image_flops, hart_scale_flops, hart_text_flops
+from varbench.engine.models.hart.model import HART, HartQuantizer
+from varbench.engine.models.hart.state import HartState
+from varbench.engine.models.text import TextBatch
+from varbench.engine.plan import GenerationContext
+from varbench.engine.policy import NeutralPolicy, Policy
+from varbench.engine.runtime import GenerationOutput, _kv_capacity, _per_scale, _Timer
+
+log = logging.getLogger("varbench.engine.hart")
+
+
+class HartRuntime:
+    """Holds the HART transformer, the tokenizer (quantizer + decoder) and the text encoder."""
+
+    family = "hart"
+
+    def __init__(self, model: HART, quant: HartQuantizer, decoder: Optional[torch.nn.Module], text_encoder,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        """`dtype`: float32 computes in fp32; float16 / bfloat16 run the loop under autocast in that
+        dtype (the release: float16 on CUDA), weights stay fp32 as the release keeps them."""
+        if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            raise ValueError(f"HART runs in float32, float16 or bfloat16 (autocast), not {dtype}")
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.quant = quant.to(self.device).eval()
+        self.vae = decoder.to(self.device).eval() if decoder is not None else None
+        self.text_encoder = text_encoder.to(self.device).eval() if text_encoder is not None else None
+        self.dtype = dtype
+        self.cfg = model.cfg
+        self.cuda_graphs = False        # not on HART: the loop runs eagerly
+        self.fused_entropy = False
+        self.fallbacks: list[dict] = []
+
+    def clear_graphs(self) -> None:
+        """Nothing is captured on HART (the harness calls this on every runtime)."""
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    @property
+    def schedule(self) -> list[tuple[int, int]]:
+        return [(p, p) for p in self.cfg.patch_nums]
+
+    @torch.no_grad()
+    def encode_text(self, prompts: Sequence[str]) -> TextBatch:
+        return self.text_encoder(list(prompts)).to(self.device)
+
+    # ------------------------------------------------------------------ generate
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[str], seeds: Sequence[int], policy: Optional[Policy] = None, *,
+                 h_div_w: float = 1.0, pn: Optional[str] = None, cfg: float | Sequence[float] = 4.5,
+                 tau: float | Sequence[float] = 1.0, top_k: int = 0, top_p: float = 0.0, more_smooth: bool = False,
+                 negative_prompt: Optional[str] = None, decode: bool = True, text: Optional[TextBatch] = None,
+                 negative_text: Optional[TextBatch] = None, schedule: Optional[Sequence[tuple[int, int]]] = None,
+                 generators: Optional[tuple[torch.Generator, torch.Generator]] = None) -> GenerationOutput:
+        """One image per prompt; image i draws its tokens and its diffusion noise from generators
+        seeded with seeds[i] (batch-independent). `generators=(tokens, diffusion)` instead consumes
+        one pair for the whole batch exactly as the release does (parity with upstream at any batch).
+
+        cfg: the release's guidance scale (a number, or one per stage), ramped as the release ramps it.
+        tau: temperature on the guided logits (1: the release, which has none). top_k: 0 = the release's
+        rule (600 for stages < 7, else 300), else one top-k for every stage; top_p: 0 = off (released).
+        more_smooth: the release's gumbel-softmax mixing of the codebook (sample.py's default True).
+        pn is accepted for the harness's sake and ignored (HART has one resolution); a schedule
+        other than the model's patch_nums, or h_div_w != 1, is refused."""
+        policy = policy or NeutralPolicy()
+        batch = len(prompts)
+        if len(seeds) != batch:
+            raise ValueError(f"got {batch} prompts but {len(seeds)} seeds; pass one seed per prompt")
+        if abs(float(h_div_w) - 1.0) > 1e-6:
+            raise ValueError(f"HART generates square images only (h_div_w=1.0), got h_div_w={h_div_w}")
+        sched = self.schedule
+        if schedule is not None and [tuple(s) for s in schedule] != sched:
+            raise ValueError(f"HART's stages are its patch_nums {self.cfg.patch_nums}; an explicit schedule "
+                             f"{list(schedule)} cannot change them (the level embeddings and RoPE are trained on them)")
+        n = len(sched)
+        cfgs, taus = _per_scale(cfg, n, "cfg"), _per_scale(tau, n, "tau")
+        if batch > 1 and getattr(policy, "per_image_decisions", False) and generators is None:
+            return self._image_by_image(prompts, seeds, policy, cfgs, taus, top_k, top_p, more_smooth,
+                                        negative_prompt, decode, text, negative_text)
+        timer = _Timer(self.device)
+        timer.mark()
+        text = text if text is not None else self.encode_text(prompts)
+        negative = negative_text if negative_text is not None else (self.encode_text([negative_prompt]) if negative_prompt else None)
+        timer.mark()
+        ctx = GenerationContext(schedule=tuple(sched), depth=self.cfg.depth, embed_dim=self.cfg.embed_dim,
+                                num_heads=self.cfg.num_heads, batch=batch, cfg_rows=True, cfg=tuple(cfgs),
+                                tau=tuple(taus), device=str(self.device), backbone="hart")
+        policy.reset(ctx)
+        with self.autocast():
+            state = HartState(self, ctx, text, negative, seeds, _kv_capacity([policy], ctx), generators)
+            marks = _Timer(self.device)
+            for si in range(n):
+                marks.mark()
+                plan = policy.plan(si)
+                signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
+                                     taus[si] if plan.tau is None else plan.tau, top_k, top_p, more_smooth)
+                held = state.kv.nbytes()
+                state.trace[-1].update(kv_bytes_allocated=held["allocated"], kv_bytes_used=held["used"])
+                if signals is not None:
+                    policy.observe(si, signals)
+            marks.mark()
+        timer.mark()
+        images = self.decode(state.f_hat) if decode else None
+        timer.mark()
+        text_ms, ar_ms, decode_ms = timer.intervals_ms()
+        per_scale_ms = marks.intervals_ms()
+        for tr, ms in zip(state.trace, per_scale_ms):
+            tr["ms"] = ms
+        per_scale = [hart_scale_flops(self.cfg, tr) for tr in state.trace]
+        tflops = hart_text_flops(self.cfg, state.rows0)
+        stats = policy.stats()
+        return GenerationOutput(
+            images=images, summed_codes=state.f_hat, schedule=sched, trace=state.trace, bits=state.tokens,
+            flops={"total": tflops + sum(per_scale), "text": tflops, "per_scale": per_scale},
+            timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
+            policy_stats=stats, token_entropy=state.entropies, image_traces=[state.trace] * batch,
+            image_flops=[hart_image_flops(self.cfg, state.trace)] * batch, image_stats=[stats] * batch,
+            no_effect_reasons=[no_effect_reason(policy, state.trace)] * batch, kv_bytes=state.kv_bytes)
+
+    def _image_by_image(self, prompts, seeds, policy, cfgs, taus, top_k, top_p, more_smooth, negative_prompt,
+                        decode, text, negative_text) -> GenerationOutput:
+        """A per-image policy at batch > 1: each image with its own fork, one after another."""
+        outs = []
+        for i, (p, s) in enumerate(zip(prompts, seeds)):
+            own = None if text is None else TextBatch(text.features[i: i + 1], text.mask[i: i + 1], text.lens[i: i + 1])
+            outs.append(self.generate([p], [s], policy.fork(), cfg=cfgs, tau=taus, top_k=top_k, top_p=top_p,
+                                      more_smooth=more_smooth, negative_prompt=negative_prompt, decode=decode,
+                                      text=own, negative_text=negative_text))
+        cat = lambda ts: None if any(t is None for t in ts) else torch.cat(ts)   # noqa: E731
+        per_image = [o.policy_stats for o in outs]
+        return GenerationOutput(
+            images=cat([o.images for o in outs]) if decode else None, summed_codes=torch.cat([o.summed_codes for o in outs]),
+            schedule=outs[0].schedule, trace=outs[0].trace,
+            bits=[cat([o.bits[si] for o in outs]) for si in range(len(outs[0].bits))],
+            flops={"total": sum(o.flops["total"] for o in outs), "text": sum(o.flops["text"] for o in outs),
+                   "per_scale": [sum(v) for v in zip(*[o.flops["per_scale"] for o in outs])]},
+            timings_ms={k: sum(o.timings_ms[k] for o in outs) for k in ("text", "ar", "decode")} |
+                       {"per_scale": [sum(v) for v in zip(*[o.timings_ms["per_scale"] for o in outs])]},
+            policy_stats={"per_image": per_image},
+            token_entropy=[cat([o.token_entropy[si] for o in outs]) for si in range(len(outs[0].bits))],
+            image_traces=[o.trace for o in outs], image_flops=[o.image_flops[0] for o in outs], image_stats=per_image,
+            no_effect_reasons=[o.no_effect_reasons[0] for o in outs],
+            kv_bytes=[{k: sum(o.kv_bytes[si][k] for o in outs) for k in ("allocated", "used")}
+                      for si in range(len(outs[0].kv_bytes))])
+
+    @torch.no_grad()
+    def decode(self, f_hat: torch.Tensor) -> torch.Tensor:
+        """f_hat (B, Cvae, P, P) -> uint8 RGB (B, H, W, 3) with the tokenizer's decoder, one image at
+        a time (an image's pixels do not depend on its batch neighbours)."""
+        if self.vae is None:
+            raise ValueError("this HART runtime has no tokenizer decoder; build it with one, or generate(decode=False)")
+        return torch.cat([self.vae.decode_to_uint8(f.unsqueeze(0).float()) for f in f_hat])
+
+
+def hart_context(rt: HartRuntime, batch: int = 1) -> GenerationContext:
+    """The GenerationContext a policy is reset with on this runtime (config checks, FLOPs plans)."""
+    return GenerationContext(schedule=tuple(rt.schedule), depth=rt.cfg.depth, embed_dim=rt.cfg.embed_dim,
+                             num_heads=rt.cfg.num_heads, batch=batch, cfg_rows=True, cfg=(4.5,) * len(rt.schedule),
+                             tau=(1.0,) * len(rt.schedule), backbone="hart")
+
+
+__all__ = ["HartRuntime", "hart_context"]
