@@ -225,3 +225,20 @@ def test_flops_count_the_diffusion_head_inside_the_loop(rt):
     assert diffusion_flops(rt.cfg, 1) > 0
     assert out.flops["total"] == pytest.approx(out.flops["text"] + sum(out.flops["per_scale"]))
     assert sum(f["total"] for f in out.image_flops) == pytest.approx(out.flops["total"])
+
+
+@pytest.mark.gpu
+def test_cuda_fp16_autocast_runs_the_release_numerics():
+    """On CUDA in float16 (the release's sample.py: the whole loop under fp16 autocast): the same
+    shapes and a valid generation; early stages sample as in fp32 (their logits differ by fp16
+    rounding, ~1e-3, far below the gaps between the top candidates of a random tiny model)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    cpu = tiny_hart_runtime(seed=0, decoder=False)
+    ref = _run(cpu)
+    gpu = HartRuntime(cpu.model, cpu.quant, None, cpu.text_encoder, device="cuda", dtype=torch.float16)
+    out = _run(gpu)
+    assert [t.shape for t in out.bits] == [t.shape for t in ref.bits]
+    assert torch.equal(out.bits[0].cpu(), ref.bits[0])
+    assert torch.isfinite(out.summed_codes).all()
+    assert out.timings_ms["ar"] > 0

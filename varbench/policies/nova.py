@@ -233,6 +233,12 @@ class NOVA(Policy):
     # -- per generation ---------------------------------------------------------------------
     def reset(self, ctx: GenerationContext) -> None:
         super().reset(ctx)
+        if ctx.backbone != "infinity" and (self.entropy_logits, self.entropy_temp, self.entropy_norm) != ("guided", "tau", "per_bit_mean"):
+            # HART's tokens are categorical: only the runtime's token entropy (of the guided, tempered
+            # softmax the sampler draws from) translates; the variants read Infinity's per-bit logits
+            raise ValueError(f"nova: entropy_logits/entropy_temp/entropy_norm={self.entropy_logits}/{self.entropy_temp}/"
+                             f"{self.entropy_norm} read Infinity's per-bit logits; on {ctx.backbone} only the defaults "
+                             "(guided/tau/per_bit_mean: the sampled distribution's entropy) apply")
         n = len(ctx.schedule)
         self.n = n
         self.skipped = set(range(n - self.skip_last_scales, n))
