@@ -44,6 +44,7 @@ from varbench.engine.models.hart.sampling import DiffusionSchedule, diffusion_sa
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick, is_neutral
 from varbench.engine.pruned import cached_branch
+from varbench.engine import state as engine_state
 from varbench.engine.state import KVCache, apply_kv_budget, kv_staging_capacity
 
 _FULL = BlockPlan()
@@ -120,8 +121,9 @@ class HartState:
         if self.shared:
             self.token_gen, self.diff_gen = generators
         else:
-            self.token_gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
-            self.diff_gens = [torch.Generator(device=dev).manual_seed(int(s)) for s in seeds]
+            # through engine_state.new_generator: the one seam the fake-CUDA dry run stands generators in at
+            self.token_gens = [engine_state.new_generator(dev, s) for s in seeds]
+            self.diff_gens = [engine_state.new_generator(dev, s) for s in seeds]
         self.residuals: dict[int, dict] = {}
         self.tokens: list[Optional[torch.Tensor]] = []
         self.entropies: list[Optional[torch.Tensor]] = []
