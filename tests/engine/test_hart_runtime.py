@@ -242,3 +242,14 @@ def test_cuda_fp16_autocast_runs_the_release_numerics():
     assert torch.equal(out.bits[0].cpu(), ref.bits[0])
     assert torch.isfinite(out.summed_codes).all()
     assert out.timings_ms["ar"] > 0
+
+
+def test_images_decode_per_image_with_the_tokenizer_decoder():
+    rt = tiny_hart_runtime(seed=0)
+    out = rt.generate(PROMPTS, [0, 1], cfg=4.5)
+    p = rt.cfg.patch_nums[-1] * rt.vae.cfg.downsample
+    assert out.images.shape == (2, p, p, 3) and out.images.dtype == torch.uint8
+    # decoding does not depend on the batch (the transformer's floats may: other matmul shapes)
+    assert torch.equal(rt.decode(out.summed_codes[1:]), out.images[1:])
+    assert out.images.float().std() > 0
+    assert out.timings_ms["decode"] > 0

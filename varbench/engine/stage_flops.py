@@ -117,8 +117,10 @@ def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optiona
 
 def vae_decode_flops(vae, latent_hw: Sequence[int]) -> Optional[float]:
     """One image's decode on ``latent_hw`` with the runtime's VAE (None without a ``cfg``)."""
-    cfg = getattr(vae, "cfg", None)
-    return None if cfg is None else decoder_flops(cfg, latent_hw)
+    from varbench.engine.models.bsq_vae import VAEConfig
+
+    cfg = getattr(vae, "cfg", None)   # only the BSQ-VAE's layer walk is counted (HART's decoder: not yet)
+    return decoder_flops(cfg, latent_hw) if isinstance(cfg, VAEConfig) else None
 
 
 def stage_flops(rt, prompts: Sequence[str], latent_hw: Sequence[int],

@@ -48,9 +48,10 @@ def tiny_hart_runtime(seed: int = 0, decoder: bool = True, **overrides):
     perturb_(model, seed + 1, std=0.1)   # q/v biases and scale_mul start constant
     dec = None
     if decoder:
-        from varbench.engine.models.hart.tokenizer import build_hart_decoder
+        from varbench.engine.models.hart.tokenizer import build_hart_tokenizer
 
-        dec = build_hart_decoder("hart_tiny")
+        dec = build_hart_tokenizer("hart_tiny", cfg.patch_nums)[1]
+        perturb_(dec, seed + 2)
     text = WordTextEncoder(dim=cfg.context_dim, max_len=cfg.context_token)
     return HartRuntime(model, quant, dec, text)
 

@@ -184,7 +184,7 @@ class HartRuntime:
         a time (an image's pixels do not depend on its batch neighbours)."""
         if self.vae is None:
             raise ValueError("this HART runtime has no tokenizer decoder; build it with one, or generate(decode=False)")
-        return torch.cat([self.vae.decode_to_uint8(f.unsqueeze(0).float()) for f in f_hat])
+        return self.vae.decode(f_hat.float())   # HartImageDecoder.decode: per image, as released
 
 
 def hart_context(rt: HartRuntime, batch: int = 1) -> GenerationContext:
