@@ -220,7 +220,7 @@ class HartImageDecoder(nn.Module):
         Images decode one at a time, so an image's pixels do not depend on its batch neighbours (a batched
         convolution may pick another kernel; the decoder's 1024 px activations are also large). The map to
         uint8 runs in float32 (the released CUDA run did it in fp16 under autocast: where fp16 rounds x * 255
-        up across an integer, a pixel there is 1 higher)."""
+        across an integer, its pixel differs by 1)."""
         dtype = self.post_quant_conv.weight.dtype
         imgs = [self.fhat_to_img(f.to(dtype)).float() for f in f_hat.split(1)]
         img = torch.cat(imgs).add_(1).mul_(0.5)
