@@ -2,7 +2,11 @@
 
 - `model`: the transformer and the diffusion head, released parameter names, strict loading;
 - `sampling`: the released sampling loop (`sample_hart`), the reference the runtime is checked against;
-- `runtime`: `HartRuntime`, the next-scale loop on the shared seams (plans, signals, traces, FLOPs).
+- `tokenizer`: the hybrid tokenizer's image decoder (post_quant_conv + decoder) and strict loading of
+  the released `tokenizer/` folder (the quantizer half is `model.HartQuantizer`);
+- `text`: the Qwen2 text encoder from a local folder, as the release encodes prompts;
+- `state` + `runtime`: `HartRuntime`, the next-stage loop on the shared seams (plans, signals, traces);
+- `flops`: analytic FLOPs of what the runtime executed, the diffusion head included.
 
 What is shared with Infinity lives outside this folder (`varbench.engine.plan`, `policy`, `flops`
 style, timing); what differs (2-D RoPE over a text-context stage, categorical tokens, the residual
