@@ -76,7 +76,7 @@ class GenerationOutput:
                                             # block has appended (buffers are preallocated)
 
 
-class _Timer:
+class Timer:
     """Wall-clock marks; CUDA events on GPU so nothing synchronises inside the loop."""
 
     def __init__(self, device: torch.device):
@@ -209,11 +209,11 @@ class InfinityRuntime:
         n_scales = len(sched)
         if n_scales > self.cfg.num_levels:
             raise ValueError(f"schedule has {n_scales} scales but the model has {self.cfg.num_levels} level embeddings")
-        cfgs = _per_scale(cfg, n_scales, "cfg")
-        taus = _per_scale(tau, n_scales, "tau")
+        cfgs = per_scale_values(cfg, n_scales, "cfg")
+        taus = per_scale_values(tau, n_scales, "tau")
         cfg_rows = any(c != 1 for c in cfgs)
         dev = self.device
-        timer = _Timer(dev)
+        timer = Timer(dev)
 
         timer.mark()
         if text is None:
@@ -232,12 +232,12 @@ class InfinityRuntime:
         policies = [policy.fork() for _ in range(batch)] if per_image else [policy]
         for p in policies:
             p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
-        root = self._state(ctx, text, negative, sched, h_div_w, seeds, _kv_capacity(policies, ctx))
+        root = self._state(ctx, text, negative, sched, h_div_w, seeds, policy_kv_capacity(policies, ctx))
         tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
         image_tokens = [root.image_text_tokens(i) for i in range(batch)]
         groups = [(list(range(batch)), root)]
         del root   # after a split nothing may hold the whole batch's KV cache (graph mode keeps its own)
-        scale_marks = _Timer(dev)
+        scale_marks = Timer(dev)
         for si in range(n_scales):
             scale_marks.mark()
             if per_image:
@@ -345,7 +345,7 @@ class InfinityRuntime:
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
 
 
-def _kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional[list[int]]:
+def policy_kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional[list[int]]:
     """Per-block KV capacities between scales for this generation: the largest any (reset) policy
     asks for (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the
     baseline: every block holds the whole schedule and no staging buffer is allocated). The state
@@ -363,14 +363,14 @@ def _kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional
 def analytic_kv_bytes(policy: Optional[Policy], ctx: GenerationContext, itemsize: int = 2) -> int:
     """The KV-cache bytes a generation of `ctx` under `policy` (reset here for ctx; None: the
     baseline) allocates, without running it: the per-block capacities the runtime would take
-    (`_kv_capacity`), the staging buffer they need (`kv_staging_capacity`), `kv_cache_bytes`.
+    (`policy_kv_capacity`), the staging buffer they need (`kv_staging_capacity`), `kv_cache_bytes`.
     A run's `GenerationOutput.kv_bytes[-1]["allocated"]` equals it (one policy for the batch, rows
     as at scale 0; tested on the tiny model). itemsize 2: bf16 K/V (a bf16 run), 4: an fp32 run."""
     policies = []
     if policy is not None:
         policy.reset(ctx)
         policies.append(policy)
-    caps = _kv_capacity(policies, ctx)
+    caps = policy_kv_capacity(policies, ctx)
     full = sum(h * w for h, w in ctx.schedule)
     return kv_cache_bytes([full] * ctx.depth if caps is None else caps, ctx.rows, ctx.num_heads,
                           ctx.embed_dim // ctx.num_heads, itemsize, kv_staging_capacity(caps, ctx.schedule))
@@ -383,7 +383,7 @@ def _note_kv_bytes(state: GenState) -> None:
     state.trace[-1].update(kv_bytes_allocated=held["allocated"], kv_bytes_used=held["used"])
 
 
-def _per_scale(v, n: int, name: str) -> list[float]:
+def per_scale_values(v, n: int, name: str) -> list[float]:
     if isinstance(v, (int, float)):
         return [float(v)] * n
     v = [float(x) for x in v]

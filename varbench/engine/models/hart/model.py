@@ -16,8 +16,9 @@ The released code paths reproduced (upstream names in brackets):
 - norms [LlamaRMSNormFused, a CUDA kernel upstream]: RMSNorm *with* a weight even where upstream
   asks for `elementwise_affine=False` (its fused class ignores that flag), computed in fp32 as the
   kernel does (`rms_norm` below is its reference);
-- AdaLN: either one `scale_shift_table` per block plus the mask-averaged context (released
-  `disable_aln=True, shared_aln=True`) or a per-block `ada_lin` on the pooled context;
+- blocks: plain pre-norm blocks with no AdaLN at all (`disable_aln=True, shared_aln=False`, the 0.7B's),
+  one `scale_shift_table` per block plus the mask-averaged context (`disable_aln=True, shared_aln=True`),
+  or a per-block `ada_lin` on the pooled context (`disable_aln=False`);
 - FFN [LlamaMLP]: down(silu(gate(x)) * up(x)).
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ class HartConfig:
     norm_eps: float = 1e-6
     attn_l2_norm: bool = True
     disable_aln: bool = True
-    shared_aln: bool = True
+    shared_aln: bool = False         # upstream's config default, and the 0.7B's (see HART_PRESETS)
     use_timestep_embed: bool = True
     use_context_norm: bool = True
     sep_aln_pooling_mode: str = "max"
@@ -82,17 +83,23 @@ class HartConfig:
 
 #: 0.7B values: patch_nums from FastVAR's HART port (fastvar_utils.py comment), 300 text tokens from the
 #: released sample.py (--max_token_length), context_dim = Qwen2-1.5B hidden size, Cvae/vocab from the
-#: released tokenizer config defaults, diffusion 1024x6 (37M parameters, the paper's number). The remaining
-#: flags (depth 24, width 1536, 24 heads, shared AdaLN, timestep level embedding, context norm, cosine
-#: attention) could NOT be checked against the released `llm/config.json` here (no network): the parameter
-#: count they give (tests/fixtures/keys/README.md) matches the paper's ~732M. `hart_config_from_json` reads
-#: the real file when the weights are present, and loading is strict, so a wrong guess is named, not hidden.
+#: released tokenizer config defaults, diffusion 1024x6 (37M parameters, the paper's number).
+#: Plain blocks (`disable_aln=True, shared_aln=False`: no scale_shift_table, no ada_lin): FastVAR's HART port,
+#: run on hart-0.7b-1024px (its inference.py default path), marks that branch as the one that runs ("# Here!!!" at
+#: HART/hart/modules/networks/fastvar_basic.py:1272/1276/1301, FastVARAdaLNSelfAttn.forward, and
+#: basic_hart.py:1321/1323/1338, AdaLNSelfAttn.forward) and implements its token pruning only there; upstream's
+#: HARTForT2IConfig defaults to shared_aln=False. The remaining flags (depth 24, width 1536, 24 heads, timestep
+#: level embedding, context norm, cosine attention) could NOT be checked against the released `llm/config.json`
+#: here (no network): the parameter count they give (tests/fixtures/keys/README.md) is the paper's ~732M.
+#: `hart_config_from_json` reads the real file when the weights are present, and loading is strict, so a wrong
+#: guess is named, not hidden.
 HART_PRESETS: dict[str, HartConfig] = {
     "hart_0p7b": HartConfig(depth=24, embed_dim=1536, num_heads=24, context_token=300, context_dim=1536,
-                            patch_nums=(1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64), vocab_size=4096, cvae=32),
-    # tiny random model for CPU tests (the hart_golden fixture's "shared_aln" case)
+                            patch_nums=(1, 2, 3, 4, 5, 7, 9, 12, 16, 21, 27, 36, 48, 64), vocab_size=4096, cvae=32,
+                            disable_aln=True, shared_aln=False),
+    # tiny random model for CPU tests, the 0.7B's flags (the hart_golden fixture's "plain" case)
     "hart_tiny": HartConfig(depth=2, embed_dim=64, num_heads=2, context_token=8, context_dim=48, patch_nums=(1, 2, 3, 5),
-                            vocab_size=640, cvae=8, diff_width=32, diff_depth=2),
+                            vocab_size=640, cvae=8, diff_width=32, diff_depth=2, disable_aln=True, shared_aln=False),
 }
 
 #: released config.json keys -> HartConfig fields (the tokenizer's vocab/Cvae come from tokenizer/config.json)

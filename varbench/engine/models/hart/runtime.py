@@ -36,7 +36,7 @@ from varbench.engine.models.hart.state import HartState
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.runtime import GenerationOutput, _kv_capacity, _per_scale, _Timer
+from varbench.engine.runtime import GenerationOutput, policy_kv_capacity, per_scale_values, Timer
 
 log = logging.getLogger("varbench.engine.hart")
 
@@ -108,11 +108,11 @@ class HartRuntime:
             raise ValueError(f"HART's stages are its patch_nums {self.cfg.patch_nums}; an explicit schedule "
                              f"{list(schedule)} cannot change them (the level embeddings and RoPE are trained on them)")
         n = len(sched)
-        cfgs, taus = _per_scale(cfg, n, "cfg"), _per_scale(tau, n, "tau")
+        cfgs, taus = per_scale_values(cfg, n, "cfg"), per_scale_values(tau, n, "tau")
         if batch > 1 and getattr(policy, "per_image_decisions", False) and generators is None:
             return self._image_by_image(prompts, seeds, policy, cfgs, taus, top_k, top_p, more_smooth,
                                         negative_prompt, decode, text, negative_text)
-        timer = _Timer(self.device)
+        timer = Timer(self.device)
         timer.mark()
         text = text if text is not None else self.encode_text(prompts)
         negative = negative_text if negative_text is not None else (self.encode_text([negative_prompt]) if negative_prompt else None)
@@ -122,8 +122,8 @@ class HartRuntime:
                                 tau=tuple(taus), device=str(self.device), backbone="hart")
         policy.reset(ctx)
         with self.autocast():
-            state = HartState(self, ctx, text, negative, seeds, _kv_capacity([policy], ctx), generators)
-            marks = _Timer(self.device)
+            state = HartState(self, ctx, text, negative, seeds, policy_kv_capacity([policy], ctx), generators)
+            marks = Timer(self.device)
             for si in range(n):
                 marks.mark()
                 plan = policy.plan(si)
