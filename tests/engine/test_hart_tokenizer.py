@@ -9,7 +9,6 @@ and parity with upstream's `fhat_to_img` + the release's pixel maps.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.test_hart import read_keys
 from varbench.core.errors import ConfigError
 from varbench.engine.models.checkpoints import CheckpointMismatch, WeightsNotFound
 from varbench.engine.models.hart.model import HART_PRESETS, QUANT_IGNORED_KEYS
@@ -29,15 +29,6 @@ PARITY = FIX / "hart_tokenizer" / "tiny_tokenizer_parity.pt"
 # Another CPU may sum the convolutions in another order: upstream's own batched vs one-image decode differ by
 # 4.6e-6 (recorded in the fixture), so 1e-4 leaves 20x room; on the writing CPU our difference is exactly 0.
 ATOL = 1e-4
-
-
-def read_keys(path: Path) -> dict[str, tuple]:
-    out = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#"):
-            k, shape = line.split("\t")
-            out[k] = tuple(ast.literal_eval(shape))
-    return out
 
 
 def our_keys(cfg) -> dict[str, tuple]:

@@ -23,6 +23,14 @@ image's work and ``flops.end_to_end`` = transformer + text encoder + VAE decode.
 from __future__ import annotations
 
 
+def self_attention_flops(rows: int, b: dict, c: int) -> int:
+    """One block's self-attention from its trace counts (shared by every backbone): the qkv projection,
+    scores + weighted sum, the output projection, the entropy signal's extra score pass, and a KV
+    budget's selection (raw q projection of its queries and their scores over the cache)."""
+    return (2 * rows * b["qkv"] * c * 3 * c + 4 * rows * b["sa"] * b["kv"] * c + 2 * rows * b["sa"] * c * c
+            + 2 * rows * b.get("ent_q", 0) * b["kv"] * c + 2 * rows * b.get("kv_sel_q", 0) * (c * c + b["kv"] * c))
+
+
 def scale_flops(cfg, tr: dict) -> float:
     """FLOPs of one scale from its trace entry (0 for a skipped scale)."""
     if not tr.get("ran"):
@@ -34,14 +42,9 @@ def scale_flops(cfg, tr: dict) -> float:
     for b in tr["blocks"]:
         if b["mode"] == "skip":
             continue
-        total += 2 * rows * b["qkv"] * c * 3 * c
-        total += 4 * rows * b["sa"] * b["kv"] * c
-        total += 2 * rows * b["sa"] * c * c
+        total += self_attention_flops(rows, b, c)
         total += 2 * rows * b["ca"] * c * c * 2 + 4 * b["ca"] * text * c
         total += 4 * rows * b["ffn"] * c * hid
-        total += 2 * rows * b.get("ent_q", 0) * b["kv"] * c
-        # a KV budget's selection: raw q projection of its queries and their scores over the cache
-        total += 2 * rows * b.get("kv_sel_q", 0) * (c * c + b["kv"] * c)
     total += 2 * rows * n * c * 2 * d
     if tr["si"] > 0:
         total += 2 * tr["batch"] * n * d * c

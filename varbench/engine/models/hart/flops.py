@@ -16,6 +16,7 @@ where the preset has it). Norms, RoPE, softmax, bicubic/area resizes and the gum
 """
 from __future__ import annotations
 
+from varbench.engine.flops import self_attention_flops
 from varbench.engine.models.hart.sampling import DiffusionSchedule
 
 
@@ -38,12 +39,8 @@ def hart_scale_flops(cfg, tr: dict) -> float:
     for b in tr["blocks"]:
         if b["mode"] == "skip":
             continue
-        total += 2 * rows * b["qkv"] * c * 3 * c
-        total += 4 * rows * b["sa"] * b["kv"] * c
-        total += 2 * rows * b["sa"] * c * c
+        total += self_attention_flops(rows, b, c)
         total += 3 * 2 * rows * b["ffn"] * c * hid
-        total += 2 * rows * b.get("ent_q", 0) * b["kv"] * c
-        total += 2 * rows * b.get("kv_sel_q", 0) * (c * c + b["kv"] * c)
     total += 2 * rows * n * c * v + 2 * rows * c * 2 * c
     grid = tr["h"] * tr["w"]
     if tr["si"] > 0:

@@ -187,11 +187,4 @@ class HartRuntime:
         return self.vae.decode(f_hat.float())   # HartImageDecoder.decode: per image, as released
 
 
-def hart_context(rt: HartRuntime, batch: int = 1) -> GenerationContext:
-    """The GenerationContext a policy is reset with on this runtime (config checks, FLOPs plans)."""
-    return GenerationContext(schedule=tuple(rt.schedule), depth=rt.cfg.depth, embed_dim=rt.cfg.embed_dim,
-                             num_heads=rt.cfg.num_heads, batch=batch, cfg_rows=True, cfg=(4.5,) * len(rt.schedule),
-                             tau=(1.0,) * len(rt.schedule), backbone="hart")
-
-
-__all__ = ["HartRuntime", "hart_context"]
+__all__ = ["HartRuntime"]
