@@ -102,7 +102,6 @@ class HartState:
         self.mods = [blk.modulation(self.cond, mask) for blk in self.m.blocks]
         self.lvl = self.m.level_embeddings()
         self.mask, self.pos = mask, pos
-        self.text_tokens = int(mask[:B].sum()) + (int(mask[B:].sum()) if ctx.cfg_rows else 0)
         hd = cfg.head_dim
         self.rope = [rope_1d(pos, hd)] + [rope_2d(stage_positions(self.pns, si, pos[:, -1]), hd)
                                           for si in range(1, len(self.pns))]
