@@ -23,6 +23,7 @@ EXPERIMENTS = {
     "smoke": ["+experiment=smoke"],
     "toy": ["model=toy", "benchmark=toy", "method=nova_toy", "evaluator=[toy_geneval]"],
     "infinity_2b": ["model=infinity_2b", "method=fastvar", "benchmark=geneval", "evaluator=[hpsv2]"],
+    "hart_tiny": ["model=hart_tiny", "method=fastvar_hart"],   # generation.more_smooth, method.refuse
 }
 
 WEIGHTS = {"w.pth": "0" * 64}

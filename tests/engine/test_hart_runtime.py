@@ -34,6 +34,7 @@ class Plans(Policy):
     """Fixed plans per stage (absent: full), recording the signals."""
     name = "plans"
     NEUTRAL, ACTIVE = {}, None
+    backbones = frozenset({"hart"})
 
     def __init__(self, plans=None):
         self.plans = plans or {}

@@ -138,6 +138,7 @@ def test_method_presets_compose_exactly_as_before_the_dataclasses(preset, monkey
     cfg = _compose([f"method={preset}"])
     for mode, resolve in (("resolved", True), ("raw", False)):
         now = OmegaConf.to_container(cfg.method, resolve=resolve)
+        now.pop("refuse", None)   # where a preset does not apply: in neither hash (ENTRY_EXCLUDE), so it renames nothing
         want = _with_changes(ast.literal_eval(before[mode]))
         assert _typed(now) == _typed(want), f"{preset} ({mode}): {now!r} != {want}"
 

@@ -48,6 +48,7 @@ PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_
 ENTRY_EXCLUDE: tuple[str, ...] = (
     "paths", "logger", "hydra", "aggregate", "shard",
     "runtime.force", "runtime.progress", "runtime.save_images", "runtime.lock_wait_s",
+    "method.refuse",   # where a preset does not apply (a config check): adding one renames no record
 ) + PATH_KEYS
 
 #: Everything that changes a generated pixel (dotted paths into the resolved config; a path names
@@ -57,6 +58,7 @@ GENERATION_KEYS: tuple[str, ...] = (
     "model.schedule",
     "generation.h_div_w", "generation.pn", "generation.cfg", "generation.tau", "generation.top_k",
     "generation.top_p", "generation.negative_prompt", "generation.seed",
+    "generation.more_smooth",   # HART's configs only (absent keys are left out: other hashes are unchanged)
     "method.name", "method.knobs",
     "benchmark.loader", "benchmark.seed", "benchmark.n_prompts", "benchmark.rewriter",
     "runtime.device", "runtime.dtype", "runtime.fused_entropy",

@@ -43,6 +43,10 @@ class Policy(abc.ABC):
     #: decisions are made per image: at batch > 1 the runtime runs one fork per image (see above)
     per_image_decisions: bool = False
 
+    #: the model families (`GenerationContext.backbone`) whose mechanics this method's rules are written
+    #: for; the harness refuses a method on any other before a weight is loaded (`backbone_refusal`)
+    backbones: ClassVar[frozenset[str]] = frozenset({"infinity"})
+
     #: the method's knob dataclass (a `varbench.policies.knobs.MethodKnobs`: each knob's default, type
     #: and range); None: config validation reads the constructor's signature instead
     Knobs: ClassVar[Optional[type]] = None
@@ -94,6 +98,16 @@ class Policy(abc.ABC):
         return {"name": self.name}
 
     # -- optional hooks ------------------------------------------------------------------------------
+    def backbone_refusal(self, backbone: str) -> Optional[str]:
+        """Why this method (as configured) cannot run on the model family `backbone`, in one line that
+        names what to use instead; None when it can. Default: refused unless `backbone` is in
+        `backbones`. A method whose support depends on its knobs (NOVA's per-bit entropies) overrides it."""
+        if backbone in self.backbones:
+            return None
+        return (f"{self.name} is written for {', '.join(sorted(self.backbones))} models, not {backbone}: pick a method "
+                f"that supports {backbone} (docs/methods.md), or, for your own method whose rules apply there, declare "
+                f"backbones = frozenset({{{', '.join(repr(b) for b in sorted(self.backbones | {backbone}))}}}) on its class")
+
     def check_schedule(self, schedule: Sequence[tuple[int, int]], where: str) -> None:
         """Raise `varbench.core.errors.ConfigError` (naming ``<where>.<knob>``) for a knob value that
         cannot work on this generation schedule; called by config validation before anything runs.
@@ -119,6 +133,7 @@ class NeutralPolicy(Policy):
     """Every scale in full: the released Infinity behaviour, and what the runtime runs when it is
     given no policy. `varbench.policies.baseline.Baseline` is this policy under its method name."""
     name = "baseline"
+    backbones = frozenset({"infinity", "hart"})   # every scale in full: any backbone
 
     def plan(self, si: int) -> ScalePlan:
         return ScalePlan()

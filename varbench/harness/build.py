@@ -29,23 +29,46 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-    if name not in table:
-        from varbench.core.errors import ConfigError
+def resolve_dtype(name: str, device: torch.device, family: str = "infinity") -> torch.dtype:
+    """``runtime.dtype``: auto = what the release runs on CUDA (Infinity: bfloat16; HART: float16
+    autocast, sample.py), float32 on the CPU. float16 is HART's only (Infinity's release has no fp16 path)."""
+    from varbench.core.errors import ConfigError
 
-        raise ConfigError(f"runtime.dtype={name!r}; use auto, float32 or bfloat16")
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.float16 if family == "hart" else torch.bfloat16
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+    if family == "hart":
+        table |= {"float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ConfigError(f"runtime.dtype={name!r}; use auto, {', '.join(k for k in table if len(k) > 4)}")
     return table[name]
 
 
-def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype) -> InfinityRuntime:
+#: model families (``model.family``; absent = infinity): which runtime a model config builds
+FAMILIES = ("infinity", "hart")
+
+
+def model_family(model_cfg: Any) -> str:
+    """The backbone a model config builds: ``model.family`` (HART's configs set ``hart``), else
+    ``infinity`` (Infinity-2B/8B, tiny, toy). Methods and presets state which families they support."""
+    family = str(model_cfg.get("family") or "infinity")
+    if family not in FAMILIES:
+        from varbench.core.errors import ConfigError
+
+        raise ConfigError(f"model.family={family!r}; use one of {', '.join(FAMILIES)}")
+    return family
+
+
+def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype):
     """Model presets with released weights, random weights, or the shipped toy model."""
     if model_cfg.preset == "toy":
         from varbench.toy.load import load_toy_runtime
 
         return load_toy_runtime(device=str(device))
+    if model_family(model_cfg) == "hart":
+        return build_hart_runtime(model_cfg, device, dtype)
     from varbench.engine.models.bsq_vae import BSQVAE, load_vae
     from varbench.engine.models.text import T5TextEncoder, WordTextEncoder
 
@@ -72,11 +95,60 @@ def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype) -> I
     return InfinityRuntime(model, vae, text, device=device, dtype=dtype)
 
 
-def configure_runtime(rt: InfinityRuntime, runtime_cfg: Any) -> InfinityRuntime:
-    """Apply `runtime.cuda_graphs` (auto | true | false) and `runtime.fused_entropy` to a built runtime."""
+def build_hart_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype):
+    """A HART runtime: random init from the presets (``model.random_weights``), or the released
+    folders (``model.weights`` = ``<hart-0.7b-1024px>/llm``, ``model.vae`` = its ``tokenizer/``,
+    ``model.text_encoder_path`` = the Qwen2 folder), each loaded strictly. With the released files,
+    the folders' config.json decide the architecture (the preset is only a guess of them)."""
+    from varbench.engine.models.hart.model import HART, HART_PRESETS, hart_config_from_json, load_hart_weights
+    from varbench.engine.models.hart.runtime import HartRuntime
+    from varbench.engine.models.hart.tokenizer import build_hart_tokenizer, load_hart_tokenizer
+    from varbench.engine.models.text import WordTextEncoder
+
+    if model_cfg.random_weights:
+        cfg = HART_PRESETS[model_cfg.preset]
+        torch.manual_seed(int(model_cfg.get("seed", 0) or 0))
+        with torch.device(device):
+            model = HART(cfg)
+            quant, decoder = build_hart_tokenizer(model_cfg.vae_preset, cfg.patch_nums)
+    else:
+        llm = require_file(model_cfg.weights, "HART transformer folder (hart-0.7b-1024px/llm)", setting="model.weights")
+        tok = require_file(model_cfg.vae, "HART tokenizer folder (hart-0.7b-1024px/tokenizer)", setting="model.vae")
+        cfg = hart_config_from_json(require_file(llm / "config.json", "HART transformer config.json", setting="model.weights"),
+                                    tok / "config.json")
+        with torch.device("meta"):
+            model = HART(cfg)
+        model = model.to_empty(device="cpu")
+        load_hart_weights(model, llm)
+        quant, decoder = load_hart_tokenizer(tok, cfg.patch_nums)
+    if model_cfg.text_encoder == "qwen2":
+        if model_cfg.random_weights:
+            raise ValueError("model.random_weights=true needs a text encoder without weights; set model.text_encoder=word")
+        from varbench.engine.models.hart.text import HartTextEncoder
+
+        # the release encodes under the loop's fp16 autocast on CUDA (sample.py); fp32 elsewhere
+        half = dtype if device.type == "cuda" and dtype != torch.float32 else None
+        text = HartTextEncoder(model_cfg.text_encoder_path, max_length=cfg.context_token, autocast_dtype=half)
+    elif model_cfg.text_encoder == "word":
+        text = WordTextEncoder(dim=cfg.context_dim, max_len=cfg.context_token)
+    else:
+        raise ValueError(f"model.text_encoder={model_cfg.text_encoder!r} on HART; use qwen2 (released) or word (random)")
+    return HartRuntime(model, quant, decoder, text, device=device, dtype=dtype)
+
+
+def configure_runtime(rt, runtime_cfg: Any):
+    """Apply `runtime.cuda_graphs` (auto | true | false) and `runtime.fused_entropy` to a built runtime.
+    HART runs eagerly (no captured steps, no fused entropy kernel): auto means off there, true is refused."""
+    from varbench.core.errors import ConfigError
+
     graphs = str(runtime_cfg.get("cuda_graphs", "auto")).lower()
     if graphs not in ("auto", "true", "false"):
         raise ValueError(f"runtime.cuda_graphs={graphs!r}; use auto, true or false")
+    if getattr(rt, "family", "infinity") == "hart":
+        if graphs == "true":
+            raise ConfigError("runtime.cuda_graphs=true: the HART runtime has no CUDA-graph path (it runs eagerly); "
+                              "use runtime.cuda_graphs=auto (or false)")
+        return rt
     if graphs == "true" and rt.device.type != "cuda":
         raise ValueError(f"runtime.cuda_graphs=true needs a CUDA device, but the runtime is on {rt.device}; "
                          "use runtime.cuda_graphs=auto (or false)")
@@ -95,7 +167,12 @@ def build_policy_from_cfg(method_cfg: Any):
     return build_policy(method_cfg.name, **knobs)
 
 
-def generation_resolution(rt: InfinityRuntime, h_div_w: float, pn: str, schedule=None) -> list[int]:
+def generation_resolution(rt, h_div_w: float, pn: str, schedule=None) -> list[int]:
+    """[H, W] in pixels of the images a job generates: the last token grid times the decoder's stride."""
+    if getattr(rt, "family", "infinity") == "hart":
+        p = rt.schedule[-1][0]
+        stride = rt.vae.cfg.downsample if rt.vae is not None else 16
+        return [p * stride, p * stride]
     from varbench.engine.models.schedules import scale_schedule
 
     h, w = (schedule or scale_schedule(h_div_w, pn))[-1]
@@ -117,24 +194,31 @@ def generation_kwargs(cfg: Any, rt) -> dict:
     schedule = cfg.model.get("schedule")
     if schedule is not None:
         kw["schedule"] = [tuple(hw) for hw in schedule]
+    if getattr(rt, "family", "infinity") == "hart":
+        # HART's codebook mixing (sample.py's --more_smooth); the key exists only in HART configs
+        kw["more_smooth"] = bool(g.get("more_smooth", False))
     return kw
 
 
 def model_weight_files(model_cfg) -> dict:
-    """``{name: path}`` of every file or folder the model loads weights from (none for random init)."""
+    """``{name: path}`` of every file or folder the model loads weights from (none for random init).
+    Names are file names (``infinity_2b_reg.pth``); HART's folders, whose own names (``llm``,
+    ``tokenizer``) say little, are named with their parent (``hart-0.7b-1024px/llm``)."""
     if model_cfg.get("preset") == "toy":
         from varbench.toy.load import FILES, WEIGHTS_DIR
 
         return {name: WEIGHTS_DIR / name for name in FILES.values()}
     if model_cfg.get("random_weights"):
         return {}
+    hart = model_family(model_cfg) == "hart"
     out = {}
     paths = [model_cfg.get("weights"), model_cfg.get("vae")]
-    if model_cfg.get("text_encoder") == "t5":
+    if model_cfg.get("text_encoder") in ("t5", "qwen2"):
         paths.append(model_cfg.get("text_encoder_path"))
-    for p in paths:
+    for i, p in enumerate(paths):
         if p:
-            out[Path(str(p)).name] = str(p)
+            path = Path(str(p))
+            out[f"{path.parent.name}/{path.name}" if hart and i < 2 else path.name] = str(p)
     return out
 
 

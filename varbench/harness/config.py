@@ -144,8 +144,10 @@ def _check_generation(gen: Any) -> None:
         raise ConfigError(f"generation.tau must be > 0 (it divides the logits), got {_get(gen, 'tau')!r}")
     _int("generation", gen, "top_k", 0)
     top_p = _get(gen, "top_p")
-    if not _is_num(top_p) or not 0 < top_p <= 1:
-        raise ConfigError(f"generation.top_p must be a number in (0, 1], got {top_p!r}")
+    if not _is_num(top_p) or not 0 <= top_p <= 1:
+        raise ConfigError(f"generation.top_p must be a number in [0, 1] (0 = off), got {top_p!r}")
+    if _get(gen, "more_smooth") is not None:
+        _bool("generation", gen, "more_smooth")
     neg = _get(gen, "negative_prompt")
     if neg is not None and not isinstance(neg, str):
         raise ConfigError(f"generation.negative_prompt must be text or null, got {neg!r}")
@@ -250,4 +252,35 @@ def validate_config(cfg: Any):
         msg = e.args[0] if e.args else str(e)
         raise ConfigError(f"method={name} knobs: {msg}") from e
     policy.check_schedule(sched, "method.knobs")
+    check_backbone(cfg, policy, model)
     return policy
+
+
+def check_backbone(cfg: Any, policy, model: Mapping[str, Any]) -> None:
+    """The method, as this preset configures it, applies to the model's family (``model.family``):
+    the policy's own rule (:meth:`~varbench.engine.policy.Policy.backbone_refusal`) and the preset's
+    ``refuse: {family: reason}`` (a preset whose knobs are tuned to one model, e.g. FastVAR's released
+    Infinity widths); and HART's settings are not set on other models."""
+    from varbench.harness.build import model_family
+
+    family = model_family(model)
+    where = f"method={cfg.method.get('preset') or _choice('method') or cfg.method.get('name')} on model={_get(model, 'name')}"
+    refuse = cfg.method.get("refuse") or {}
+    if family in refuse:
+        raise ConfigError(f"{where}: {refuse[family]}")
+    reason = policy.backbone_refusal(family)
+    if reason:
+        raise ConfigError(f"{where}: {reason}")
+    if family != "hart" and _get(cfg.generation, "more_smooth") is not None:
+        raise ConfigError(f"generation.more_smooth is HART's codebook mixing; model={_get(model, 'name')} has none "
+                          "(remove the setting)")
+
+
+def _choice(group: str) -> str | None:
+    """The option chosen for ``group`` in the running Hydra app (None outside one)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get(group)
+    except Exception:  # noqa: BLE001 - outside a Hydra app (tests, scripts)
+        return None

@@ -51,8 +51,8 @@ from varbench.engine.flops import work_summary
 from varbench.engine.memory import measure_peak
 from varbench.engine.stage_flops import stage_flops
 from varbench.harness.build import (build_policy_from_cfg, build_runtime, configure_runtime, generation_kwargs,
-                                    generation_resolution, method_file_hashes, model_weight_hashes, resolve_device,
-                                    resolve_dtype)
+                                    generation_resolution, method_file_hashes, model_family, model_weight_hashes,
+                                    resolve_device, resolve_dtype)
 from varbench.harness.events import JobObserver, ObservedBar, notify
 from varbench.harness.prompts import PromptSet, load_prompt_set
 from varbench.harness.provenance import collect_provenance
@@ -146,7 +146,7 @@ def prepare_job(cfg: DictConfig) -> Job:
     validate_config(cfg)  # before any compute: a bad setting fails here, named
     resolved = OmegaConf.to_container(cfg, resolve=True)
     device = resolve_device(str(cfg.runtime.device))
-    dtype = resolve_dtype(str(cfg.runtime.dtype), device)
+    dtype = resolve_dtype(str(cfg.runtime.dtype), device, model_family(cfg.model))
     pin_runtime(resolved, device, dtype)   # "auto" hashes (and is recorded) as what it resolved to
     prompt_set = load_prompt_set(cfg.benchmark)
     weights = model_weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes

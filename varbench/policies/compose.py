@@ -144,6 +144,14 @@ class Compose(Policy):
     def per_image_decisions(self) -> bool:
         return any(m.per_image_decisions for m in self.members)
 
+    def backbone_refusal(self, backbone: str) -> Optional[str]:
+        """A composition runs where every member does (its plans are the members' plans merged)."""
+        for i, m in enumerate(self.members):
+            reason = m.backbone_refusal(backbone)
+            if reason:
+                return f"compose.policies[{i}]: {reason}"
+        return None
+
     def fork(self) -> "Compose":
         twin = super().fork()
         twin.members = [m.fork() for m in self.members]

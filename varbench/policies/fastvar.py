@@ -152,6 +152,7 @@ class FastVARKnobs(MethodKnobs, method="fastvar"):
 
 class FastVAR(Policy):
     name = "fastvar"
+    backbones = frozenset({"infinity", "hart"})   # FastVAR released a HART port (its HART/ folder): the same rule
     Knobs = FastVARKnobs
     #: nothing pruned, nothing skipped: the baseline's plans
     NEUTRAL = {"prune": {}, "skip": []}

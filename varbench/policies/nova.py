@@ -197,6 +197,7 @@ class NOVAKnobs(MethodKnobs, method="nova"):
 
 class NOVA(Policy):
     name = "nova"
+    backbones = frozenset({"infinity", "hart"})   # per-bit entropy variants: Infinity only (backbone_refusal)
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
     Knobs = NOVAKnobs
     #: every ratio capped at 0: nothing pruned
@@ -231,14 +232,23 @@ class NOVA(Policy):
         return self.batch_rule == "per_image"
 
     # -- per generation ---------------------------------------------------------------------
+    def backbone_refusal(self, backbone: str) -> Optional[str]:
+        if backbone == "infinity" or (backbone == "hart" and (self.entropy_logits, self.entropy_temp, self.entropy_norm)
+                                      == ("guided", "tau", "per_bit_mean")):
+            return None
+        if backbone != "hart":
+            return super().backbone_refusal(backbone)
+        # HART's tokens are categorical: only the runtime's token entropy (of the guided, tempered
+        # softmax the sampler draws from) translates; the variants read Infinity's per-bit logits
+        return (f"nova: entropy_logits/entropy_temp/entropy_norm={self.entropy_logits}/{self.entropy_temp}/"
+                f"{self.entropy_norm} read Infinity's per-bit logits; on {backbone} only the defaults "
+                "(guided/tau/per_bit_mean: the sampled distribution's entropy) apply")
+
     def reset(self, ctx: GenerationContext) -> None:
         super().reset(ctx)
-        if ctx.backbone != "infinity" and (self.entropy_logits, self.entropy_temp, self.entropy_norm) != ("guided", "tau", "per_bit_mean"):
-            # HART's tokens are categorical: only the runtime's token entropy (of the guided, tempered
-            # softmax the sampler draws from) translates; the variants read Infinity's per-bit logits
-            raise ValueError(f"nova: entropy_logits/entropy_temp/entropy_norm={self.entropy_logits}/{self.entropy_temp}/"
-                             f"{self.entropy_norm} read Infinity's per-bit logits; on {ctx.backbone} only the defaults "
-                             "(guided/tau/per_bit_mean: the sampled distribution's entropy) apply")
+        reason = self.backbone_refusal(ctx.backbone)
+        if reason:
+            raise ValueError(reason)
         n = len(ctx.schedule)
         self.n = n
         self.skipped = set(range(n - self.skip_last_scales, n))

@@ -44,6 +44,7 @@ class SkipLastKnobs(MethodKnobs, method="skip_last"):
 
 class SkipLast(Policy):
     name = "skip_last"
+    backbones = frozenset({"infinity", "hart"})   # scale skipping needs nothing model-specific
     Knobs = SkipLastKnobs
     #: every scale runs
     NEUTRAL = {"run_scales": None}
@@ -86,6 +87,7 @@ class SkipVARFixedKnobs(MethodKnobs, method="skipvar_fixed"):
 
 class SkipVARFixed(Policy):
     name = "skipvar_fixed"
+    backbones = frozenset({"infinity", "hart"})   # skips and cond-only rows: both backbones carry CFG rows
     Knobs = SkipVARFixedKnobs
     #: every scale runs with both CFG branches
     NEUTRAL = {"skip_last": 0, "uncond_from": None}

@@ -181,6 +181,7 @@ class ToProVARKnobs(MethodKnobs, method="toprovar"):
 
 class ToProVAR(Policy):
     name = "toprovar"
+    backbones = frozenset({"infinity", "hart"})   # attention and token entropies exist on both
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
     Knobs = ToProVARKnobs
     #: the token gate prunes nothing (alpha 0); on the tiny runtime ('0.06M', up to 16x16) the depth

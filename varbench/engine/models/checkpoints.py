@@ -29,6 +29,9 @@ PUBLISHED_AT = {
     "infinity_vae_d32reg.pth": "https://huggingface.co/FoundationVision/Infinity (file infinity_vae_d32reg.pth)",
     "infinity_vae_d56_f8_14_patchify.pth": "https://huggingface.co/FoundationVision/Infinity (file infinity_vae_d56_f8_14_patchify.pth)",
     "flan-t5-xl": "https://huggingface.co/google/flan-t5-xl (download the folder; only the encoder is used)",
+    "hart-0.7b-1024px/llm": "https://huggingface.co/mit-han-lab/hart-0.7b-1024px (folder llm/)",
+    "hart-0.7b-1024px/tokenizer": "https://huggingface.co/mit-han-lab/hart-0.7b-1024px (folder tokenizer/)",
+    "Qwen2-VL-1.5B-Instruct": "https://huggingface.co/mit-han-lab/Qwen2-VL-1.5B-Instruct (download the folder)",
 }
 
 #: buffers the released training model registered that inference does not use (dropped on load,

@@ -98,6 +98,9 @@ class HartRuntime:
         pn is accepted for the harness's sake and ignored (HART has one resolution); a schedule
         other than the model's patch_nums, or h_div_w != 1, is refused."""
         policy = policy or NeutralPolicy()
+        refusal = policy.backbone_refusal("hart")
+        if refusal:
+            raise ValueError(refusal)
         batch = len(prompts)
         if len(seeds) != batch:
             raise ValueError(f"got {batch} prompts but {len(seeds)} seeds; pass one seed per prompt")
