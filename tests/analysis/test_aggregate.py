@@ -710,3 +710,73 @@ def test_the_memory_figures_points_are_the_tables_ratios(memory_store):
     assert [p["name"] for p in fig.varbench_points] == [p["name"] for p in speedup_vs_memory_points(paired)]
     without = paired.assign(kv_gb=float("nan"), memory_x=float("nan"))
     assert speedup_vs_memory_figure(without) is None           # nothing to draw without memory blocks
+
+
+# --------------------------------------------------------------------------- several backbones in one store
+#: per model: (weight file, baseline AR ms, method AR ms). Each model's speed-up differs (2x, 3x, 4x), so a
+#: row paired with another model's baseline would show another number.
+MODELS = {"infinity_2b": ("infinity_2b_reg.pth", 100.0, 50.0),
+          "infinity_8b": ("infinity_8b_weights.pth", 300.0, 100.0),
+          "hart_0p7b": ("hart-0.7b-1024px/llm/ema_model.bin", 40.0, 10.0)}
+
+
+def model_record(model, method, ms, flops):
+    """A record of ``model`` at 1024 px as job.py writes it: ``model.name``/``model.preset`` and the resolved
+    config's ``model`` block name it, and its weights are its own files (so its pair_key is its own)."""
+    quality = 0.70 if method == "baseline" else 0.65
+    rec = make_record(f"{method}_{model}", method, ms, ms + 20, flops, {"geneval/overall": (quality, 0.02)}, generation=GEN)
+    rec["model"] = {**rec["model"], "name": model, "preset": model, "weights": {MODELS[model][0]: model[0] * 64}}
+    rec["config"]["model"] = {"name": model, "preset": model}
+    return rec
+
+
+def three_model_store(root, without_baseline=()):
+    for model, (_, base_ms, method_ms) in MODELS.items():
+        if model not in without_baseline:
+            write(root, model_record(model, "baseline", base_ms, 1e12 * base_ms))
+        write(root, model_record(model, "fastvar", method_ms, 1e12 * method_ms))
+
+
+def test_three_models_pair_each_method_with_its_own_models_baseline(tmp_path):
+    three_model_store(tmp_path / "store")
+    out = tmp_path / "out"
+    result = aggregate(tmp_path / "store", out, figures=False)
+    assert [g.name for g in result.groups] == ["hart_0p7b-1024px", "infinity_2b-1024px", "infinity_8b-1024px"]
+    paired = result.paired.set_index("entry_id")
+    for model, (_, base_ms, method_ms) in MODELS.items():
+        row = paired.loc[f"fastvar_{model}"]
+        assert row["model"] == model and row["baseline_entry"] == f"baseline_{model}"
+        assert row["speedup"] == pytest.approx(base_ms / method_ms)      # 2x, 3x, 4x: its own baseline's
+        assert row["flops_x"] == pytest.approx(base_ms / method_ms)      # flops were put in proportional to ms
+        assert row["geneval/overall_delta"] == pytest.approx(-0.05)
+        g = next(g for g in result.groups if g.name == f"{model}-1024px")
+        table = pd.read_csv(g.folder / "table.csv").set_index("entry_id")
+        assert list(table.index) == [f"baseline_{model}", f"fastvar_{model}"]   # its rows only, baseline first
+        assert set(table["model"]) == {model}
+        md = (g.folder / "table.md").read_text()
+        assert md.count("### ") == 1 and f"model={model}" in md
+        assert not any(f"model={other}" in md for other in MODELS if other != model)
+
+
+def test_a_method_without_a_baseline_on_its_model_gets_no_other_models_ratio(tmp_path):
+    three_model_store(tmp_path / "store", without_baseline=("infinity_8b",))
+    frame = records_to_frame(find_entries(tmp_path / "store"))
+    # refused by default, naming the model as what differs from the nearest baseline (another model's)
+    with pytest.raises(AggregationError, match=r"fastvar_infinity_8b.*model \('infinity_8b' vs baseline '(infinity_2b|hart_0p7b)'\)"):
+        pair_with_baseline(frame)
+    with pytest.warns(UserWarning, match="infinity_8b"):
+        paired = pair_with_baseline(frame, allow_unpaired=True).set_index("entry_id")
+    row = paired.loc["fastvar_infinity_8b"]
+    assert pd.isna(row["baseline_entry"])                         # None in the frame (NaN once concatenated)
+    for col in ("speedup", "e2e_speedup", "flops_x", "geneval/overall_delta"):
+        assert math.isnan(row[col]), col
+    for model in ("infinity_2b", "hart_0p7b"):                    # the others still pair with their own
+        assert paired.loc[f"fastvar_{model}", "baseline_entry"] == f"baseline_{model}"
+        assert paired.loc[f"fastvar_{model}", "speedup"] == pytest.approx(MODELS[model][1] / MODELS[model][2])
+    # the written tables agree: the 8B folder holds its method row alone, with empty ratios
+    with pytest.warns(UserWarning, match="infinity_8b"):
+        result = aggregate(tmp_path / "store", tmp_path / "out", allow_unpaired=True, figures=False)
+    table = pd.read_csv(tmp_path / "out" / "infinity_8b-1024px" / "table.csv")
+    assert list(table["entry_id"]) == ["fastvar_infinity_8b"] and table["speedup"].isna().all()
+    assert table["baseline_entry"].isna().all() and table["flops_x"].isna().all()
+    assert [g.name for g in result.groups] == ["hart_0p7b-1024px", "infinity_2b-1024px", "infinity_8b-1024px"]

@@ -10,8 +10,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from varbench.engine.models.bsq_vae import BSQVAE, VAE_PRESETS, VAEConfig
 from varbench.engine.models.text import WordTextEncoder
-from varbench.engine.stage_flops import (FLAN_T5_XL, decoder_flops, preset_stage_flops, t5_encoder_flops,
-                                  text_encoder_flops, word_encoder_flops)
+from varbench.engine.models.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
+from varbench.engine.stage_flops import (FLAN_T5_XL, decoder_flops, hart_decoder_flops, preset_stage_flops,
+                                  t5_encoder_flops, text_encoder_flops, vae_decode_flops, word_encoder_flops)
 
 
 def counted(fn) -> int:
@@ -49,6 +50,83 @@ def test_decoder_count_is_the_issue_number_on_2b_1024():
 def test_decoder_refuses_an_empty_grid():
     with pytest.raises(ValueError, match="must be positive"):
         decoder_flops(VAE_PRESETS["toy"], (0, 4))
+
+
+def counted_by_op(fn) -> dict[str, int]:
+    with FlopCounterMode(display=False) as fc:
+        fn()
+    return {str(op): n for op, n in fc.get_flop_counts()["Global"].items()}
+
+
+@pytest.mark.parametrize("preset, grid", [("hart_tiny", (4, 4)), ("hart_tiny", (3, 5)),
+                                          ("hart_0p7b", (64, 64)), ("hart_0p7b", (48, 80))])
+def test_hart_decoder_count_equals_flop_counter(preset, grid):
+    """HART's tokenizer decoder as built (hart_0p7b on the meta device: shapes only), through
+    fhat_to_img (post_quant_conv + decoder + clamp). FlopCounterMode counts only the convolutions and
+    the attention's two bmm products here; the GroupNorms, SiLUs, the attention's scale and softmax,
+    residual adds, the upsample copy, the clamp and conv biases it does not count, and neither does the
+    analytic count, so the two are equal exactly (integers, no tolerance)."""
+    dev = "cpu" if preset == "hart_tiny" else "meta"
+    _, dec = build_hart_tokenizer(preset, device=dev)
+    z = torch.zeros(1, dec.cfg.z_channels, *grid, device=dev)
+    with torch.no_grad():
+        by_op = counted_by_op(lambda: dec.fhat_to_img(z))
+    assert set(by_op) == {"aten.convolution", "aten.bmm"}          # nothing else it counts is left out
+    assert hart_decoder_flops(HART_TOKENIZER_PRESETS[preset], grid) == sum(by_op.values())
+    assert vae_decode_flops(dec, grid) == sum(by_op.values())        # dispatched on the decoder's cfg
+
+
+def test_hart_decoder_count_follows_every_config_knob():
+    """A decoder unlike either preset (3 levels of unequal widths, 1 res block, a 1x1 post_quant_conv,
+    an odd latent) is still counted exactly: the walk follows the config, not the presets' shape."""
+    cfg = HartTokenizerConfig(vocab_size=16, z_channels=4, ch=32, ch_mult=(1, 2, 3), num_res_blocks=1,
+                              quant_conv_ks=1, v_patch_nums=(1, 2))
+    _, dec = build_hart_tokenizer(cfg)
+    z = torch.zeros(1, 4, 3, 5)
+    with torch.no_grad():
+        assert hart_decoder_flops(cfg, (3, 5)) == counted(lambda: dec.fhat_to_img(z))
+
+
+def test_hart_0p7b_decode_at_1024():
+    """The 0.7B decoder on its 64x64 latent (1024²) by hand, independent of the layer walk: at 64² the
+    640-wide conv_in, 5 ResNets (mid 2 + top level 3) and 4 attention blocks; then per level the 3x3
+    convs of its 3 ResNets (+ a 1x1 shortcut on a width change) and the upsample conv at the new size;
+    conv_out at 1024². ~6.46 TFLOPs, 1.5x fewer than the Infinity-2B decoder's 9.85."""
+    conv = lambda ci, co, k, s: 2 * ci * co * k * k * s * s                                    # noqa: E731
+    res = lambda ci, co, s: conv(ci, co, 3, s) + conv(co, co, 3, s) + (conv(ci, co, 1, s) if ci != co else 0)  # noqa: E731
+    n = 64 * 64
+    attn = conv(640, 4 * 640, 1, 64) + 4 * n * n * 640        # qkv (3C) + proj_out (C) 1x1, scores + sum
+    want = conv(32, 32, 3, 64) + conv(32, 640, 3, 64) + 5 * res(640, 640, 64) + 4 * attn
+    want += conv(640, 640, 3, 128)                                                     # top level's upsample
+    want += res(640, 320, 128) + 2 * res(320, 320, 128) + conv(320, 320, 3, 256)      # level 3 (ch 320)
+    want += 3 * res(320, 320, 256) + conv(320, 320, 3, 512)                           # level 2 (ch 320)
+    want += res(320, 160, 512) + 2 * res(160, 160, 512) + conv(160, 160, 3, 1024)     # level 1 (ch 160)
+    want += 3 * res(160, 160, 1024) + conv(160, 3, 3, 1024)                           # level 0, conv_out
+    got = hart_decoder_flops(HART_TOKENIZER_PRESETS["hart_0p7b"], (64, 64))
+    assert got == want
+    assert got / 1e12 == pytest.approx(6.460, abs=1e-3)
+
+
+def test_hart_decoder_refuses_an_empty_grid():
+    with pytest.raises(ValueError, match="must be positive"):
+        hart_decoder_flops(HART_TOKENIZER_PRESETS["hart_tiny"], (4, 0))
+
+
+def test_hart_runtime_stages_count_its_decode():
+    """stage_flops on the HART runtime: its decode is the tokenizer decoder's count at f_hat's grid,
+    equal to what FlopCounterMode counts for one image's rt.decode (which adds only uncounted
+    elementwise work: the clamp and the uint8 map)."""
+    from varbench.engine.stage_flops import stage_flops
+    from varbench.engine.testing import tiny_hart_runtime
+
+    rt = tiny_hart_runtime(seed=0)
+    prompts = ["a red circle", "a blue square"]
+    out = rt.generate(prompts, [0, 1], cfg=4.5)
+    grid = tuple(out.summed_codes.shape[-2:])
+    stages = stage_flops(rt, prompts, grid)
+    measured = counted(lambda: rt.decode(out.summed_codes[:1]))
+    assert [s["vae_decode"] for s in stages] == [hart_decoder_flops(rt.vae.cfg, grid)] * 2 == [measured] * 2
+    assert measured > 0 and all(s["text_encoder"] is not None for s in stages)   # the tiny runtime's word encoder
 
 
 @pytest.mark.parametrize("gated", [True, False])

@@ -14,6 +14,12 @@ What runs, and so what is counted:
                 of :class:`varbench.engine.models.bsq_vae.Decoder` (conv_in, mid and up ResNet blocks,
                 1x1 shortcuts, upsampling convs, conv_out); the decoder has no attention (the
                 released checkpoints hold no attention weights).
+  HART decoder  :class:`varbench.engine.models.hart.tokenizer.HartImageDecoder` on the AR loop's f_hat
+                (64x64 at 1024²): post_quant_conv and a VQGAN-style decoder, the same convolutions plus
+                single-head attention blocks at the lowest resolution (mid, and after each ResNet of the
+                lowest level: 4 with num_res_blocks=2; their 1x1 convs and two bmm products counted,
+                scale and softmax not). hart_0p7b at 1024²: 6.46 TFLOPs. HART's Qwen2 text encoder is
+                not counted yet (None, so HART's ``end_to_end`` is None).
   T5 encoder    flan-t5-xl over the *padded* sequence: the released pipeline and this runtime
                 tokenise with ``padding="max_length"`` (512) and the encoder computes every
                 position; the attention mask only hides pads. So a prompt costs the same whatever
@@ -63,6 +69,43 @@ def decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
             h, w = 2 * h, 2 * w
             total += _conv(c, c, 3, h, w)
     return float(total + _conv(c, cfg.in_channels, 3, h, w))   # conv_out
+
+
+def hart_decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
+    """FLOPs of one image's decode by HART's tokenizer decoder
+    (:class:`~varbench.engine.models.hart.tokenizer.HartImageDecoder` built from
+    :class:`~varbench.engine.models.hart.tokenizer.HartTokenizerConfig` ``cfg``) on a (h, w) latent grid
+    (the AR loop's f_hat: 64x64 for hart_0p7b at 1024²). Mirrors ``fhat_to_img``'s layer walk:
+    post_quant_conv, conv_in, mid (ResNet, attention, ResNet), then per level from the lowest resolution
+    up ``num_res_blocks + 1`` ResNets (each followed by an attention block at the lowest level), a 2x
+    upsample + 3x3 conv on every level but the full-resolution one, conv_out.
+
+    Attention (single head over the h*w positions, width C): the 1x1 qkv and proj_out convs
+    (2*hw*C*3C + 2*hw*C*C) and the two bmm products, scores q^T k and the weighted sum v attn^T
+    (2 * 2*(hw)^2*C). Its scale multiply and softmax are O((hw)^2) elementwise work and are not
+    counted, as FlopCounterMode does not count them (nor the GroupNorms, SiLUs, residual adds, the
+    nearest upsample copy, the final clamp, or conv biases)."""
+    h, w = (int(v) for v in latent_hw)
+    if h < 1 or w < 1:
+        raise ValueError(f"hart_decoder_flops: latent grid {tuple(latent_hw)} must be positive (h, w)")
+
+    def attn(c: int, h: int, w: int) -> int:
+        n = h * w
+        return _conv(c, 3 * c, 1, h, w) + _conv(c, c, 1, h, w) + 2 * 2 * n * n * c
+
+    chs = [cfg.ch * m for m in cfg.ch_mult]
+    top = len(chs) - 1
+    c = chs[top]
+    total = _conv(cfg.z_channels, cfg.z_channels, cfg.quant_conv_ks, h, w)          # post_quant_conv
+    total += _conv(cfg.z_channels, c, 3, h, w) + 2 * _resblock(c, c, h, w) + attn(c, h, w)   # conv_in, mid
+    for level in reversed(range(len(chs))):            # lowest resolution first, as HartDecoder.forward
+        for _ in range(cfg.num_res_blocks + 1):
+            total += _resblock(c, chs[level], h, w) + (attn(chs[level], h, w) if level == top else 0)
+            c = chs[level]
+        if level != 0:                                 # nearest 2x, then a 3x3 conv at the new size
+            h, w = 2 * h, 2 * w
+            total += _conv(c, c, 3, h, w)
+    return float(total + _conv(c, 3, 3, h, w))         # conv_out
 
 
 # -- text encoders ----------------------------------------------------------------------------
@@ -116,11 +159,17 @@ def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optiona
 
 
 def vae_decode_flops(vae, latent_hw: Sequence[int]) -> Optional[float]:
-    """One image's decode on ``latent_hw`` with the runtime's VAE (None without a ``cfg``)."""
+    """One image's decode on ``latent_hw`` with the runtime's VAE, dispatched on its ``cfg``: the
+    BSQ-VAE decoder (Infinity) or HART's tokenizer decoder; None for any other (not guessed)."""
     from varbench.engine.models.bsq_vae import VAEConfig
+    from varbench.engine.models.hart.tokenizer import HartTokenizerConfig
 
-    cfg = getattr(vae, "cfg", None)   # only the BSQ-VAE's layer walk is counted (HART's decoder: not yet)
-    return decoder_flops(cfg, latent_hw) if isinstance(cfg, VAEConfig) else None
+    cfg = getattr(vae, "cfg", None)
+    if isinstance(cfg, VAEConfig):
+        return decoder_flops(cfg, latent_hw)
+    if isinstance(cfg, HartTokenizerConfig):
+        return hart_decoder_flops(cfg, latent_hw)
+    return None
 
 
 def stage_flops(rt, prompts: Sequence[str], latent_hw: Sequence[int],
