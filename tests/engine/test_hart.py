@@ -7,7 +7,7 @@
   floats within a tolerance (measured on the writing CPU: 0 without more_smooth, <= 1.7e-5 with it).
 * tests/fixtures/hart_golden/tiny_fastvar_hart_golden.pt: the same loop, and FastVAR's HART port (token
   pruning at widths 48 / 64), on one tiny plain model whose grids reach 36, 48 and 64. `load_fastvar_golden`
-  builds the model it was recorded with (for a FastVAR-policy test of the runtime).
+  builds the model it was recorded with (tests/engine/test_fastvar_hart.py runs the `fastvar` policy on it).
 """
 from __future__ import annotations
 
