@@ -25,7 +25,10 @@ def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
     assert " compose " in composed                                          # a composed method's family
     assert "  fastvar: `fastvar`: cached token pruning" in out                                 # the card's first sentence
     # models: where the knobs validate; FastVAR's released widths (40, 48, 64) are not on tiny's schedule
-    assert "  infinity_2b, infinity_8b, tiny, toy  " in next(line for line in out.splitlines() if line.startswith("baseline "))
+    assert "  hart_0p7b, hart_tiny, infinity_2b, infinity_8b, tiny, toy  " in next(line for line in out.splitlines() if line.startswith("baseline "))
+    # a method that does not apply to a backbone is not listed there, whatever files it needs
+    scalekv = next(line for line in out.splitlines() if line.startswith("scalekv "))
+    assert "hart" not in scalekv and "infinity_2b" in scalekv
     fastvar = next(line for line in out.splitlines() if line.startswith("fastvar "))
     mark = re.search(r"tiny(\[\d+\])", fastvar).group(1)
     assert f"  {mark} method.knobs: widths [40, 48, 64] are not on this 10-scale schedule" in out

@@ -108,7 +108,8 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
 
     from varbench.cli.sweep_plan import compose_job
     from varbench.core.errors import ConfigError
-    from varbench.harness.config import validate_config
+    from varbench.harness.build import model_family
+    from varbench.harness.config import preset_refusal, validate_config
     from varbench.harness.preflight import method_files_missing
 
     class Catch(logging.Handler):
@@ -128,6 +129,8 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
         out[name] = {}
         for model, base in bases.items():
             cfg = OmegaConf.create({**base, "method": node})
+            if preset_refusal(cfg.method, model_family(cfg.model)):   # before its files: not "absent here"
+                continue
             files = method_files_missing(cfg)
             if files:                          # e.g. ScaleKV's released budget file: not "unsupported", only absent here
                 out[name][model] = f"needs {files[0].what.split(': ', 1)[-1]}, not found here ({files[0].path})"

@@ -265,15 +265,38 @@ def check_backbone(cfg: Any, policy, model: Mapping[str, Any]) -> None:
 
     family = model_family(model)
     where = f"method={cfg.method.get('preset') or _choice('method') or cfg.method.get('name')} on model={_get(model, 'name')}"
-    refuse = cfg.method.get("refuse") or {}
-    if family in refuse:
-        raise ConfigError(f"{where}: {refuse[family]}")
-    reason = policy.backbone_refusal(family)
+    reason = preset_refusal(cfg.method, family) or policy.backbone_refusal(family)
     if reason:
         raise ConfigError(f"{where}: {reason}")
     if family != "hart" and _get(cfg.generation, "more_smooth") is not None:
         raise ConfigError(f"generation.more_smooth is HART's codebook mixing; model={_get(model, 'name')} has none "
                           "(remove the setting)")
+
+
+def preset_refusal(method: Any, family: str) -> str | None:
+    """Why a method config does not apply to model family ``family``, read without building the policy
+    (no release file is opened): the preset's ``refuse: {family: reason}``, else the policy classes'
+    ``backbones`` (a ``compose``'s members' too). Knob-dependent refusals (NOVA's per-bit entropies) need
+    the built policy: :meth:`~varbench.engine.policy.Policy.backbone_refusal`."""
+    from varbench.core.registry import resolve
+    from varbench.policies import REGISTRY
+
+    refuse = _get(method, "refuse") or {}
+    if family in refuse:
+        return str(refuse[family])
+    members = [(None, _get(method, "name"))]
+    if members[0][1] == "compose":
+        members = [(i, _get(m, "name")) for i, m in enumerate(_get(_get(method, "knobs") or {}, "policies") or [])]
+    for i, name in members:
+        try:
+            cls = resolve(REGISTRY, str(name), "method")
+        except KeyError:
+            continue                            # named by validate_config
+        backbones = getattr(cls, "backbones", frozenset({"infinity"}))
+        if family not in backbones:
+            head = "" if i is None else f"compose.policies[{i}]: "
+            return f"{head}{name} is written for {', '.join(sorted(backbones))} models, not {family}"
+    return None
 
 
 def _choice(group: str) -> str | None:
