@@ -63,6 +63,12 @@ share the cond choice; the residual cache is per generation (the release never r
 
 Knobs: `FastVARKnobs` below (each knob's default, type, range, and which way it trades speed
 against quality).
+
+On HART: the same rule runs on HART's stages (`Policy.backbones`). `fastvar_hart` is FastVAR's own HART
+port (csguoh/FastVAR `HART/`: widths 48 at 0.5 and 64 at 0.75, every block, sa and ffn, 36² cache,
+no skip), equal to the port's outputs (tests/engine/test_fastvar_hart.py); the `fastvar` preset (the
+Infinity widths) is refused there, and `fastvar_hart` on Infinity. HART's stage 0 is its text context:
+never pruned (the runtime refuses it).
 """
 from __future__ import annotations
 

@@ -76,6 +76,12 @@ mean_curve: detect once on the batch-mean entropy curve); ratios use batch-mean 
 
 Knobs: `NOVAKnobs` below (each knob's default, type, range, and which way it trades speed against
 quality).
+
+On HART (translated): the predictive entropy is the categorical entropy of the guided, tempered
+softmax over HART's 4096-word codebook (on Infinity, the mean per-bit entropy: `entropy_norm`
+per_bit_mean); the per-bit variants (`entropy_logits: cond`, `entropy_temp: 1`, `entropy_norm:
+per_token_sum`) read Infinity's bit logits and are refused on HART. Every threshold keeps its
+Infinity default (RECON, untuned for HART). HART's stage 0 (the text context) is never pruned.
 """
 from __future__ import annotations
 

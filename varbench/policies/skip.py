@@ -20,6 +20,9 @@ Changes: the two actions SkipVAR's decision model chooses between, as fixed poli
 Reconstructed: nothing in the mechanics; the fixed combination (the paper's "hybrid w/o DM") is
          not specified, so the presets pick one and say so.
 Knobs:   `SkipVARFixedKnobs` below.
+
+On HART: skipping HART's last stage also skips its residual diffusion head (the image decodes the
+tokens summed so far); cond-only rows (`uncond_from`) drop HART's unconditional rows as on Infinity.
 """
 from __future__ import annotations
 

@@ -58,6 +58,10 @@ sensitivity table in docs/methods.md (experiments/toprovar_sensitivity.py).
 
 Knobs: `ToProVARKnobs` below (each knob's default, type, range, and which way it trades speed
 against quality; FACT/RECON per knob).
+
+On HART (translated): the attention entropy per query is computed as on Infinity; HART's stage 0 is
+its text context (one signal: the last text token's query), never pruned or skipped. Scale knobs are
+positions on HART's 14 stages (`svd_scale` 5 = 7², vs 12² on Infinity at 1M; RECON).
 """
 from __future__ import annotations
 
