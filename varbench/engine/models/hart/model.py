@@ -100,6 +100,11 @@ HART_PRESETS: dict[str, HartConfig] = {
     # tiny random model for CPU tests, the 0.7B's flags (the hart_golden fixture's "plain" case)
     "hart_tiny": HartConfig(depth=2, embed_dim=64, num_heads=2, context_token=8, context_dim=48, patch_nums=(1, 2, 3, 5),
                             vocab_size=640, cvae=8, diff_width=32, diff_depth=2, disable_aln=True, shared_aln=False),
+    # the same tiny model on 10 stages up to 16x16 (model=hart_tiny, the harness's CI model): enough stages and
+    # tokens for every method's scale knobs and thresholds to mean something (the 4 stages above are the fixture's)
+    "hart_tiny10": HartConfig(depth=2, embed_dim=64, num_heads=2, context_token=8, context_dim=48,
+                              patch_nums=(1, 2, 3, 4, 5, 6, 8, 10, 13, 16), vocab_size=640, cvae=8, diff_width=32,
+                              diff_depth=2, disable_aln=True, shared_aln=False),
 }
 
 #: released config.json keys -> HartConfig fields (the tokenizer's vocab/Cvae come from tokenizer/config.json)
