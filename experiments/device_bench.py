@@ -1,4 +1,4 @@
-"""The GPU device benchmark in one command: random-weight Infinity-2B and -8B at 1024², every method.
+"""The GPU device benchmark in one command: random-weight Infinity-2B and -8B at 1024², every method; HART-0.7B.
 
     bash scripts/device_bench.sh                                   # on the H200 (wheelhouse carried in)
     python -m experiments.device_bench                             # same, without the install step
@@ -25,6 +25,18 @@ else PyYAML with the same `defaults:` merge):
 With random weights the entropy-driven methods (NOVA, ToProVAR) decide from random-model entropies: their
 rows time the machinery (entropy requests, plan building) and whatever plan that produces; each row
 records the policy's own stats (e.g. ToProVAR's depth D) so a reader can see what was pruned.
+
+HART-0.7B (model role `hart`, `--models ...,hart`): the random-weight HART-0.7B transformer (14 stages to
+64x64 tokens, the residual diffusion head at the last stage; built on meta, `to_empty`, the same random
+fill, weights fp32 as released) and its tokenizer's quantizer and decoder (default init, on the GPU),
+the loop under fp16 autocast as the release's sample.py runs it (`HartRuntime(dtype=torch.float16)`),
+1024² (HART's only resolution), batch 1, cfg as above, the runtime's defaults otherwise (released top-k;
+`more_smooth` off, the harness's setting), text: random features of Qwen2's width (1536), `--text-len`
+tokens padded to HART's 300. Methods (`HART_METHODS`, no conf preset): baseline, FastVAR's HART port
+(`fastvar_hart`: its hard-coded knobs) and SkipLast(-2) (`skip_last_2`). Eager only (HART has no CUDA
+graphs), one section after the graphed Infinity sections, `--hart-repeats` (15) timed rounds: ~0.3 s
+per image (A100, fp16) makes it ~20-40 s with the build, and the script's budget skips what would
+not fit as for any section. Paired speed-ups and intervals as for the Infinity rows; no target.
 
 Protocol, per section (a model x batch x a list of (method, mode) items):
   * warm-up: `--warmup` untimed generations per item (CUDA graph capture happens here);
@@ -66,7 +78,8 @@ Order and budget (`--budget-s`, default 430 s for this script; the shell wrapper
   1 2B b1 baseline eager vs graphed   2 2B b1 methods graphed (+ entropy-off)   3 2B b1 bit check
   4 8B b1 baseline eager vs graphed   5 8B b1 methods graphed (+ entropy-off)   6 8B b1 bit check
   7 8B b8 baseline graphed            8 2B b8 baseline graphed                  9 2B b8 methods graphed
-  10 8B b8 methods graphed            11.. the rest: methods eager (b1, b8), b8 eager baselines, b8 bit checks
+  10 8B b8 methods graphed            11 HART-0.7B b1 methods eager
+  12.. the rest: methods eager (b1, b8), b8 eager baselines, b8 bit checks
 Each section starts by dropping the runtimes' captured graphs (`clear_graphs`), so memory stays bounded
 and peak memory belongs to the section; graphed items warm up at least twice (the runtime runs a step's
 first sighting eagerly and captures the second). Before every generation the script projects what the
@@ -77,7 +90,8 @@ memory) is recorded in its row and the run goes on; the exit status is then 1.
 
 `--smoke`: the same code on the CPU with the `tiny` preset in the 2B role and a patchified tiny variant
 (the 8B's code path) in the 8B role, pn 0.06M, 1 warm-up + 2 repeats, batch 1 and 2, eager only (graphed
-items and bit checks: "skipped: no CUDA"), cfg 4. The targets block is then computed from tiny models and
+items and bit checks: "skipped: no CUDA"), cfg 4, and the tiny HART (`hart_tiny`, fp32, FastVAR's rule
+moved onto its grids) in the HART role. The targets block is then computed from tiny models and
 says so: its verdicts mean nothing about the targets.
 """
 from __future__ import annotations
@@ -116,11 +130,29 @@ METHODS = {
     "8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2"],
 }
 FASTVAR = {"2b": "fastvar", "8b": "fastvar_8b_paper"}
+#: the Infinity roles (the targets are theirs)
+INFINITY_ROLES = ("2b", "8b")
+#: HART methods: (policy name, knobs) per HART model preset. FastVAR's HART port has no conf preset: its
+#: knobs as the port hard-codes them (csguoh/FastVAR HART/hart/modules/networks/fastvar_utils.py:45 prune
+#: ratios {48: 0.5, 64: 0.75} and no skipped scale; fastvar_basic.py:1213 the 36x36 cache scale, :1273 every
+#: layer pruned; attention and FFN, HART has no cross-attention). The tiny model's grids (1, 2, 3, 5) get the
+#: same rule one step down: its last two grids pruned at those ratios from the 2x2 cache.
+HART_METHODS = {
+    "hart_0p7b": {"baseline": ("baseline", {}),
+                  "fastvar_hart": ("fastvar", {"addressing": "width", "prune": {48: 0.5, 64: 0.75}, "skip": [],
+                                               "cache_scale": 36, "block_range": [0, 24], "sublayers": ["sa", "ffn"]}),
+                  "skip_last_2": ("skip_last", {"run_scales": -2})},
+    "hart_tiny": {"baseline": ("baseline", {}),
+                  "fastvar_hart": ("fastvar", {"addressing": "width", "prune": {3: 0.5, 5: 0.75}, "skip": [],
+                                               "cache_scale": 2, "block_range": [0, 2], "sublayers": ["sa", "ffn"]}),
+                  "skip_last_2": ("skip_last", {"run_scales": -2})},
+}
+METHODS["hart"] = list(HART_METHODS["hart_0p7b"])
 TOPROVAR = "toprovar"
 ENTROPY_OFF = "entropy_off"
 #: first-guess seconds per generation per image (before anything is measured), for the budget
-GUESS_S = {"2b": 1.5, "8b": 3.0}
-BUILD_GUESS_S = {"2b": 20.0, "8b": 40.0}
+GUESS_S = {"2b": 1.5, "8b": 3.0, "hart": 0.6}
+BUILD_GUESS_S = {"2b": 20.0, "8b": 40.0, "hart": 15.0}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -130,20 +162,28 @@ class ModelSpec:
     role: str            # "2b" | "8b"
     label: str
     preset: str          # PRESETS key, or a description for smoke variants
-    cfg: Any             # InfinityConfig
+    cfg: Any             # InfinityConfig (HartConfig for the HART role)
     pn: str
+
+    @property
+    def hart(self) -> bool:
+        return self.role == "hart"
 
 
 def model_specs(smoke: bool, pn: Optional[str]) -> dict[str, ModelSpec]:
+    """Role -> model. HART's pn is a label only (HART has one resolution: its patch_nums)."""
+    from varbench.engine.models.hart.model import HART_PRESETS
     from varbench.engine.models.infinity import PRESETS
 
     if smoke:
         tiny = PRESETS["tiny"]
         return {"2b": ModelSpec("2b", "tiny (2B role)", "tiny", tiny, pn or "0.06M"),
                 "8b": ModelSpec("8b", "tiny-patchify (8B role)", "tiny+patchify(codebook 64)",
-                                dataclasses.replace(tiny, codebook_dim=64, patchify=True), pn or "0.06M")}
+                                dataclasses.replace(tiny, codebook_dim=64, patchify=True), pn or "0.06M"),
+                "hart": ModelSpec("hart", "tiny HART (0.7B role)", "hart_tiny", HART_PRESETS["hart_tiny"], "20x20")}
     return {"2b": ModelSpec("2b", "Infinity-2B", "infinity_2b", PRESETS["infinity_2b"], pn or "1M"),
-            "8b": ModelSpec("8b", "Infinity-8B", "infinity_8b", PRESETS["infinity_8b"], pn or "1M")}
+            "8b": ModelSpec("8b", "Infinity-8B", "infinity_8b", PRESETS["infinity_8b"], pn or "1M"),
+            "hart": ModelSpec("hart", "HART-0.7B", "hart_0p7b", HART_PRESETS["hart_0p7b"], "1M")}
 
 
 @torch.no_grad()
@@ -193,6 +233,20 @@ def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed:
     return model, vae
 
 
+def build_hart_model(spec: ModelSpec, device: torch.device, seed: int):
+    """(HART, quantizer, decoder) with random weights on `device`, all fp32 (the release keeps HART's weights
+    fp32 and runs the loop under autocast): the transformer on meta + `to_empty` + `fill_random_` (its one
+    buffer, `zero_k_bias`, is zero by definition), the tokenizer parts built on the device (default init)."""
+    from varbench.engine.models.hart.model import build_hart
+    from varbench.engine.models.hart.tokenizer import build_hart_tokenizer
+
+    model = build_hart(spec.cfg, "meta").to_empty(device=device)
+    fill_random_(model, seed)
+    torch.manual_seed(seed + 1)
+    quant, decoder = build_hart_tokenizer(spec.preset, spec.cfg.patch_nums, device=device)
+    return model, quant, decoder
+
+
 def runtime_accepts_cuda_graphs() -> bool:
     from varbench.engine.runtime import InfinityRuntime
 
@@ -207,11 +261,13 @@ def make_runtime(model, vae, device: torch.device, dtype: torch.dtype, graphs_ok
 
 
 def random_text(cfg, batch: int, length: int, device: torch.device, seed: int):
+    """Random text features of the model's text width (Infinity: T5's; HART: Qwen2's, padded to its context)."""
     from varbench.engine.models.text import TextBatch
 
-    length = min(length, cfg.text_maxlen)
+    width, most = (cfg.context_dim, cfg.context_token) if hasattr(cfg, "context_dim") else (cfg.text_channels, cfg.text_maxlen)
+    length = min(length, most)
     g = torch.Generator().manual_seed(seed)
-    feats = torch.randn(batch, length, cfg.text_channels, generator=g).to(device)
+    feats = torch.randn(batch, length, width, generator=g).to(device)
     return TextBatch(feats, torch.ones(batch, length, dtype=torch.bool, device=device), [length] * batch)
 
 
@@ -452,14 +508,18 @@ class Section:
     batch: int
     items: list                  # [(method, mode[, variant])]
     kind: str = "timed"          # timed | bitcheck
+    repeats: Optional[int] = None  # timed rounds (None: --repeats)
 
 
-def plan_sections(roles: list[str], batches: list[int]) -> list[Section]:
+def plan_sections(roles: list[str], batches: list[int], hart_repeats: Optional[int] = None) -> list[Section]:
     """The work, most important first (see the module docstring). At the larger batch the entropy-off item
     is left out (its second runtime would hold a second set of graph states: at 8B x 8 images the KV cache
     alone is ~96 GB) and eager and graphed runs go to separate sections (each section starts by dropping the
-    runtimes' captured graphs and states)."""
+    runtimes' captured graphs and states). HART ("hart" in roles): one eager section at the first batch,
+    after the graphed Infinity sections."""
     b1, bn = batches[0], batches[-1]
+    hart = "hart" in roles
+    roles = [r for r in roles if r != "hart"]
     S: list[Section] = []
 
     def methods(role, mode, with_entropy):
@@ -477,6 +537,9 @@ def plan_sections(roles: list[str], batches: list[int]) -> list[Section]:
             S.append(Section(f"{role} b{bn}: baseline graphed", role, bn, [("baseline", "graphed")]))
         for role in roles:
             S.append(Section(f"{role} b{bn}: methods graphed", role, bn, methods(role, "graphed", False)))
+    if hart:
+        S.append(Section(f"hart b{b1}: methods eager", "hart", b1, [(m, "eager") for m in METHODS["hart"]],
+                         repeats=hart_repeats))
     # the rest
     for role in roles:
         S.append(Section(f"{role} b{b1}: methods eager", role, b1, methods(role, "eager", True)))
@@ -497,6 +560,7 @@ class Bench:
         self.device = torch.device(a.device)
         self.cuda = self.device.type == "cuda"
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
+        self.hart_dtype = torch.float16 if self.cuda else torch.float32   # the release's autocast dtype on CUDA
         self.specs = model_specs(a.smoke, a.pn)
         self.graphs_ok = runtime_accepts_cuda_graphs()
         self.patch = EntropyPatch(a.entropy_fn)
@@ -509,7 +573,7 @@ class Bench:
         self.bits: dict[tuple, list] = {}            # (role, batch, mode, method) -> bits of one run
         self.entropy_store: dict[tuple, dict] = {}   # (role, batch) -> recorded entropy outputs
         self.texts: dict[tuple, Any] = {}            # (role, batch) -> TextBatch
-        self.policies: dict[str, Any] = {}
+        self.policies: dict[tuple, Any] = {}         # (HART role?, preset) -> (policy, its config)
         self.failed = 0
         self.record: dict[str, Any] = {
             "schema": SCHEMA, "status": "running", "smoke": bool(a.smoke), "note": RANDOM_NOTE,
@@ -518,7 +582,11 @@ class Bench:
                        "tau": 1.0, "warmup": a.warmup, "repeats": a.repeats, "batches": a.batch_list,
                        "text_tokens": a.text_len, "budget_s": a.budget_s, "entropy_fn": a.entropy_fn,
                        "models": {r: {"label": s.label, "preset": s.preset, "pn": s.pn,
-                                      "schedule": self._schedule(s), "vae": s.cfg.vae} for r, s in self.specs.items()},
+                                      "schedule": self._schedule(s),
+                                      "vae": f"HART tokenizer decoder ({s.preset})" if s.hart else s.cfg.vae}
+                                  for r, s in self.specs.items()},
+                       "hart": {"dtype": str(self.hart_dtype).replace("torch.", "") + " autocast, fp32 weights",
+                                "methods": HART_METHODS[self.specs["hart"].preset], "repeats": a.hart_repeats},
                        "methods": {r: METHODS[r] for r in self.specs}},
             "env": self._env(), "runtime": {"cuda_graphs_param": self.graphs_ok,
                                             "entropy_fn_found": self.patch.available},
@@ -539,6 +607,8 @@ class Bench:
     def _schedule(spec: ModelSpec):
         from varbench.engine.models.schedules import scale_schedule
 
+        if spec.hart:
+            return [[p, p] for p in spec.cfg.patch_nums]
         return [list(s) for s in scale_schedule(1.0, spec.pn)]
 
     def _env(self) -> dict:
@@ -583,10 +653,16 @@ class Bench:
         self.free_model()
         spec = self.specs[role]
         t = time.perf_counter()
-        self.model, self.vae = build_model(spec, self.device, self.dtype, self.a.seed)
-        self.rt = make_runtime(self.model, self.vae, self.device, self.dtype, self.graphs_ok)
-        # a second runtime on the same weights, for the entropy-off item (its own graph caches)
-        self.rt_off = make_runtime(self.model, self.vae, self.device, self.dtype, self.graphs_ok)
+        if spec.hart:
+            from varbench.engine.models.hart.runtime import HartRuntime
+
+            self.model, quant, self.vae = build_hart_model(spec, self.device, self.a.seed)
+            self.rt = HartRuntime(self.model, quant, self.vae, None, device=self.device, dtype=self.hart_dtype)
+        else:
+            self.model, self.vae = build_model(spec, self.device, self.dtype, self.a.seed)
+            self.rt = make_runtime(self.model, self.vae, self.device, self.dtype, self.graphs_ok)
+            # a second runtime on the same weights, for the entropy-off item (its own graph caches)
+            self.rt_off = make_runtime(self.model, self.vae, self.device, self.dtype, self.graphs_ok)
         self._sync()
         self.build_s[role] = time.perf_counter() - t
         self.loaded = role
@@ -626,10 +702,18 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ one generation
-    def policy(self, preset: str):
-        if preset not in self.policies:
-            self.policies[preset] = make_policy(preset)
-        return self.policies[preset][0]
+    def policy(self, preset: str, role: str = ""):
+        """The method preset's policy (HART's role: `HART_METHODS`), built once."""
+        key = (role == "hart", preset)
+        if key not in self.policies:
+            if role == "hart":
+                from varbench.policies import build_policy
+
+                name, knobs = HART_METHODS[self.specs["hart"].preset][preset]
+                self.policies[key] = (build_policy(name, **knobs), {"name": name, "knobs": knobs})
+            else:
+                self.policies[key] = make_policy(preset)
+        return self.policies[key][0]
 
     def text(self, role: str, batch: int):
         if (role, batch) not in self.texts:
@@ -651,7 +735,7 @@ class Bench:
             torch.cuda.reset_peak_memory_stats(self.device)
         t = time.perf_counter()
         with ctx:
-            out = rt.generate(["random text features"] * batch, list(range(batch)), self.policy(it.method),
+            out = rt.generate(["random text features"] * batch, list(range(batch)), self.policy(it.method, role),
                               pn=spec.pn, cfg=self.a.cfg, tau=1.0, decode=True, text=text)
         self._sync()
         wall = time.perf_counter() - t
@@ -745,6 +829,8 @@ class Bench:
 
     def timed(self, sec: Section) -> None:
         a = self.a
+        if sec.repeats:   # a section's own round count (HART's)
+            a = argparse.Namespace(**{**vars(a), "repeats": sec.repeats})
         items = [Item(*spec) for spec in sec.items]
         live: list[Item] = []
         for it in items:
@@ -801,6 +887,8 @@ class Bench:
             if it.status == "ok" and len(it.runs) < a.repeats:
                 it.status = f"ok ({len(it.runs)} of {a.repeats} repeats: time budget)"
         self._rows(sec, items)
+        for row in self.record["rows"][-len(items):]:
+            self.log(row_line(row))
         # eager vs graphed of the same method in this section: a bit check for free
         for m in dict.fromkeys(i.method for i in items if not i.variant):
             e, g = (self.bits.get((sec.role, sec.batch, md, m)) for md in ("eager", "graphed"))
@@ -989,7 +1077,7 @@ class Bench:
                 v = r["ar_ms"]["median"]
                 add(name, f"{v / 1e3:.3f} s [p10 {r['ar_ms']['p10'] / 1e3:.3f}, p90 {r['ar_ms']['p90'] / 1e3:.3f}] ({where(r)})",
                     "PASS" if v <= limit else "FAIL")
-        for role in self.specs:
+        for role in (r for r in INFINITY_ROLES if r in self.specs):
             lab = self.specs[role].label
             name = f"{lab} batch {bn} images/s >= 3x batch {b1} (baseline, e2e)"
             r1 = self._find(role, "baseline", b1, "graphed") or self._find(role, "baseline", b1, "eager")
@@ -1001,7 +1089,7 @@ class Bench:
                 ar = (bn / rn["ar_ms"]["median"]) / (b1 / r1["ar_ms"]["median"])
                 add(name, f"{v:.2f}x ({rn['images_per_s']:.2f} vs {r1['images_per_s']:.2f} images/s, {r1['mode']})",
                     "PASS" if v >= 3.0 else "FAIL", f"AR loop alone: {ar:.2f}x")
-        for role in self.specs:
+        for role in (r for r in INFINITY_ROLES if r in self.specs):
             lab, fv = self.specs[role].label, FASTVAR[role]
             name = f"{lab} FastVAR default ({fv}) AR speed-up >= 2.5x over baseline (paired, batch {b1})"
             r = self._find(role, fv, b1)
@@ -1011,7 +1099,7 @@ class Bench:
                 p = r["paired"]
                 add(name, f"{p['ar_speedup']:.2f}x [95% CI {p['ar_ci95'][0]:.2f}-{p['ar_ci95'][1]:.2f}] ({where(r)})",
                     "PASS" if p["ar_speedup"] >= 2.5 else "FAIL")
-        for role in self.specs:
+        for role in (r for r in INFINITY_ROLES if r in self.specs):
             lab = self.specs[role].label
             name = f"{lab} ToProVAR attention-entropy share of AR time <= 5% (batch {b1})"
             es = [e for e in self.record["entropy"] if e["model"] == role and e["batch"] == b1]
@@ -1031,7 +1119,8 @@ class Bench:
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
-        sections = plan_sections([r for r in ("2b", "8b") if r in self.a.model_list], self.a.batch_list)
+        sections = plan_sections([r for r in (*INFINITY_ROLES, "hart") if r in self.a.model_list], self.a.batch_list,
+                                 self.a.hart_repeats)
         self.log(f"{len(sections)} sections on {self.record['env']['gpu'] or self.device}; budget {self.a.budget_s:.0f}s; "
                  f"runtime cuda_graphs option: {self.graphs_ok}")
         self.save()
@@ -1076,6 +1165,14 @@ def _ms(s: Optional[dict]) -> str:
     return f"{s['median']:.1f} [{s['p10']:.1f}-{s['p90']:.1f}]"
 
 
+def row_line(r: dict) -> str:
+    """One result row as a log line: AR median [p10-p90] and the paired speed-up [95% CI], as in the table."""
+    p = r.get("paired") or {}
+    sp = f"{p['ar_speedup']:.2f}x [{p['ar_ci95'][0]:.2f}-{p['ar_ci95'][1]:.2f}] vs {p['vs']}" if p.get("ar_speedup") else "no pair"
+    ar = f"AR {_ms(r.get('ar_ms'))} ms" if r.get("ar_ms") else "not timed"
+    return f"{r['model_label']} {r['method']} b{r['batch']} {r['mode']}: {ar}; paired AR speed-up {sp}; {r['status']}"
+
+
 def render_targets(targets: list[dict]) -> str:
     lines = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     for t in targets:
@@ -1086,14 +1183,15 @@ def render_targets(targets: list[dict]) -> str:
 
 def render_markdown(rec: dict) -> str:
     env, cfgd = rec["env"], rec["config"]
-    L = [f"# Device benchmark: Infinity 2B/8B latency, random weights{' (SMOKE)' if rec['smoke'] else ''}", ""]
+    L = [f"# Device benchmark: Infinity 2B/8B and HART-0.7B latency, random weights{' (SMOKE)' if rec['smoke'] else ''}", ""]
     L.append(f"GPU: {env.get('gpu') or 'none (' + cfgd['device'] + ')'} | driver {env.get('driver')} | torch {env.get('torch')} "
              f"(CUDA {env.get('cuda')}) | commit {(env.get('git_sha') or 'unknown')[:12]}{' (dirty)' if env.get('git_dirty') else ''}")
     L.append("")
     models = "; ".join(f"{m['label']}: {m['preset']}, pn {m['pn']} ({len(m['schedule'])} scales, last {m['schedule'][-1]})"
                        for m in cfgd["models"].values())
     L.append(f"Status: **{rec['status']}** after {rec.get('elapsed_s', 0):.0f} s (budget {cfgd['budget_s']:.0f} s). {models}. "
-             f"cfg {cfgd['cfg']}, tau 1, {cfgd['dtype']}, warm-up {cfgd['warmup']}, {cfgd['repeats']} timed rounds, "
+             f"cfg {cfgd['cfg']}, tau 1, {cfgd['dtype']}{' (HART: %s)' % cfgd['hart']['dtype'] if cfgd.get('hart') else ''}, "
+             f"warm-up {cfgd['warmup']}, {cfgd['repeats']} timed rounds{' (HART: %s)' % cfgd['hart']['repeats'] if cfgd.get('hart') else ''}, "
              f"text: precomputed random features ({cfgd['text_tokens']} tokens; T5 not run). {rec['note']}.")
     L.append("")
     L.append(render_targets(rec["targets"]))
@@ -1156,10 +1254,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="CPU, tiny models, pn 0.06M, 1 warm-up + 2 repeats, batch 1 and 2")
     p.add_argument("--out", default=None, help="output folder (default results/curated; smoke: results/_scratch/device_bench_smoke)")
     p.add_argument("--device", default=None, help="default: cuda if available (cpu with --smoke)")
-    p.add_argument("--models", default="2b,8b")
+    p.add_argument("--models", default="2b,8b,hart", help="roles: 2b, 8b, hart (HART-0.7B)")
     p.add_argument("--batches", default=None, help="first and last are used (default 1,8; smoke 1,2)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls per item (default 2; smoke 1)")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5; smoke 2)")
+    p.add_argument("--hart-repeats", type=int, default=None, help="timed rounds of the HART section (default 15; smoke 2)")
     p.add_argument("--budget-s", type=float, default=None, help="wall budget of this script (default 430; smoke 120)")
     p.add_argument("--reserve-s", type=float, default=None, help="kept free at the end (default 8; smoke 1)")
     p.add_argument("--pn", default=None, help="resolution preset (default 1M; smoke 0.06M)")
@@ -1183,12 +1282,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--models takes {sorted(METHODS)}")
     a.warmup = a.warmup if a.warmup is not None else (1 if sm else 2)
     a.repeats = a.repeats if a.repeats is not None else (2 if sm else 5)
+    a.hart_repeats = a.hart_repeats if a.hart_repeats is not None else (a.repeats if sm else 15)
     a.budget_s = a.budget_s if a.budget_s is not None else (120.0 if sm else 430.0)
     a.reserve_s = a.reserve_s if a.reserve_s is not None else (1.0 if sm else 8.0)
     if a.threads is None and sm and a.device == "cpu":
         a.threads = 1
-    if a.repeats < 1 or a.warmup < 0:
-        p.error("--repeats >= 1, --warmup >= 0")
+    if a.repeats < 1 or a.hart_repeats < 1 or a.warmup < 0:
+        p.error("--repeats >= 1, --hart-repeats >= 1, --warmup >= 0")
     return a
 
 

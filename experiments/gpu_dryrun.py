@@ -1,8 +1,9 @@
 """The GPU path before a GPU sees it: a fake-CUDA dry run of `generate` at the real shapes.
 
-    python -m experiments.gpu_dryrun                                  # 2B and 8B, batch 1 and 8
+    python -m experiments.gpu_dryrun                                  # 2B, 8B and HART-0.7B, batch 1 and 8
     python -m experiments.gpu_dryrun --model infinity_8b --batch 1,8
     python -m experiments.gpu_dryrun --depth 2 --json /tmp/dry.json   # reduced depth (the CI test)
+    python -m experiments.gpu_dryrun --model hart_0p7b --batch 2       # HART-0.7B (fp16 autocast)
 
 For each model (random-weight Infinity-2B / 8B, built on meta, materialised as fake CUDA tensors:
 `varbench.engine.fake_cuda`), each method's default preset and each batch size, one generation at 1024²
@@ -18,6 +19,17 @@ launch device work (about the kernel launches of an eager step). With random wei
 entropy-driven method's plan comes from stand-in signals (see `varbench.engine.fake_cuda`): its row checks
 the machinery at the real shapes, not a trained model's plan. SkipVAR's released decision models
 are weights (not shipped): the toy's stand in, so its decision path runs.
+
+HART (`--model hart_0p7b`; `hart_tiny` for the CI test): the random-weight HART-0.7B transformer
+(14 stages to 64x64 tokens, 4096-word codebook, the residual diffusion head at the last stage) with its
+tokenizer's quantizer and decoder, weights fp32 on the device and the loop under fp16 autocast, as
+the release's sample.py runs it (`HartRuntime(dtype=torch.float16)`), cfg 4.5, `more_smooth` on (the
+release's default: the gumbel mixture, whose draws are checked too), text as 30 random tokens padded
+to HART's 300. Methods: the baseline, FastVAR's HART-port knobs and SkipLast(-2)
+(`experiments.device_bench.HART_METHODS`). It fails on the same things, with HART's intents: every
+weight fp32 on the device, every attention call flash-attn in fp16 (autocast's cast of HART's fp32
+q/k included), images of the decoder's size, the diffusion head run at the last stage. All blocks
+run for real (`--exact` changes nothing): 0.7B at batch 2 takes seconds.
 """
 from __future__ import annotations
 
@@ -36,7 +48,15 @@ METHODS = {
                     "scalekv"],
     "infinity_8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2", "skipvar", "skipvar_hybrid",
                     "nova_on_fastvar", "scalekv_8b"],
+    "hart_0p7b": ["baseline", "fastvar_hart", "skip_last_2"],
 }
+#: models the CLI also takes that are not run by default (the tiny HART: the CI test's quick case)
+EXTRA_MODELS = {"hart_tiny": ["baseline", "fastvar_hart", "skip_last_2"]}
+HART_CFG = 4.5   # the release's sample.py guidance scale
+
+
+def is_hart(model: str) -> bool:
+    return model.startswith("hart_")
 
 
 def make_policy(preset: str, depth: int = 32):
@@ -53,6 +73,41 @@ def make_policy(preset: str, depth: int = 32):
     if "decision_models" in knobs:  # the released folder is weights: the toy's decision models stand in
         knobs["decision_models"] = load_preset("skipvar_toy")["knobs"]["decision_models"]
     return build_policy(c["name"], **knobs)
+
+
+def make_hart_policy(model: str, preset: str):
+    """A HART method of `experiments.device_bench.HART_METHODS` ((policy name, knobs) per model preset)."""
+    from experiments.device_bench import HART_METHODS
+    from varbench.policies import build_policy
+
+    name, knobs = HART_METHODS[model][preset]
+    return build_policy(name, **knobs)
+
+
+def _hart_checks(rt, out, fc, batch: int) -> list[str]:
+    """What HART's CUDA path intends (the release's numerics); each failure as one line."""
+    bad = []
+    for part, mod in (("model", rt.model), ("quantizer", rt.quant), ("decoder", rt.vae)):
+        for name, p in mod.named_parameters():
+            if p.dtype != torch.float32 or p.device.type != "cuda":
+                bad.append(f"{part} weight {name}: {p.dtype} on {p.device}, expected float32 on cuda (autocast computes in "
+                           f"{rt.dtype})")
+                break
+    want = str(rt.dtype).replace("torch.", "")
+    wrong = [c for c in fc.attention if c["backend"] != "flash" or c["dtype"] != want]
+    if wrong:
+        bad.append(f"{len(wrong)} of {len(fc.attention)} attention calls not flash-attn {want}, e.g. {wrong[0]}")
+    if not fc.attention:
+        bad.append("no attention call was seen")
+    side = rt.vae.cfg.downsample * rt.cfg.patch_nums[-1]   # 16 x 64 = 1024 on the 0.7B
+    if out.images is None or tuple(out.images.shape) != (batch, side, side, 3) or out.images.dtype != torch.uint8 \
+            or out.images.device.type != "cuda":
+        bad.append(f"images {None if out.images is None else (tuple(out.images.shape), out.images.dtype, out.images.device)}, "
+                   f"expected ({batch}, {side}, {side}, 3) uint8 on cuda")
+    ran = [t for t in out.trace if t["ran"]]
+    if ran and ran[-1]["si"] == len(rt.cfg.patch_nums) - 1 and not ran[-1].get("diffusion"):
+        bad.append("the last stage ran without the diffusion head")
+    return bad
 
 
 def _checks(rt, out, fc, batch: int) -> list[str]:
@@ -82,12 +137,20 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
     row = {"model": model, "method": preset, "batch": batch, "depth": depth}
     try:
         with FakeCuda(memo_blocks=memo_blocks) as fc:
-            rt = fc.runtime(model, depth=depth)
-            weights = fc.ledger.now
-            cfg = rt.cfg
-            out = fc.generate(rt, make_policy(preset, cfg.depth), batch)
+            if is_hart(model):
+                rt = fc.hart_runtime(model, depth=depth, dtype=torch.float16)
+                weights = fc.ledger.now
+                out = fc.generate(rt, make_hart_policy(model, preset), batch, cfg=HART_CFG, more_smooth=True)
+                checks = _hart_checks
+            else:
+                rt = fc.runtime(model, depth=depth)
+                weights = fc.ledger.now
+                out = fc.generate(rt, make_policy(preset, rt.cfg.depth), batch)
+                checks = _checks
             ran = [t for t in out.trace if t["ran"]]
-            # the KV cache: one bf16 buffer (2, rows, H, capacity, c) per block (`varbench.engine.state.KVCache`)
+            # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.state.KVCache`;
+            # bf16 on Infinity; on HART K's dtype, fp32 under autocast (F.normalize; the release caches K in
+            # fp32 too), V stacked with it)
             kv = out.kv_bytes[-1]["allocated"]   # per-block capacities (smaller under a KV budget) + its staging buffer
             row.update(
                 peak_bytes=fc.ledger.peak, weights_bytes=weights, kv_bytes=kv,
@@ -95,7 +158,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 ops_per_scale=[fc.ledger.ops.get(t["si"], 0) for t in ran],
                 scales_run=[t["si"] for t in ran],
                 attention={b: sum(1 for c in fc.attention if c["backend"] == b) for b in {c["backend"] for c in fc.attention}},
-                errors=_checks(rt, out, fc, batch))
+                errors=checks(rt, out, fc, batch))
     except Exception as e:  # noqa: BLE001 - a failing combination is reported in its row; the run goes on
         row.update(errors=[f"{type(e).__name__}: {e}"])
     row["status"] = "ok" if not row["errors"] else "FAILED"
@@ -114,8 +177,8 @@ def fmt_row(r: dict) -> str:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=sorted(METHODS), action="append",
-                    help="infinity_2b or infinity_8b (repeatable; default both)")
+    ap.add_argument("--model", choices=sorted([*METHODS, *EXTRA_MODELS]), action="append",
+                    help="infinity_2b, infinity_8b, hart_0p7b or hart_tiny (repeatable; default all but hart_tiny)")
     ap.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
     ap.add_argument("--methods", default=None, help="comma-separated method presets (default: each method's default)")
     ap.add_argument("--depth", type=int, default=None, help="blocks per model (default: the preset's; CI uses 2)")
@@ -136,7 +199,7 @@ def main(argv=None) -> int:
         return 2
     rows = []
     for model in a.model or sorted(METHODS):
-        presets = a.methods.split(",") if a.methods else METHODS[model]
+        presets = a.methods.split(",") if a.methods else {**METHODS, **EXTRA_MODELS}[model]
         for preset in presets:
             for b in batches:
                 r = run_one(model, preset, b, depth=a.depth, memo_blocks=not a.exact)

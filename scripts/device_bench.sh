@@ -1,6 +1,7 @@
 #!/bin/bash
 # One-shot GPU benchmark of Infinity-2B/8B (random weights, 1024², cfg 4) and every method's default
-# preset: experiments/device_bench.py (what and how: its docstring). Run from the repo root on the lent
+# preset, plus HART-0.7B (random weights, 1024², fp16 autocast, batch 1: baseline vs FastVAR's HART port vs
+# SkipLast(-2), ~20-40 s of the budget): experiments/device_bench.py (what and how: its docstring). Run from the repo root on the lent
 # H200, e.g. with the run tool:
 #   command: bash scripts/device_bench.sh      carry: [".wheelhouse"]      timeout_s: 540
 # (or carry ".whl": whichever folder ../shared/tools/device-wheelhouse.sh filled; only omegaconf and its

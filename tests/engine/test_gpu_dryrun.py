@@ -178,3 +178,87 @@ def test_scalekv_preset_runs_at_real_shapes_and_allocates_less():
     assert row["kv_bytes"] < 0.9 * base["kv_bytes"] and row["peak_bytes"] < base["peak_bytes"]
     tiny = gpu_dryrun.run_one("infinity_8b", "scalekv_8b", 1, depth=2)
     assert tiny["status"] == "ok", tiny["errors"]
+
+
+# ------------------------------------------------------------------ HART (fp16 autocast, categorical tokens, diffusion head)
+def _hart_gen(method="baseline", model="hart_tiny", batch=2, dtype=torch.float16):
+    with FakeCuda() as fc:
+        rt = fc.hart_runtime(model, dtype=dtype)
+        out = fc.generate(rt, gpu_dryrun.make_hart_policy(model, method), batch, cfg=gpu_dryrun.HART_CFG, more_smooth=True)
+        return fc, rt, out
+
+
+@pytest.mark.parametrize("method", gpu_dryrun.EXTRA_MODELS["hart_tiny"])
+def test_hart_tiny_dry_run(method):
+    """The tiny HART through the whole CUDA path under fp16 autocast: top-k sampling, the gumbel mixture and
+    the diffusion noise draw from stand-in generators (device-checked), attention is flash-attn in fp16
+    (autocast's cast of the fp32 q/k), the decoder gives uint8 images on the device."""
+    fc, rt, out = _hart_gen(method)
+    assert gpu_dryrun._hart_checks(rt, out, fc, 2) == []
+    assert {c["backend"] for c in fc.attention} == {"flash"} and {c["dtype"] for c in fc.attention} == {"float16"}
+    ran = [t["si"] for t in out.trace if t["ran"]]
+    modes = {t["si"]: {b["mode"] for b in t["blocks"]} for t in out.trace if t["ran"]}
+    if method == "skip_last_2":   # stages 0, 1 of (1, 2, 3, 5); no diffusion head
+        assert ran == [0, 1] and not any(t.get("diffusion") for t in out.trace)
+    else:
+        assert ran == [0, 1, 2, 3] and out.trace[-1]["diffusion"]
+    if method == "fastvar_hart":  # the rule one grid down: the 3x3 and 5x5 stages pruned in both blocks
+        assert modes[2] == modes[3] == {"prune"} and modes[1] == {"full"}
+        assert [b["sa"] for b in out.trace[3]["blocks"]] == [25 - int(25 * 0.75)] * 2
+    assert all(fc.ledger.ops[si] > 0 for si in ran)   # every stage ran as a step (the host-read guard was on)
+
+
+def test_hart_0p7b_dry_run():
+    """HART-0.7B at its real shapes (14 stages to 64x64, 24 blocks of 1536, the diffusion head, the 1024²
+    decoder), batch 2, every method: ~20 s on 2 cores (every block runs; nothing memoised)."""
+    from varbench.engine.models.hart.model import HART_PRESETS
+
+    cfg = HART_PRESETS["hart_0p7b"]
+    rows = {m: gpu_dryrun.run_one("hart_0p7b", m, 2) for m in gpu_dryrun.METHODS["hart_0p7b"]}
+    for m, r in rows.items():
+        assert r["status"] == "ok", (m, r["errors"])
+    base = rows["baseline"]
+    # K and V of every position (300 text + 9,450 image tokens) in each of the 24 blocks, 4 rows (2 images and
+    # their unconditional rows), 1536 channels, in fp32: under autocast K leaves F.normalize in fp32 and V is
+    # stacked with it (the release caches K in fp32 too, V in fp16)
+    assert cfg.total_len == 9750 and base["kv_bytes"] == cfg.depth * 2 * 4 * cfg.total_len * cfg.embed_dim * 4
+    assert base["peak_bytes"] >= base["weights_bytes"] + base["kv_bytes"]
+    assert base["scales_run"] == list(range(14)) and rows["skip_last_2"]["scales_run"] == list(range(12))
+    assert rows["skip_last_2"]["peak_bytes"] < base["peak_bytes"]
+
+
+@pytest.mark.integration
+def test_hart_cli_exits_0(capsys):
+    rc = gpu_dryrun.main(["--model", "hart_tiny", "--batch", "1,2"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "6 of 6 combinations ok" in out and out.count("peak") == 6
+
+
+def test_hart_host_read_inside_a_stage_fails(monkeypatch):
+    import varbench.engine.models.hart.state as hart_state   # where the stage step calls categorical_entropy
+
+    real = hart_state.categorical_entropy
+    monkeypatch.setattr(hart_state, "categorical_entropy", lambda g: real(g) * float(g.max()))   # .item() in the step
+    with pytest.raises(Exception, match="_local_scalar_dense|reads a device value"):
+        _hart_gen()
+
+
+def test_hart_generator_on_another_device_fails(monkeypatch):
+    """The diffusion noise drawn from a plain CPU generator onto the CUDA device: CUDA refuses it, so must the dry run."""
+    from varbench.engine.models.hart.state import HartState
+
+    def cpu_noise(self, B, L, guided):
+        g = torch.Generator().manual_seed(0)
+        return lambda n: torch.randn(n, self.m.diffloss.net.in_channels, generator=g, device=self.rt.device)
+
+    monkeypatch.setattr(HartState, "_per_image_noise", cpu_noise)
+    with pytest.raises(Exception, match="randn on cuda:0 with a generator on cpu"):
+        _hart_gen()
+
+
+def test_hart_fp32_attention_is_reported():
+    """Without autocast HART's attention would run the memory-efficient kernel in fp32: the checks say so."""
+    fc, rt, out = _hart_gen(dtype=torch.float32)
+    assert {c["backend"] for c in fc.attention} == {"efficient"}
+    assert any("not flash-attn float32" in e for e in gpu_dryrun._hart_checks(rt, out, fc, 2))

@@ -18,7 +18,7 @@ import torch
 from varbench.engine.models.hart.flops import diffusion_flops, hart_scale_flops
 from varbench.engine.models.hart.model import build_hart, build_hart_quantizer, load_hart_state
 from varbench.engine.models.hart.runtime import HartRuntime
-from varbench.engine.models.hart.sampling import sample_hart
+from varbench.engine.models.hart.sampling import DiffusionSchedule, sample_hart
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import BlockPlan, KVBudget, ScalePlan
 from varbench.engine.policy import Policy
@@ -254,3 +254,16 @@ def test_images_decode_per_image_with_the_tokenizer_decoder():
     assert torch.equal(rt.decode(out.summed_codes[1:]), out.images[1:])
     assert out.images.float().std() > 0
     assert out.timings_ms["decode"] > 0
+
+
+def test_diffusion_coefficients_on_the_device_are_the_released_per_step_values():
+    """The head indexes its coefficients from tensors made once per device (no host number copied in at each
+    of its steps: a blocking copy on CUDA); each must equal the release's `torch.tensor(arr[i], float64).float()`
+    exactly, or the head's sample would move."""
+    sched = DiffusionSchedule("8")
+    c = sched.coefficients("cpu")
+    assert sched.coefficients(torch.device("cpu")) is c   # made once per device
+    for k in DiffusionSchedule.COEFFICIENTS:
+        assert c[k].shape == (sched.num_steps,) and c[k].dtype == torch.float32
+        for i in range(sched.num_steps):
+            assert torch.equal(c[k][i], torch.tensor(getattr(sched, k)[i], dtype=torch.float64).float()), (k, i)

@@ -69,6 +69,25 @@ def test_a_timed_row_per_method_and_batch(smoke):
 
 
 @pytest.mark.integration
+def test_hart_rows(smoke):
+    """The tiny HART in the HART role: one eager section at batch 1, every method timed and paired with the
+    baseline of the same rounds; SkipLast(-2) and FastVAR's rule (moved onto the tiny grids) cut FLOPs."""
+    _, rec, md, _ = smoke
+    assert [s["status"] for s in rec["sections"] if s["role"] == "hart"] == ["done"]
+    rows = {r["method"]: r for r in _rows(rec, model="hart")}
+    assert list(rows) == db.METHODS["hart"]
+    for m, r in rows.items():
+        assert r["status"] == "ok" and r["repeats"] == 2 and r["batch"] == 1 and r["mode"] == "eager", (m, r["status"])
+        assert len(r["per_scale_ms"]) == 4 and r["bits_repeatable"] is True   # hart_tiny's grids 1, 2, 3, 5
+        lo, hi = r["paired"]["ar_ci95"]
+        assert r["paired"]["vs"].startswith("baseline (eager") and lo <= r["paired"]["ar_speedup"] <= hi
+        assert f"| {r['model_label']} | {m} | 1 | eager |" in md
+    assert rows["baseline"]["flops_ratio_vs_baseline"] == 1.0
+    assert rows["skip_last_2"]["flops_ratio_vs_baseline"] > 1 and rows["fastvar_hart"]["flops_ratio_vs_baseline"] > 1
+    assert rec["config"]["hart"]["dtype"].startswith("float32")   # CPU: no fp16 autocast
+
+
+@pytest.mark.integration
 def test_paired_speedups(smoke):
     _, rec, _, _ = smoke
     for r in _rows(rec, mode="eager"):
@@ -206,9 +225,15 @@ def test_presets_merge_their_defaults():
     assert c["knobs"]["prune"] == {-4: 0.4, -3: 0.6, -2: 1.0, -1: 1.0}
     assert c["knobs"]["skip"] == [] and c["knobs"]["cache_scale"] == -5  # own value; inherited from fastvar.yaml
     assert db.load_preset("skip_last_2") == {"name": "skip_last", "label": "Skip last 2 scales", "knobs": {"run_scales": -2}}
-    for role in db.METHODS:
+    for role in db.INFINITY_ROLES:
         for preset in db.METHODS[role]:
             db.make_policy(preset)
+    from varbench.policies import build_policy
+
+    for model, methods in db.HART_METHODS.items():   # HART's methods are knob sets, not conf presets
+        assert list(methods) == db.METHODS["hart"], model
+        for name, knobs in methods.values():
+            build_policy(name, **knobs)
 
 
 def test_paired_ratio():

@@ -1,16 +1,20 @@
-"""Run the CUDA code path of `InfinityRuntime.generate` without a GPU, at the real shapes.
+"""Run the CUDA code path of `InfinityRuntime.generate` / `HartRuntime.generate` without a GPU, at the real shapes.
 
     with FakeCuda() as fc:
         rt = fc.runtime("infinity_2b")                 # built on meta, materialised as fake CUDA
         out = fc.generate(rt, policy, batch=8)         # cfg 4, 1024², bf16, cuda_graphs off
     fc.report                                          # peak bytes, ops per scale, attention backends
 
+    with FakeCuda() as fc:
+        rt = fc.hart_runtime("hart_0p7b")              # HART-0.7B + tokenizer decoder, fp16 autocast
+        out = fc.generate(rt, policy, batch=2, cfg=4.5, more_smooth=True)
+
 Everything runs under `torch._subclasses.fake_tensor.FakeTensorMode`: tensors have real shapes,
 dtypes, strides and devices (`cuda:0`) but no data and no memory, so a device mismatch, a wrong
 dtype or a shape error fails here as it would on the GPU. What the mode cannot do is stood in, and
 each stand-in is stated:
 
-- Host reads *inside a scale step* (`GenState.run_core`) are errors: `_local_scalar_dense`
+- Host reads *inside a scale step* (`GenState.run_core`, HART's `HartState.step`) are errors: `_local_scalar_dense`
   (`.item()`, `int(t)`, `.tolist()`) raises under fake tensors, ops with value-dependent output
   shapes (`nonzero`, boolean indexing) raise, and the ops `tests/engine/test_cuda_graphs.py` lists as host
   reads (`HOST_READS`, e.g. `torch.tensor(<host data>)` inside a step) raise `HostReadInStep`.
@@ -27,15 +31,25 @@ each stand-in is stated:
   SkipVAR's intermediate decode runs the real VAE on fake tensors (its memory counts) and gives
   the features random pixels of the decoded shape.
 - Attention: SDPA on fake tensors would fall back to the math kernel (no device to ask), which
-  materialises the L x Lk scores. The dry run chooses as CUDA's dispatcher does for these inputs
+  materialises the L x Lk scores. The dry run chooses (after autocast's cast of the inputs, when
+  autocast is on) as CUDA's dispatcher does for these inputs
   (`torch._C._get_sdp_priority_order()`; flash-attn for bf16/fp16 without a mask and head dim
   <= 256 % 8, memory-efficient for fp32 or a mask, else math) and calls that kernel's meta
   function. Every call's backend and dtypes are recorded (`report["attention"]`).
 - The Triton entropy kernel is not launched: its wrapper runs (casts, output allocation, strides)
   and the launch is replaced by a check that every argument tensor is on the CUDA device.
 - CUDA events and `torch.cuda.synchronize` are no-ops; a per-image generator is a CPU generator
-  tagged with the CUDA device (no generator can be made without a driver), and every sampling call
-  checks that its generator's device matches its input's (the device check CUDA makes).
+  tagged with the CUDA device (no generator can be made without a driver). Random draws: every torch
+  call given a generator (`torch.multinomial`, `torch.randn(..., generator=)`, `Tensor.exponential_`, ...;
+  Infinity's bit sampling, HART's top-k sampling, its gumbel `more_smooth` mixture and its diffusion
+  noise) is checked first: the generator's (tagged) device must be the op's, its tensor input's or,
+  for a factory op, its `device=` (the check CUDA makes: a CPU generator on a CUDA op raises there).
+  The op then runs without the generator (FakeTensorMode's refs refuse one for `exponential_`, and the
+  fake kernels draw nothing anyway): the output's shape, dtype and device come from the op's own meta
+  function, as with any op, so only the values (which a fake tensor has none of) are not drawn.
+- Autocast: `torch.autocast("cuda")` disables itself when no CUDA driver is present; here it is let on
+  (`amp_definitely_not_available` answers False), so autocast's casts run on the fake CUDA tensors
+  and a dtype mismatch under fp16/bf16 autocast (HART's release runs fp16) fails as on the GPU.
 
 Memory: every storage an op creates under the mode is counted from creation until its last tensor
 is freed (weakref finalisers), rounded up to the CUDA caching allocator's 512-byte blocks, as
@@ -220,6 +234,13 @@ class _CudaSdpa(TorchFunctionMode):
                     raise DeviceMismatch(f"attention inputs on {q.device}, {k.device}, {v.device}")
                 mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
                 scale = kwargs.get("scale")
+                if torch.is_autocast_enabled("cuda"):
+                    # SDPA is on autocast's lower-precision list: its floating inputs are cast before the
+                    # kernel is chosen (HART's fp32 q/k, from F.normalize, attend in fp16); this mode sits
+                    # above autocast, so it casts as autocast would
+                    dt = torch.get_autocast_dtype("cuda")
+                    q, k, v = (t.to(dt) if t.is_floating_point() else t for t in (q, k, v))
+                    mask = mask.to(dt) if mask is not None and mask.is_floating_point() else mask
                 backend = cuda_sdpa_backend(q, k, v, mask)
                 self.calls.append({"backend": backend, "dtype": str(q.dtype).replace("torch.", ""),
                                    "kv_dtype": str(k.dtype).replace("torch.", ""), "q": tuple(q.shape), "k": tuple(k.shape)})
@@ -255,6 +276,33 @@ def _tagged_generator(device, seed):
     g.manual_seed(int(seed))
     _GEN_DEVICE[g] = torch.device(device)
     return g
+
+
+def _same_device(a, b) -> bool:
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+class _StandInDraws(TorchFunctionMode):
+    """Random draws given a generator (see the module docstring): the device check CUDA makes, then,
+    for a stand-in generator, the call without it. At the torch-function level, where the generator is
+    still the object `new_generator` returned (the dispatcher hands modes a fresh wrapper); `generator`
+    is keyword-only in every torch API that takes one. Real generators on real CPU tensors (a stand-in
+    policy's own draws) pass through untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        g = kwargs.get("generator")
+        if g is not None:
+            t = next((a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), None)
+            dev = t.device if t is not None else torch.device(kwargs.get("device") or "cpu")
+            gdev = _GEN_DEVICE.get(g, g.device)
+            if not _same_device(dev, gdev):
+                name = getattr(func, "__name__", str(func))
+                raise DeviceMismatch(f"{name} on {dev} with a generator on {gdev}")
+            if g in _GEN_DEVICE:   # the fake kernels draw nothing; exponential_'s refs refuse a generator
+                kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
+        return func(*args, **kwargs)
 
 
 class _StandInKernel:
@@ -447,6 +495,7 @@ class FakeCuda:
         from varbench.engine import state
         from varbench.engine.kernels import flash_entropy
         from varbench.engine.models import schedules
+        from varbench.engine.models.hart.state import HartState
 
         s = self._stack = contextlib.ExitStack()
         # a module-level cache of CPU tensors: real ones must not enter the fake mode, fake ones must
@@ -457,18 +506,21 @@ class FakeCuda:
         s.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
         s.enter_context(mock.patch.object(state, "new_generator", _tagged_generator))
         s.enter_context(mock.patch.object(flash_entropy, "kernel", _StandInKernel(self.ledger)))
-        s.enter_context(mock.patch.object(torch, "multinomial", self._multinomial))
+        # autocast("cuda") turns itself off without a driver: let it on (see the module docstring)
+        s.enter_context(mock.patch.object(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False))
         led = self.ledger
-        run_core = state.GenState.run_core
 
-        def stepped(gen_state, si, *a, **k):
-            led.step = si
-            try:
-                return run_core(gen_state, si, *a, **k)
-            finally:
-                led.step = None
+        def stepped(real):
+            def step(gen_state, si, *a, **k):
+                led.step = si
+                try:
+                    return real(gen_state, si, *a, **k)
+                finally:
+                    led.step = None
+            return step
 
-        s.enter_context(mock.patch.object(state.GenState, "run_core", stepped))
+        s.enter_context(mock.patch.object(state.GenState, "run_core", stepped(state.GenState.run_core)))
+        s.enter_context(mock.patch.object(HartState, "step", stepped(HartState.step)))
         if self.memo_blocks:
             s.enter_context(mock.patch.object(state.GenState, "full_block",
                                               _MemoFullBlock(state.GenState.full_block, led)))
@@ -476,21 +528,12 @@ class FakeCuda:
         self.dispatch = _DryRunMode(self.ledger)
         s.enter_context(self.dispatch)
         s.enter_context(_CudaSdpa(self.attention))
+        s.enter_context(_StandInDraws())
         return self
 
     def __exit__(self, *exc):
         self._stack.close()
         return False
-
-    _real_multinomial = staticmethod(torch.multinomial)
-
-    def _multinomial(self, input, *args, generator=None, **kwargs):
-        if generator is not None:
-            gdev = _GEN_DEVICE.get(generator, generator.device)
-            if gdev != input.device:
-                raise DeviceMismatch(f"multinomial on {input.device} with a generator on {gdev}")
-            generator = None  # the fake kernel draws nothing; a CPU generator would be refused by it
-        return FakeCuda._real_multinomial(input, *args, generator=generator, **kwargs)
 
     # ------------------------------------------------------------------ building
     def runtime(self, preset: str | Any, *, depth: Optional[int] = None, dtype: torch.dtype = torch.bfloat16,
@@ -517,21 +560,51 @@ class FakeCuda:
             return InfinityRuntime(model, vae, None, device=DEVICE, dtype=dtype, ca_bf16=True, cuda_graphs=False,
                                    fused_entropy=fused_entropy)
 
+    def hart_runtime(self, preset: str | Any = "hart_0p7b", *, depth: Optional[int] = None,
+                     dtype: torch.dtype = torch.float16, tokenizer: Optional[str] = None):
+        """HART (a HART_PRESETS name or a HartConfig, optionally with `depth` blocks) + its tokenizer's
+        quantizer and decoder (`tokenizer`: a HART_TOKENIZER_PRESETS name, default the preset's own
+        name), built on meta and materialised as fake CUDA tensors in fp32, as the release keeps its
+        weights; `dtype` float16 (the release) / bfloat16 runs the loop under autocast. No text
+        encoder: `generate` hands the runtime pre-encoded text."""
+        from varbench.engine.models.hart.model import HART_PRESETS, build_hart
+        from varbench.engine.models.hart.runtime import HartRuntime
+        from varbench.engine.models.hart.tokenizer import build_hart_tokenizer
+
+        name = preset if isinstance(preset, str) else None
+        cfg = HART_PRESETS[preset] if isinstance(preset, str) else preset
+        if depth is not None:
+            cfg = dataclasses.replace(cfg, depth=depth)
+        tok = tokenizer or name
+        if tok is None:
+            raise ValueError("hart_runtime(HartConfig): name the tokenizer preset (tokenizer='hart_0p7b' or 'hart_tiny')")
+        with unset_fake_temporarily():
+            model = build_hart(cfg, "meta")
+            quant, decoder = build_hart_tokenizer(tok, cfg.patch_nums, device="meta")
+        fresh = lambda t: torch.empty(t.shape, dtype=t.dtype, device=DEVICE)  # noqa: E731
+        model, quant, decoder = model._apply(fresh), quant._apply(fresh), decoder._apply(fresh)
+        with mock.patch.object(torch.nn.Module, "to", _checked_noop_to):
+            return HartRuntime(model, quant, decoder, None, device=DEVICE, dtype=dtype)
+
     def text(self, cfg, batch: int, length: int = 30):
-        """Pre-encoded text as `experiments.device_bench` uses: `length` real tokens per prompt."""
+        """Pre-encoded text as `experiments.device_bench` uses: `length` real tokens per prompt (an
+        InfinityConfig's T5 width, or a HartConfig's Qwen2 width; HART pads it to its context)."""
         from varbench.engine.models.text import TextBatch
 
-        length = min(length, cfg.text_maxlen)
-        return TextBatch(torch.empty(batch, length, cfg.text_channels, device=DEVICE),
+        width, most = (cfg.context_dim, cfg.context_token) if hasattr(cfg, "context_dim") else (cfg.text_channels, cfg.text_maxlen)
+        length = min(length, most)
+        return TextBatch(torch.empty(batch, length, width, device=DEVICE),
                          torch.ones(batch, length, dtype=torch.bool, device=DEVICE), [length] * batch)
 
-    def generate(self, rt, policy, batch: int, *, pn: str = "1M", cfg: float = 4.0, text_len: int = 30, seed: int = 0):
+    def generate(self, rt, policy, batch: int, *, pn: str = "1M", cfg: float = 4.0, text_len: int = 30, seed: int = 0,
+                 **kw):
         """One generation of `batch` images under a stand-in of `policy`; the ledger's peak is reset
-        first, so `self.ledger.peak` afterwards is that generation's peak (weights included)."""
+        first, so `self.ledger.peak` afterwards is that generation's peak (weights included). `kw` go
+        to `rt.generate` (HART: `more_smooth`, `top_k`)."""
         text = self.text(rt.cfg, batch, text_len)
         self.ledger.reset_peak()
         self.ledger.ops.clear()
         self.ledger.op_names.clear()
         self.attention.clear()
         return rt.generate([""] * batch, list(range(batch)), StandInPolicy(policy, self, seed), pn=pn, cfg=cfg,
-                           text=text, decode=True)
+                           text=text, decode=True, **kw)

@@ -67,6 +67,21 @@ class DiffusionSchedule:
         self.log_betas = np.log(b)
         self.coef1 = b * np.sqrt(prev) / (1.0 - a)
         self.coef2 = (1.0 - prev) * np.sqrt(1.0 - b) / (1.0 - a)
+        self._on: dict[str, dict[str, torch.Tensor]] = {}
+
+    #: the per-step arrays the sampler multiplies by
+    COEFFICIENTS = ("log_betas", "log_var_clipped", "sqrt_recip", "sqrt_recipm1", "coef1", "coef2")
+
+    def coefficients(self, device) -> dict[str, torch.Tensor]:
+        """The per-step arrays as float32 tensors on `device` (each float64 value rounded once, exactly what
+        the release's per-step `torch.tensor(arr[i], dtype=float64).float()` gives), made on the first call
+        per device. The sampler indexes them on the device: a host number copied in at every step is a
+        blocking host -> device copy (a stream sync) on CUDA. `HartState` calls this before its loop."""
+        key = str(torch.device(device))
+        if key not in self._on:
+            self._on[key] = {k: torch.tensor(getattr(self, k), dtype=torch.float64, device=device).float()
+                             for k in self.COEFFICIENTS}
+        return self._on[key]
 
     @staticmethod
     def _space(T: int, steps: str) -> set[int]:
@@ -99,14 +114,14 @@ def diffusion_sample(net, z: torch.Tensor, cfg: float, generator: Optional[torch
     else:
         x = randn(n)
         fn = lambda x, t: net(x, t, z)   # noqa: E731
-    f32 = lambda arr, i: torch.tensor(arr[i], dtype=torch.float64, device=dev).float()   # noqa: E731
+    c = sched.coefficients(dev)   # 0-d views c[k][i] below: no host value enters the loop
     for i in reversed(range(sched.num_steps)):
         out = fn(x, torch.full((n,), sched.timestep_map[i], dtype=torch.long, device=dev))
         eps, var = torch.split(out, cc, dim=1)
         frac = (var + 1) / 2
-        log_var = frac * f32(sched.log_betas, i) + (1 - frac) * f32(sched.log_var_clipped, i)
-        x0 = (f32(sched.sqrt_recip, i) * x - f32(sched.sqrt_recipm1, i) * eps).clamp(-1, 1)
-        mean = f32(sched.coef1, i) * x0 + f32(sched.coef2, i) * x
+        log_var = frac * c["log_betas"][i] + (1 - frac) * c["log_var_clipped"][i]
+        x0 = (c["sqrt_recip"][i] * x - c["sqrt_recipm1"][i] * eps).clamp(-1, 1)
+        mean = c["coef1"][i] * x0 + c["coef2"][i] * x
         noise = randn(x.shape[0])
         nonzero = float(i != 0)
         x = mean + nonzero * torch.exp(0.5 * log_var) * noise * temperature

@@ -130,6 +130,7 @@ class HartState:
         self.kv_bytes: list[dict] = []
         self.dropped_uncond = False
         self.diffusion = DiffusionSchedule(cfg.num_sampling_steps)
+        self.diffusion.coefficients(dev)   # on the device before the loop (the head only indexes them)
 
     # ------------------------------------------------------------------ one stage
     def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float,
@@ -160,8 +161,8 @@ class HartState:
         B = self.batch
         t = cfg * cfg_ratio(si, len(self.pns))
         guided = (1 + t) * logits[:B] - t * logits[B:] if self.rows == 2 * B else logits[:B]
-        if si == 0:
-            guided = guided[:, [-1], :]
+        if si == 0:   # a slice, not `[:, [-1], :]`: a list index is copied host -> device (a sync) at every call
+            guided = guided[:, -1:, :]
         if tau != 1.0:
             guided = guided / tau
         entropy = categorical_entropy(guided)
