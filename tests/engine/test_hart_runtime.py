@@ -267,3 +267,25 @@ def test_diffusion_coefficients_on_the_device_are_the_released_per_step_values()
         assert c[k].shape == (sched.num_steps,) and c[k].dtype == torch.float32
         for i in range(sched.num_steps):
             assert torch.equal(c[k][i], torch.tensor(getattr(sched, k)[i], dtype=torch.float64).float()), (k, i)
+
+
+def test_kv_cache_in_the_autocast_dtype_changes_no_bit(monkeypatch):
+    """Under autocast, SDPA reads K/V cast to the autocast dtype, so caching them in it (half of fp32) gives
+    the same bits as caching fp32 K (the release's, from F.normalize); checked on CPU bf16 autocast."""
+    from varbench.engine.models.hart import state as hart_state
+    from varbench.policies.baseline import Baseline
+
+    rt = tiny_hart_runtime(0, patch_nums=(1, 2, 3, 4, 5, 6, 8, 10, 13, 16))
+    rt.dtype = torch.bfloat16
+    low = rt.generate(PROMPTS, [1, 2], Baseline(), decode=False)
+    init = hart_state.HartState.__init__
+
+    def fp32_cache(self, *a, **k):
+        init(self, *a, **k)
+        self.kv_dtype = torch.float32
+
+    monkeypatch.setattr(hart_state.HartState, "__init__", fp32_cache)
+    high = rt.generate(PROMPTS, [1, 2], Baseline(), decode=False)
+    assert all(torch.equal(x, y) for x, y in zip(low.bits, high.bits))
+    assert torch.equal(low.summed_codes, high.summed_codes)
+    assert 2 * low.kv_bytes[-1]["allocated"] == high.kv_bytes[-1]["allocated"]

@@ -53,8 +53,9 @@ PEAK_RSS_LIFETIME = "cpu_ru_maxrss"      # the process's peak RSS since it start
 
 
 def kv_cache_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the runtime caches K/V in for a run in `dtype` (`GenState.kv_dtype`'s rule)."""
-    return torch.float32 if dtype == torch.float32 else torch.bfloat16
+    """The dtype the runtime caches K/V in for a run in `dtype` (`GenState.kv_dtype`'s rule; HART's under
+    fp16/bf16 autocast: that dtype)."""
+    return torch.float32 if dtype == torch.float32 else dtype
 
 
 def kv_position_bytes(cfg, dtype: torch.dtype) -> int:

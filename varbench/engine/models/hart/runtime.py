@@ -98,7 +98,8 @@ class HartRuntime:
         pn is accepted for the harness's sake and ignored (HART has one resolution); a schedule
         other than the model's patch_nums, or h_div_w != 1, is refused."""
         policy = policy or NeutralPolicy()
-        refusal = policy.backbone_refusal("hart")
+        refuse = getattr(policy, "backbone_refusal", None)   # duck-typed policies (no Policy base) declare nothing
+        refusal = refuse("hart") if refuse is not None else None
         if refusal:
             raise ValueError(refusal)
         batch = len(prompts)

@@ -114,6 +114,9 @@ class HartState:
         caps = None if kv_capacity is None else [min(full, int(c) + extra) for c in kv_capacity]
         staging = kv_staging_capacity(caps, [(1, cfg.context_token)] + self.sched[1:])
         self.kv = KVCache(cfg.depth, full if caps is None else caps, staging)
+        # K/V in the autocast dtype: attention (SDPA) reads them cast to it anyway, so its outputs equal the
+        # release's, whose K stays fp32 (F.normalize) and V fp16; without this, stacking would keep V in fp32 too
+        self.kv_dtype = torch.float32 if rt.dtype == torch.float32 else rt.dtype
         self.f_hat = torch.zeros(B, cfg.cvae, self.pns[-1], self.pns[-1], device=dev)
         self.next_grid: Optional[torch.Tensor] = None                       # (B, Cvae, p, p) input of the next stage
         self.shared = generators is not None
@@ -274,7 +277,7 @@ class HartState:
         else:
             q, k, v = blk.attn.qkv(hin, cos, sin)
         counts["qkv"] = q.shape[2]
-        kk, vv = self.kv.append(bi, torch.stack((k, v)), k.dtype)
+        kk, vv = self.kv.append(bi, torch.stack((k, v)), self.kv_dtype)
         appended = idx if (idx is not None and bp.prune_kv) else None
         if idx is not None and not bp.prune_kv:
             q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
