@@ -4,15 +4,22 @@ equal torch's FlopCounterMode on the modules this project builds (same conventio
 latent grid whatever scales a method skipped."""
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from varbench.engine.models.bsq_vae import BSQVAE, VAE_PRESETS, VAEConfig
 from varbench.engine.models.text import WordTextEncoder
+from varbench.engine.models.hart.text import HartTextEncoder
 from varbench.engine.models.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
-from varbench.engine.stage_flops import (FLAN_T5_XL, decoder_flops, hart_decoder_flops, preset_stage_flops,
-                                  t5_encoder_flops, text_encoder_flops, vae_decode_flops, word_encoder_flops)
+from varbench.engine.policy import NeutralPolicy
+from varbench.engine.stage_flops import (FLAN_T5_XL, HART_MAX_LENGTH, QWEN2_1P5B, decoder_flops, hart_decoder_flops,
+                                  hart_text_tokens, preset_stage_flops, qwen2_text_flops, t5_encoder_flops,
+                                  text_encoder_flops, vae_decode_flops, word_encoder_flops)
 
 
 def counted(fn) -> int:
@@ -217,3 +224,174 @@ def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skip
     for r in (b, s):
         assert r["end_to_end"] == r["total"] + r["text_encoder"] + r["vae_decode"]
     assert b["end_to_end"] / s["end_to_end"] < b["total"] / s["total"]   # the shared stages dilute the ratio
+
+
+# -- HART's Qwen2 text encoder ----------------------------------------------------------------
+QWEN2_TINY = Path(__file__).resolve().parents[1] / "fixtures" / "hart_tokenizer" / "qwen2_tiny"
+
+
+def rows_through(enc: HartTextEncoder, fn) -> list[tuple[int, int]]:
+    """(batch, positions) of every call into the encoder's Qwen2 model while ``fn`` runs: what actually went
+    through it, independent of how the count works it out."""
+    seen = []
+    hook = enc.model.register_forward_pre_hook(lambda m, a, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                               with_kwargs=True)
+    try:
+        fn()
+    finally:
+        hook.remove()
+    return seen
+
+
+@pytest.mark.parametrize("use_system_prompt", [True, False])
+def test_qwen2_count_equals_flop_counter_through_the_hart_encoder(use_system_prompt):
+    """The tiny Qwen2 folder through HartTextEncoder.forward, two prompts of different lengths: each row is the
+    system prompt + the prompt padded to 300, and FlopCounterMode counts exactly the analytic number (integers,
+    no tolerance). Under the MATH SDPA backend: CPU's fused SDPA kernel has no FlopCounterMode formula (it would
+    count the attention as 0, checked below); the math path runs the two products as bmm, the same n x n
+    products that the formula for the CUDA kernels counts. What it counts is addmm (q/k/v: the bias is free),
+    mm (o, gate, up, down) and bmm (scores, weighted sum): nothing else, so the norms, SiLU, RoPE, softmax and
+    the final norm are uncounted on both sides."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    enc = HartTextEncoder(QWEN2_TINY, use_system_prompt=use_system_prompt)
+    prompts = ["a cat", "an astronaut sitting in a diner, eating fries, cinematic, analog film"]
+    n = hart_text_tokens(enc)
+    assert n == (len(enc.system_ids) if use_system_prompt else 0) + 300
+    assert rows_through(enc, lambda: enc(prompts)) == [(2, n)]            # one pass, every row the same length
+    with sdpa_kernel(SDPBackend.MATH):
+        by_op = counted_by_op(lambda: enc(prompts))
+    assert set(by_op) == {"aten.addmm", "aten.mm", "aten.bmm"}
+    cfg = enc.model.config.get_text_config()
+    one = qwen2_text_flops(cfg, n)
+    assert 2 * one == sum(by_op.values())
+    hd = cfg.hidden_size // cfg.num_attention_heads                        # the fixture sets no head_dim
+    assert by_op["aten.bmm"] == 2 * cfg.num_hidden_layers * 2 * 2 * n * n * cfg.num_attention_heads * hd
+    assert text_encoder_flops(enc, prompts) == [one, one]
+    # CPU's fused kernel: FlopCounterMode sees only the projections and the MLP
+    assert counted(lambda: enc(prompts)) == 2 * one - by_op["aten.bmm"]
+
+
+def test_qwen2_vl_folder_counts_the_language_model_only(tmp_path):
+    """A qwen2_vl folder (AutoModel -> Qwen2VLModel, width in text_config, multimodal RoPE): with no image its
+    vision tower does not run, and the pass costs the text config's count exactly."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import AutoModel, Qwen2VLConfig
+
+    q = json.loads((QWEN2_TINY / "config.json").read_text())
+    text = {k: q[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                              "num_attention_heads", "num_key_value_heads", "pad_token_id")}
+    text["rope_parameters"] = dict(q["rope_parameters"], mrope_section=[1, 1, 2], type="mrope")
+    torch.manual_seed(0)
+    AutoModel.from_config(Qwen2VLConfig(text_config=text, vision_config=dict(
+        depth=1, embed_dim=16, hidden_size=32, num_heads=2, patch_size=14, spatial_merge_size=2,
+        temporal_patch_size=2))).save_pretrained(tmp_path)
+    for f in QWEN2_TINY.glob("tokenizer*"):
+        shutil.copy(f, tmp_path / f.name)
+    enc = HartTextEncoder(tmp_path)
+    assert type(enc.model).__name__ == "Qwen2VLModel"
+    ran = []
+    hook = enc.model.visual.register_forward_hook(lambda *a: ran.append(1))
+    with sdpa_kernel(SDPBackend.MATH):
+        got = counted(lambda: enc(["a cat"]))
+    hook.remove()
+    assert not ran
+    assert got == qwen2_text_flops(enc.model.config.get_text_config(), hart_text_tokens(enc)) == \
+        text_encoder_flops(enc, ["a cat"])[0]
+
+
+def test_qwen2_count_follows_head_dim_and_gqa():
+    """A shape unlike the fixture (head_dim set apart from hidden / heads, 3 query heads per KV head, 3 layers),
+    a random model with a padded row: FlopCounterMode on the model's forward equals the count."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import Qwen2Config, Qwen2Model
+
+    cfg = Qwen2Config(vocab_size=64, hidden_size=48, intermediate_size=80, num_hidden_layers=3,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=12)
+    torch.manual_seed(0)
+    model = Qwen2Model(cfg).eval()
+    ids = torch.randint(1, 64, (1, 37))
+    mask = torch.ones_like(ids)
+    mask[:, 30:] = 0                                   # pads are masked, not skipped: the same products run
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        got = counted(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False))
+    assert qwen2_text_flops(cfg, 37) == got
+    assert qwen2_text_flops(cfg, 37) != qwen2_text_flops(dict(cfg.to_dict(), head_dim=None), 37)   # head_dim is read
+
+
+def test_released_qwen2_text_encoder_count():
+    """HART's released text model (QWEN2_1P5B: Qwen2-1.5B's published config.json; hidden 1536 = hart_0p7b's
+    context_dim) built on the meta device (shapes only), one pass over S + 300 positions: equal to FlopCounterMode.
+    S, the system prompt's length under Qwen2's tokenizer, is not knowable here (the tokenizer is not in the repo);
+    its pre-tokenizer splits the system prompt into 131 pieces, each one token or more, so S = 131 is the lower
+    bound used here. A record counts the loaded tokenizer's S (hart_text_tokens)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers import Qwen2Config, Qwen2Model
+
+    from varbench.engine.models.hart.model import HART_PRESETS
+
+    assert QWEN2_1P5B["hidden_size"] == HART_PRESETS["hart_0p7b"].context_dim
+    assert HART_MAX_LENGTH == HART_PRESETS["hart_0p7b"].context_token
+    n = 131 + HART_MAX_LENGTH
+    cfg = Qwen2Config(vocab_size=151936, **QWEN2_1P5B)
+    with torch.device("meta"):
+        model = Qwen2Model(cfg).eval()
+        ids = torch.zeros(1, n, dtype=torch.long)
+        # a ready 4-D mask: transformers' 2-D mask handling reads values (.item()), which meta tensors have not
+        mask = torch.ones(1, 1, n, n, dtype=torch.bool)
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        got = counted(lambda: model(input_ids=ids, attention_mask=mask, use_cache=False))
+    one = qwen2_text_flops(QWEN2_1P5B, n)
+    assert one == qwen2_text_flops(cfg, n) == got
+    print(f"HART Qwen2 text encoder (released config) at {n} tokens: {one / 1e12:.4f} TFLOPs per prompt; "
+          f"+{(qwen2_text_flops(QWEN2_1P5B, n + 1) - one) / 1e9:.2f} GFLOPs per further system-prompt token; "
+          f"{qwen2_text_flops(QWEN2_1P5B, HART_MAX_LENGTH) / 1e12:.4f} without the system prompt")
+    assert one / 1e12 == pytest.approx(1.1613, abs=1e-4)      # the number in stage_flops' docstring
+
+
+class PerImagePolicy(NeutralPolicy):
+    """A neutral policy that asks for image-by-image runs (as SkipVAR does), to reach that path."""
+    per_image_decisions = True
+
+
+@pytest.mark.parametrize("policy", [None, PerImagePolicy()], ids=["batched", "image_by_image"])
+@pytest.mark.parametrize("negative", [None, "blurry"])
+def test_hart_runtime_stage_counts_what_its_qwen2_encoder_ran(policy, negative):
+    """stage_flops on a HartRuntime with the Qwen2 encoder: the per-image text counts add up to the passes the
+    runtime actually sent through the model (its prompts, plus the negative prompt once per generation on either
+    path; the unconditional rows encode nothing), and the end-to-end count is filled in."""
+    from varbench.engine.stage_flops import stage_flops
+    from varbench.engine.testing import tiny_hart_runtime
+    from varbench.harness.traces import trace_row
+
+    enc = HartTextEncoder(QWEN2_TINY)
+    rt = tiny_hart_runtime(seed=0, context_dim=enc.hidden_size, context_token=enc.max_length)
+    rt.text_encoder = enc
+    prompts = ["a red circle", "a blue square on a green mat"]
+    outs = []
+    rows = rows_through(enc, lambda: outs.append(rt.generate(prompts, [0, 1], policy, cfg=4.5,
+                                                             negative_prompt=negative)))
+    n = hart_text_tokens(enc)
+    assert {r[1] for r in rows} == {n}
+    assert sum(r[0] for r in rows) == len(prompts) + (1 if negative else 0)
+    out = outs[0]
+    stages = stage_flops(rt, prompts, out.summed_codes.shape[-2:], negative)
+    one = qwen2_text_flops(enc.model.config.get_text_config(), n)
+    # the negative's share is one / 2 per image: the sum is exact up to float rounding of that split
+    assert sum(s["text_encoder"] for s in stages) == pytest.approx(sum(r[0] for r in rows) * one, rel=1e-12)
+    for b in range(len(prompts)):
+        f = trace_row(out, b, b, 0, "baseline", stages[b])["work"]["flops"]
+        assert f["end_to_end"] == f["total"] + f["text_encoder"] + f["vae_decode"] > one
+
+
+def test_hart_runtime_stage_counts_with_the_word_encoder():
+    """The random-weights HART runtime's word encoder (no layers: a lookup) counts 0, with or without a negative
+    prompt, and the end-to-end count is still filled in (the decode only)."""
+    from varbench.engine.stage_flops import stage_flops
+    from varbench.engine.testing import tiny_hart_runtime
+
+    rt = tiny_hart_runtime(seed=0)
+    assert isinstance(rt.text_encoder, WordTextEncoder) and not rt.text_encoder.context
+    out = rt.generate(["a red circle"], [0], cfg=4.5, negative_prompt="blurry")
+    stages = stage_flops(rt, ["a red circle"], out.summed_codes.shape[-2:], "blurry")
+    assert stages == [{"text_encoder": 0.0, "vae_decode": hart_decoder_flops(rt.vae.cfg, out.summed_codes.shape[-2:])}]

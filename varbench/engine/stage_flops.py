@@ -18,8 +18,21 @@ What runs, and so what is counted:
                 (64x64 at 1024²): post_quant_conv and a VQGAN-style decoder, the same convolutions plus
                 single-head attention blocks at the lowest resolution (mid, and after each ResNet of the
                 lowest level: 4 with num_res_blocks=2; their 1x1 convs and two bmm products counted,
-                scale and softmax not). hart_0p7b at 1024²: 6.46 TFLOPs. HART's Qwen2 text encoder is
-                not counted yet (None, so HART's ``end_to_end`` is None).
+                scale and softmax not). hart_0p7b at 1024²: 6.46 TFLOPs.
+  Qwen2 encoder HART's :class:`varbench.engine.models.hart.text.HartTextEncoder`: one pass per prompt over the
+                system prompt (unpadded, S tokens) + the prompt padded to ``max_length`` (300), so every
+                prompt costs the same; the language model only (a qwen2_vl folder's vision tower gets no
+                image and does not run; AutoModel has no LM head). Per layer q/k/v/o (GQA: k and v
+                ``num_key_value_heads`` wide), scores and weighted sum over the whole S + 300 square (the
+                causal mask and the pads are hidden by the mask, not skipped: kernels given an explicit
+                mask compute the square, and FlopCounterMode's SDPA formula counts the square even for a
+                causal call), gate/up/down.
+                Not counted: RMSNorms, SiLU, RoPE, the q/k/v biases, the final norm. The released folder
+                (:data:`QWEN2_1P5B`) at S + 300 tokens: 1.16-1.19 TFLOPs per prompt for S = 131-140 (Qwen2's
+                tokenizer is not in this repo: its pre-tokenizer splits the system prompt into 131 pieces,
+                each one token or more; +2.77 GFLOPs per further token), 0.80 without the system prompt;
+                a record uses the loaded tokenizer's S. HART's unconditional rows encode nothing (zero
+                context); a negative prompt is one more pass per generation, shared by the batch's images.
   T5 encoder    flan-t5-xl over the *padded* sequence: the released pipeline and this runtime
                 tokenise with ``padding="max_length"`` (512) and the encoder computes every
                 position; the attention mask only hides pads. So a prompt costs the same whatever
@@ -38,6 +51,13 @@ from typing import Any, Mapping, Optional, Sequence
 FLAN_T5_XL = {"d_model": 2048, "d_ff": 5120, "d_kv": 64, "num_heads": 32, "num_layers": 24, "gated": True}
 #: the tokenizer's padded length in the released pipeline (and :class:`varbench.engine.models.text.T5TextEncoder`)
 T5_MAX_LENGTH = 512
+#: the text model of HART's released encoder folder (mit-han-lab/Qwen2-VL-1.5B-Instruct): Qwen2-1.5B's published
+#: config.json (hidden 1536 = HART's context_dim). Not transformers' defaults: Qwen2VLTextConfig() defaults to the
+#: 72B (hidden 8192, 80 layers), Qwen2Config() to a 7B-like shape, so the numbers are written out here.
+QWEN2_1P5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
+              "num_key_value_heads": 2}
+#: HART's padded prompt length (released --max_token_length; the transformer's context_token)
+HART_MAX_LENGTH = 300
 
 
 # -- VAE decoder ------------------------------------------------------------------------------
@@ -123,6 +143,38 @@ def t5_encoder_flops(config: Mapping[str, Any] | Any, tokens: int) -> float:
     return float(layers * per_layer)
 
 
+def qwen2_text_flops(text_config: Mapping[str, Any] | Any, n_tokens: int) -> float:
+    """FLOPs of one Qwen2 language-model pass over one sequence of ``n_tokens`` positions. ``text_config``:
+    a mapping like :data:`QWEN2_1P5B` or a Hugging Face ``Qwen2Config`` / ``Qwen2VLTextConfig``
+    (``config.get_text_config()``; ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` when set, else hidden / heads).
+
+    Per layer: q (heads * head_dim wide), k and v (``num_key_value_heads * head_dim`` wide: GQA), o back to
+    hidden; scores q k^T and the weighted sum over all n x n pairs for every query head (the KV heads are
+    shared, not computed again, but every query head does its own products); the MLP's gate, up and
+    down. The causal mask is not discounted: the model passes an explicit mask (pads) and the kernel
+    computes the whole square, which is also what FlopCounterMode's SDPA formula counts. Not counted
+    (O(elements), as FlopCounterMode): RMSNorms, SiLU and the gate product, RoPE (its angle table is a
+    broadcast multiply), softmax and its scale, the q/k/v biases, residual adds, the final norm. The
+    embedding is a lookup; AutoModel has no LM head."""
+    get = text_config.get if isinstance(text_config, Mapping) else (lambda k, d=None: getattr(text_config, k, d))
+    d, ff, layers = get("hidden_size"), get("intermediate_size"), get("num_hidden_layers")
+    heads, kv = get("num_attention_heads"), get("num_key_value_heads") or get("num_attention_heads")
+    hd = get("head_dim") or d // heads
+    n = int(n_tokens)
+    proj = 2 * n * d * (heads * hd + 2 * kv * hd) + 2 * n * heads * hd * d     # q, k, v; o
+    attn = 2 * 2 * n * n * heads * hd                                          # scores, weighted sum
+    mlp = 3 * 2 * n * d * ff                                                   # gate, up, down
+    return float(layers * (proj + attn + mlp))
+
+
+def hart_text_tokens(encoder) -> int:
+    """Positions one prompt sends through :class:`~varbench.engine.models.hart.text.HartTextEncoder`'s model:
+    the system prompt's tokens (unpadded, as tokenized at construction) when ``use_system_prompt``, plus
+    the prompt padded to ``max_length`` (every prompt, whatever its length)."""
+    return (len(encoder.system_ids) if encoder.use_system_prompt else 0) + encoder.max_length
+
+
 def word_encoder_flops(dim: int, layers: int, ffn: int, tokens: int) -> float:
     """FLOPs of :class:`~varbench.engine.models.text.WordTextEncoder`'s ``layers`` transformer layers over
     ``tokens`` positions (fused q/k/v and output projections, scores and weighted sum, FFN)."""
@@ -136,6 +188,7 @@ def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optiona
     prompt, plus an equal share of the negative prompt's encode when one is given: the runtime
     encodes it once per generation, even with CFG off). None for an encoder this module does not
     know (the end-to-end count is then None rather than wrong)."""
+    from varbench.engine.models.hart.text import HartTextEncoder
     from varbench.engine.models.text import T5TextEncoder, WordTextEncoder
 
     if encoder is None:                 # pre-encoded text: no encoder ran
@@ -144,6 +197,10 @@ def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optiona
         one = t5_encoder_flops(encoder.encoder.config, encoder.max_length)
         own = [one] * len(prompts)
         neg = one if negative_prompt else 0.0
+    elif isinstance(encoder, HartTextEncoder):    # a fixed-length pass per prompt, batch-independent
+        one = qwen2_text_flops(encoder.model.config.get_text_config(), hart_text_tokens(encoder))
+        own = [one] * len(prompts)
+        neg = one if negative_prompt else 0.0      # HART's unconditional rows (no negative) encode nothing
     elif isinstance(encoder, WordTextEncoder):
         if not encoder.context:
             return [0.0] * len(prompts)

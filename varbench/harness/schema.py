@@ -132,8 +132,8 @@ class Flops(TypedDict):
     ``total``, ``text``, ``ar``, ``per_scale`` and ``per_image`` are the **transformer only**
     (varbench/engine/flops.py; what CI gates on and the "FLOPs × (transformer)" column). The stages around
     it (varbench/engine/stage_flops.py) are separate: ``text_encoder`` (flan-t5-xl over its 512 padded
-    tokens, or the word encoder), ``vae_decode`` (the decoder at the generated resolution, once per
-    image whatever the method skipped) and ``end_to_end`` = total + text_encoder + vae_decode
+    tokens, HART's Qwen2 over the system prompt + 300 padded tokens, or the word encoder), ``vae_decode``
+    (the decoder at the generated resolution, once per image whatever the method skipped) and ``end_to_end`` = total + text_encoder + vae_decode
     (the "FLOPs × (end to end)" column). The three are None for records whose traces predate them
     or whose encoder/VAE the count does not know."""
 
@@ -142,7 +142,7 @@ class Flops(TypedDict):
     ar: float                # sum of per_scale (the next-scale loop)
     per_scale: list
     per_image: Spread        # of per-image transformer totals
-    text_encoder: Optional[float]   # T5 / word encoder, this image's share of its generation's encodes
+    text_encoder: Optional[float]   # T5 / Qwen2 / word encoder, this image's share of its generation's encodes
     vae_decode: Optional[float]     # VAE decoder, one decode at the final latent grid
     end_to_end: Optional[float]     # total + text_encoder + vae_decode
     end_to_end_per_image: Spread    # of per-image end_to_end (n = 0 when end_to_end is None)

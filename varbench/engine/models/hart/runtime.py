@@ -158,7 +158,14 @@ class HartRuntime:
 
     def _image_by_image(self, prompts, seeds, policy, cfgs, taus, top_k, top_p, more_smooth, negative_prompt,
                         decode, text, negative_text) -> GenerationOutput:
-        """A per-image policy at batch > 1: each image with its own fork, one after another."""
+        """A per-image policy at batch > 1: each image with its own fork, one after another. The negative
+        prompt is encoded once for all of them, as in a batched run (what stage_flops counts), and its
+        time is added to the text time."""
+        timer = Timer(self.device)
+        timer.mark()
+        if negative_text is None and negative_prompt:
+            negative_text = self.encode_text([negative_prompt])
+        timer.mark()
         outs = []
         for i, (p, s) in enumerate(zip(prompts, seeds)):
             own = None if text is None else TextBatch(text.features[i: i + 1], text.mask[i: i + 1], text.lens[i: i + 1])
@@ -173,7 +180,8 @@ class HartRuntime:
             bits=[cat([o.bits[si] for o in outs]) for si in range(len(outs[0].bits))],
             flops={"total": sum(o.flops["total"] for o in outs), "text": sum(o.flops["text"] for o in outs),
                    "per_scale": [sum(v) for v in zip(*[o.flops["per_scale"] for o in outs])]},
-            timings_ms={k: sum(o.timings_ms[k] for o in outs) for k in ("text", "ar", "decode")} |
+            timings_ms={"text": timer.intervals_ms()[0] + sum(o.timings_ms["text"] for o in outs)} |
+                       {k: sum(o.timings_ms[k] for o in outs) for k in ("ar", "decode")} |
                        {"per_scale": [sum(v) for v in zip(*[o.timings_ms["per_scale"] for o in outs])]},
             policy_stats={"per_image": per_image},
             token_entropy=[cat([o.token_entropy[si] for o in outs]) for si in range(len(outs[0].bits))],

@@ -47,7 +47,9 @@ class HartTextEncoder(nn.Module):
     - `max_length`: the padded length, must equal the transformer's `context_token` (300 released); longer
       prompts are truncated there.
     - `use_system_prompt`: the released default (True) conditions every prompt's states on the system prompt
-      (~250 more tokens through the text model per prompt); False encodes the prompt alone (other features,
+      (its S tokens more through the text model per prompt: some 131-140 with Qwen2's tokenizer, whose
+      pre-tokenizer alone makes 131 pieces; 251 with the tiny test tokenizer; cost in
+      `varbench.engine.stage_flops.qwen2_text_flops`); False encodes the prompt alone (other features,
       other images).
     - `dtype`: the weights' dtype. float32 is what `AutoModel.from_pretrained` gave under the release's
       transformers; bfloat16/float16 halve the memory (1.5B: ~6 GB -> 3 GB) and round differently.
