@@ -23,7 +23,10 @@ from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import BlockPlan, KVBudget, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.engine.testing import tiny_hart_runtime
+from varbench.policies import build_policy
+from varbench.policies.nova import NOVA
 from varbench.policies.selectors import PivotalSelector
+from varbench.policies.toprovar import ToProVAR
 
 from tests.engine.test_hart import ATOL, GOLDEN, RTOL, case_config
 
@@ -289,3 +292,186 @@ def test_kv_cache_in_the_autocast_dtype_changes_no_bit(monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(low.bits, high.bits))
     assert torch.equal(low.summed_codes, high.summed_codes)
     assert 2 * low.kv_bytes[-1]["allocated"] == high.kv_bytes[-1]["allocated"]
+
+
+# ---------------------------------------------------------------------- per-image decisions at batch > 1
+THREE = ["a red circle", "two blue squares", "a green triangle above a cat"]
+
+
+class ByImage(Plans):
+    """A per-image policy keyed on which image it is: fork k (the runtime forks once per image, in
+    image order) plans `common` overridden by `own[k]`. Make a fresh one per generation."""
+    per_image_decisions = True
+
+    def __init__(self, own=None, common=None):
+        super().__init__(dict(common or {}))
+        self.own, self.common, self.forks = own or {}, dict(common or {}), 0
+
+    def fork(self):
+        f = Plans({**self.common, **self.own.get(self.forks, {})})
+        f.per_image_decisions = True
+        self.forks += 1
+        return f
+
+
+def _three(rt, policy=None):
+    return rt.generate(THREE, [0, 1, 2], policy, cfg=4.5)
+
+
+def _kept(trace) -> list:
+    """What a trace says ran: per stage (ran, rows per image, per block (mode, tokens per sublayer))."""
+    return [(tr["ran"], tr["rows"] // tr["batch"], [(b["mode"], b["sa"], b["ffn"], b["qkv"]) for b in tr["blocks"]])
+            for tr in trace]
+
+
+@pytest.fixture(scope="module")
+def rt_dec():
+    return tiny_hart_runtime(seed=0)
+
+
+@pytest.fixture(scope="module")
+def base3(rt_dec):
+    return _three(rt_dec)
+
+
+def _observing(rt):
+    """Neutral plans that still ask for every signal (residuals kept, attention entropy of every block)."""
+    return {si: ScalePlan(keep_residuals=si > 0, attention_entropy_for=frozenset(range(rt.cfg.depth)))
+            for si in range(len(rt.schedule))}
+
+
+@pytest.mark.parametrize("make", [lambda rt: ByImage(common=_observing(rt)),
+                                  lambda rt: build_policy("nova", **NOVA.NEUTRAL),
+                                  lambda rt: build_policy("toprovar", **ToProVAR.NEUTRAL)],
+                         ids=["observing", "nova", "toprovar"])
+def test_per_image_plans_that_agree_are_the_batched_baseline_bit_for_bit(rt_dec, base3, make):
+    """Per-image decisions whose plans all agree (here: all neutral) run the batch as one: the
+    batched baseline's tokens, f_hat and images exactly (batch-1 runs would round otherwise)."""
+    policy = make(rt_dec)
+    assert policy.per_image_decisions
+    out = _three(rt_dec, policy)
+    assert len({id(t) for t in out.image_traces}) == 1 and out.trace[-1]["batch"] == 3   # never split
+    assert all(torch.equal(a, b) for a, b in zip(out.bits, base3.bits))
+    assert torch.equal(out.summed_codes, base3.summed_codes)
+    assert torch.equal(out.images, base3.images)
+    assert len(out.policy_stats["per_image"]) == 3 and all(r is not None for r in out.no_effect_reasons)
+
+
+def _acts(rt):
+    """Image 1's own plans, each of which splits the batch: a skipped last stage; pruning with a
+    cached fill (the cache stage already splits: keeping residuals is part of a plan's shape);
+    dropping the unconditional rows, then also skipping the last stage after every image dropped them."""
+    last = len(rt.schedule) - 1
+    n = rt.schedule[last - 1][0] ** 2
+    prune = {bi: BlockPlan(mode="prune", selector=PivotalSelector(n // 2), n_keep=n // 2, sublayers=("sa", "ffn"))
+             for bi in range(rt.cfg.depth)}
+    drop = {si: ScalePlan(drop_uncond=True) for si in (last - 1, last)}
+    return {"skip_last": ({}, {last: ScalePlan(run=False)}, last),
+            "prune": ({}, {last - 2: ScalePlan(keep_residuals=True), last - 1: ScalePlan(blocks=prune)}, last - 2),
+            "drop_then_skip": (drop, {last: ScalePlan(run=False, drop_uncond=True)}, last)}
+
+
+@pytest.mark.parametrize("case", ["skip_last", "prune", "drop_then_skip"])
+def test_images_that_decide_differently_split_and_each_gets_its_own_plan(rt_dec, case):
+    _check_split(rt_dec, case)
+
+
+@pytest.mark.parametrize("blocks", [dict(disable_aln=False), dict(shared_aln=True)], ids=["ada_lin", "shared_aln"])
+def test_a_split_carries_each_images_adaln_modulation(blocks):
+    """The presets with AdaLN (the tiny default has plain blocks): a part's modulation rows are its
+    images' own (a mix-up changes every token after the split)."""
+    _check_split(tiny_hart_runtime(seed=0, **blocks), "prune")
+
+
+def _check_split(rt, case):
+    """Image 1 acts, images 0 and 2 do not: the batch splits at the first stage their plans differ,
+    and each image gets what the batched run (three images, one plan: the plan of its group) gives it.
+
+    Guaranteed (the same computation): every stage before the split runs the batch of three, so
+    there each image's tokens and entropies equal that batched run's exactly; an image whose
+    sub-batch runs nothing after the split keeps the batch's f_hat exactly. After the split a
+    sub-batch has other matmul shapes than the batch of three, so it equals the batched run (and the
+    image run alone) up to their rounding. Measured on the tiny models (f_hat |.| <= 6): tokens
+    identical to both; f_hat max |diff| against the batched run 0 for the 2-image sub-batch and
+    7.2e-6 for the 1-image one, against the image alone up to 8.8e-6 (plain blocks) / 8e-5
+    (shared_aln); uint8 images identical."""
+    common, own, split_at = _acts(rt)[case]
+    out = _three(rt, ByImage({1: own}, common))
+    refs = {i: _three(rt, Plans({**common, **(own if i == 1 else {})})) for i in (0, 1)}   # the batch, one plan
+    for i in range(3):
+        ref = refs[1 if i == 1 else 0]
+        alone = rt.generate([THREE[i]], [i], Plans({**common, **(own if i == 1 else {})}), cfg=4.5)
+        mine = [None if t is None else t[i] for t in out.bits]
+        for si in range(split_at):
+            assert torch.equal(mine[si], ref.bits[si][i]) and torch.equal(out.token_entropy[si][i], ref.token_entropy[si][i])
+        for si, (a, r, one) in enumerate(zip(mine, ref.bits, alone.bits)):
+            assert (one is None) == (r is None)
+            if one is None:   # skipped by this image: -1 (NaN entropy) in its row where others ran it, else None
+                if a is not None:
+                    assert bool((a == -1).all()) and bool(torch.isnan(out.token_entropy[si][i]).all())
+                continue
+            # batch rounding only (see above); a flipped token would diverge the rest of that image
+            for b in (r[i], one[0]):
+                assert (a == b).float().mean() > 0.97
+        for b in (ref.summed_codes[i], alone.summed_codes[0]):
+            torch.testing.assert_close(out.summed_codes[i], b, atol=5e-4, rtol=1e-4)   # ~6x the spread above
+        if out.images is not None:
+            assert (out.images[i].int() - alone.images[0].int()).abs().float().mean() < 1.0
+        assert _kept(out.image_traces[i]) == _kept(alone.trace) == _kept(ref.trace)
+    if case != "prune":   # image 1 ran nothing after the split: the batch's f_hat, exactly
+        assert torch.equal(out.summed_codes[1], refs[1].summed_codes[1])
+        assert out.bits[-1] is not None and bool((out.bits[-1][1] == -1).all())
+    assert len({id(t) for t in out.image_traces}) == 2 and out.image_traces[0] is out.image_traces[2]
+    assert out.image_traces[0][split_at]["batch"] == 2 and out.image_traces[1][split_at]["batch"] == 1
+    assert out.image_traces[0][split_at - 1] is out.image_traces[1][split_at - 1]   # shared before the split
+
+
+def test_per_image_traces_flops_and_kv_bytes_are_each_images_own(rt_dec):
+    """An image's trace, FLOPs and stats are those of its own plans (its run alone); the batch's
+    FLOPs and KV bytes count each sub-batch once."""
+    common, own, _ = _acts(rt_dec)["prune"]
+    out = _three(rt_dec, ByImage({1: own}, common))
+    alone = [rt_dec.generate([THREE[i]], [i], Plans(own if i == 1 else {}), cfg=4.5) for i in range(3)]
+    for i, one in enumerate(alone):
+        assert _kept(out.image_traces[i]) == _kept(one.trace)
+        # analytic counts from the same trace entries: equal up to float summation order
+        assert out.image_flops[i]["total"] == pytest.approx(one.flops["total"], rel=1e-12)
+        assert out.image_flops[i]["per_scale"] == pytest.approx(one.flops["per_scale"], rel=1e-12)
+    assert out.image_flops[1]["total"] < out.image_flops[0]["total"]
+    assert out.flops["total"] == pytest.approx(sum(o.flops["total"] for o in alone), rel=1e-12)
+    assert out.flops["per_scale"] == pytest.approx([sum(v) for v in zip(*[o.flops["per_scale"] for o in alone])], rel=1e-12)
+    for si, kb in enumerate(out.kv_bytes):
+        for k in ("allocated", "used"):
+            assert kb[k] == sum(o.kv_bytes[si][k] for o in alone), (si, k)
+    # every image's entry of a stage carries that stage's wall time; image 1 acted, the others did not
+    assert [tr["ms"] for tr in out.image_traces[1]] == out.timings_ms["per_scale"]
+    assert out.no_effect_reasons[1] is None and out.no_effect_reasons[0] is not None
+    assert len(out.policy_stats["per_image"]) == 3
+
+
+def test_a_hart_split_views_the_parents_caches_instead_of_copying_them(rt_dec, monkeypatch):
+    """After a split the parts' KV caches and residual caches live in the parent's memory (rows
+    permuted in place), as on Infinity."""
+    from varbench.engine.models.hart.state import HartState
+
+    seen, real = [], HartState.split
+
+    def spy(self, parts):
+        held = lambda st: ({t.untyped_storage().data_ptr() for t in st.kv.kv if t is not None}   # noqa: E731
+                           | {t.untyped_storage().data_ptr() for d in st.residuals.values() for t in d.values()})
+        parent = held(self)
+        subs = real(self, parts)
+        seen.extend(bool(held(s)) and held(s) <= parent for s in subs)
+        return subs
+
+    monkeypatch.setattr(HartState, "split", spy)
+    common, own, _ = _acts(rt_dec)["prune"]
+    _three(rt_dec, ByImage({1: own}, common))
+    assert seen and all(seen)
+
+
+def test_per_image_decisions_refuse_the_release_shared_generators(rt):
+    gens = (torch.Generator().manual_seed(0), torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match="shared generators"):
+        _run(rt, ByImage(), generators=gens)
+    _run(rt, Plans(), generators=gens)   # one policy for the batch: the release's consumption, as before

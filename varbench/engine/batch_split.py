@@ -16,16 +16,24 @@ the runtime gives each image its own copy of the policy, reset for a batch of on
 
 Images that agree keep sharing a batch, so a batch whose images all decide alike runs exactly as
 before. Each (scale, plan, sub-batch size) still has static shapes. An image's bits then equal
-those it gets alone up to the rounding of batched matmuls (measured in tests/engine/test_batch_split.py).
+those it gets alone up to the rounding of batched matmuls (measured in tests/engine/test_batch_split.py,
+and for HART in tests/engine/test_hart_runtime.py).
+
+Both runtimes (Infinity's `InfinityRuntime`, HART's `HartRuntime`) run this through the same pieces:
+`image_policies` (the forks), `step_groups` (one scale over every sub-batch: plan, group, split,
+run, observe), and for the output `image_traces`, `part_entries` / `batch_kv_bytes` (each
+sub-batch's entry once) and `scatter_per_scale`. A state splits through its own `split` (what its
+rows are is the model's), built from `group_rows_in_place` / `part_rows` (the KV cache's
+`KVCache.split`) and `split_residuals`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from varbench.engine.plan import BlockPlan, ScalePlan, ScaleSignals
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
 
 
 def _selector_key(selector) -> object:
@@ -125,3 +133,111 @@ def scatter_images(parts: Sequence[tuple[Sequence[int], Optional[torch.Tensor]]]
     for imgs, t in have:
         out.index_copy_(0, torch.tensor(list(imgs), device=t.device), t)
     return out
+
+
+# ---------------------------------------------------------------------- splitting a state's caches
+def group_rows_in_place(t: torch.Tensor, parts: Sequence[Sequence[int]], batch: int, dim: int) -> None:
+    """Permute `t`'s rows along `dim` in place so that each part's rows (`image_rows`: [cond; uncond]
+    of its images) lie together, parts in order. Through one temporary of `t`'s size, so a cache is
+    split one buffer at a time, never held twice."""
+    rows = [r for p in parts for r in image_rows(p, batch, t.shape[dim])]
+    if rows != list(range(len(rows))):
+        t.copy_(t.index_select(dim, torch.tensor(rows, device=t.device)))
+
+
+def part_rows(t: torch.Tensor, first: int, size: int, batch: int, dim: int) -> torch.Tensor:
+    """After `group_rows_in_place`: the rows of the part of `size` images that starts at image `first`
+    (a view). Rows per image by count (2 with CFG rows, else 1)."""
+    per = t.shape[dim] // batch
+    return t.narrow(dim, first * per, size * per)
+
+
+def part_starts(parts: Sequence[Sequence[int]]) -> list[int]:
+    """The image position each part starts at after `group_rows_in_place`."""
+    starts, first = [], 0
+    for p in parts:
+        starts.append(first)
+        first += len(p)
+    return starts
+
+
+def split_residuals(residuals: dict, parts: Sequence[Sequence[int]], batch: int) -> list[dict]:
+    """Residual caches {scale: {key: (rows, n, C)}} -> one per part, viewing the parent's permuted rows."""
+    for cached in residuals.values():
+        for t in cached.values():
+            group_rows_in_place(t, parts, batch, 0)
+    return [{s: {k: part_rows(t, first, len(p), batch, 0) for k, t in d.items()} for s, d in residuals.items()}
+            for p, first in zip(parts, part_starts(parts))]
+
+
+# ---------------------------------------------------------------------- the loop, shared by the runtimes
+def image_policies(policy, ctx: GenerationContext) -> tuple[bool, list]:
+    """(per_image, policies): at batch > 1 a policy with per-image decisions gives one fork per image,
+    each reset for a batch of one; else the policy itself, reset for the batch. Duck-typed policies
+    without the attribute are shared."""
+    per_image = ctx.batch > 1 and getattr(policy, "per_image_decisions", False)
+    policies = [policy.fork() for _ in range(ctx.batch)] if per_image else [policy]
+    for p in policies:
+        p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
+    return per_image, policies
+
+
+def step_groups(si: int, groups: list, policies: Sequence, per_image: bool,
+                run: Callable[[int, object, ScalePlan], Optional[ScaleSignals]]) -> list:
+    """Scale si for every sub-batch `groups` [(image positions, state)]; `run(si, state, plan)` runs
+    one state's step and returns its signals (None: the scale was skipped). Returns the groups after.
+
+    Without per-image decisions the one policy plans the whole batch and observes all of it. With
+    them each image's policy plans; images with same-shaped plans run together (a sub-batch whose
+    images disagree splits here, `state.split`), and each image observes its own rows."""
+    if not per_image:
+        (_, state), = groups
+        plan = policies[0].plan(si)
+        signals = run(si, state, plan)
+        if signals is not None:
+            policies[0].observe(si, signals)
+        return groups
+    out = []
+    for images, state in groups:
+        plans = [policies[i].plan(si) for i in images]
+        parts = group_by_plan(plans)
+        subs = [state] if len(parts) == 1 else state.split(parts)
+        for part, sub in zip(parts, subs):
+            members = [images[j] for j in part]
+            signals = run(si, sub, merge_plans([plans[j] for j in part], state.ctx.cfg_rows))
+            if signals is not None:
+                for k, i in enumerate(members):
+                    policies[i].observe(si, select_signals(signals, k, len(members)))
+            out.append((members, sub))
+    return out
+
+
+def image_traces(groups: list, batch: int, per_scale_ms: Sequence[float]) -> list[list[dict]]:
+    """Per image the trace of its sub-batch, each entry stamped with the scale's wall time (every
+    sub-batch's work at that scale: they run one after another)."""
+    traces: list = [None] * batch
+    for images, state in groups:
+        for tr, ms in zip(state.trace, per_scale_ms):
+            tr["ms"] = ms
+        for i in images:
+            traces[i] = state.trace
+    return traces
+
+
+def part_entries(groups: list, attr: str, si: int) -> list:
+    """Scale si's entry of each sub-batch's per-scale list `attr` (`trace`, `kv_bytes`), each entry
+    once: the entries from before a split are shared by its parts (they ran for all of them)."""
+    return list({id(e): e for e in (getattr(state, attr)[si] for _, state in groups)}.values())
+
+
+def batch_kv_bytes(groups: list, n_scales: int) -> list[dict]:
+    """Per scale the batch's KV-cache {"allocated", "used"} bytes: summed over its sub-batches."""
+    return [{k: sum(d[k] for d in part_entries(groups, "kv_bytes", si)) for k in ("allocated", "used")}
+            for si in range(n_scales)]
+
+
+def scatter_per_scale(groups: list, attr: str, batch: int, n_scales: int, fill: float) -> list[Optional[torch.Tensor]]:
+    """Per scale the (batch, ...) tensor of the sub-batches' per-scale list `attr` (bits, entropies),
+    `fill` in the rows of images whose sub-batch skipped the scale, None where none ran it."""
+    return [scatter_images([(images, getattr(state, attr)[si]) for images, state in groups], batch, fill)
+            for si in range(n_scales)]

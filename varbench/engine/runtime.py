@@ -35,7 +35,8 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from varbench.engine.batch_split import group_by_plan, merge_plans, scatter_images, select_signals
+from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
+                                         scatter_per_scale, step_groups)
 from varbench.engine.block_step import rope_qkv_table
 from varbench.engine.effect import no_effect_reason
 from varbench.engine.flops import image_flops, scale_flops, text_flops
@@ -228,28 +229,23 @@ class InfinityRuntime:
                                 cfg=tuple(cfgs), tau=tuple(taus), device=str(dev))
         # per-image decisions (varbench.engine.batch_split): each image plans with its own copy of the
         # policy; images whose plans share a shape run as one sub-batch
-        per_image = batch > 1 and getattr(policy, "per_image_decisions", False)   # duck-typed policies: shared
-        policies = [policy.fork() for _ in range(batch)] if per_image else [policy]
-        for p in policies:
-            p.reset(dataclasses.replace(ctx, batch=1) if per_image else ctx)
+        per_image, policies = image_policies(policy, ctx)
         root = self._state(ctx, text, negative, sched, h_div_w, seeds, policy_kv_capacity(policies, ctx))
         tflops = text_flops(self.cfg, root.text_tokens[root.rows0], root.rows0)
         image_tokens = [root.image_text_tokens(i) for i in range(batch)]
         groups = [(list(range(batch)), root)]
         del root   # after a split nothing may hold the whole batch's KV cache (graph mode keeps its own)
+
+        def run(si, state, plan):
+            signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
+                                 taus[si] if plan.tau is None else plan.tau, top_k, top_p)
+            note_kv_bytes(state)
+            return signals
+
         scale_marks = Timer(dev)
         for si in range(n_scales):
             scale_marks.mark()
-            if per_image:
-                groups = self._per_image_step(si, groups, policies, cfgs, taus, top_k, top_p)
-                continue
-            state = groups[0][1]
-            plan = policy.plan(si)
-            signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
-                                 taus[si] if plan.tau is None else plan.tau, top_k, top_p)
-            _note_kv_bytes(state)
-            if signals is not None:
-                policy.observe(si, signals)
+            groups = step_groups(si, groups, policies, per_image, run)
         scale_marks.mark()
         timer.mark()
         state0 = groups[0][1]
@@ -265,50 +261,22 @@ class InfinityRuntime:
 
         text_ms, ar_ms, decode_ms = timer.intervals_ms()
         per_scale_ms = scale_marks.intervals_ms()
-        image_traces: list[list[dict]] = [None] * batch
-        for g, st in groups:
-            for tr, ms in zip(st.trace, per_scale_ms):
-                tr["ms"] = ms
-            for i in g:
-                image_traces[i] = st.trace
-        per_image_flops = [image_flops(self.cfg, tr, tokens) for tr, tokens in zip(image_traces, image_tokens)]
+        traces = image_traces(groups, batch, per_scale_ms)
+        per_image_flops = [image_flops(self.cfg, tr, tokens) for tr, tokens in zip(traces, image_tokens)]
         # the batch's count: each sub-batch's entry once (entries before a split are shared)
-        per_scale_flops = [sum(scale_flops(self.cfg, tr) for tr in {id(st.trace[si]): st.trace[si] for _, st in groups}.values())
-                           for si in range(n_scales)]
+        per_scale_flops = [sum(scale_flops(self.cfg, tr) for tr in part_entries(groups, "trace", si)) for si in range(n_scales)]
         image_stats = [p.stats() for p in policies] if per_image else [policy.stats()] * batch
-        reasons = [no_effect_reason(p, tr) for p, tr in zip(policies if per_image else [policy] * batch, image_traces)]
+        reasons = [no_effect_reason(p, tr) for p, tr in zip(policies if per_image else [policy] * batch, traces)]
         return GenerationOutput(
-            images=images, summed_codes=summed_codes, schedule=sched, trace=image_traces[0],
-            bits=[scatter_images([(g, st.bits[si]) for g, st in groups], batch, -1) for si in range(n_scales)],
-            token_entropy=[scatter_images([(g, st.entropies[si]) for g, st in groups], batch, float("nan"))
-                           for si in range(n_scales)],
+            images=images, summed_codes=summed_codes, schedule=sched, trace=traces[0],
+            bits=scatter_per_scale(groups, "bits", batch, n_scales, -1),
+            token_entropy=scatter_per_scale(groups, "entropies", batch, n_scales, float("nan")),
             flops={"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops},
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
             policy_stats={"per_image": image_stats} if per_image else image_stats[0],
-            image_traces=image_traces, image_flops=per_image_flops, image_stats=image_stats, no_effect_reasons=reasons,
-            kv_bytes=[{k: sum(d[k] for d in {id(st.kv_bytes[si]): st.kv_bytes[si] for _, st in groups}.values())
-                       for k in ("allocated", "used")} for si in range(n_scales)],
+            image_traces=traces, image_flops=per_image_flops, image_stats=image_stats, no_effect_reasons=reasons,
+            kv_bytes=batch_kv_bytes(groups, n_scales),
         )
-
-    def _per_image_step(self, si, groups, policies, cfgs, taus, top_k, top_p):
-        """Scale si for every sub-batch: each image's policy plans, images with same-shaped plans run
-        together (a sub-batch whose images disagree splits here), each image observes its own rows."""
-        out = []
-        for images, state in groups:
-            plans = [policies[i].plan(si) for i in images]
-            parts = group_by_plan(plans)
-            subs = [state] if len(parts) == 1 else state.split(parts)
-            for part, sub in zip(parts, subs):
-                members = [images[j] for j in part]
-                plan = merge_plans([plans[j] for j in part], state.ctx.cfg_rows)
-                signals = sub.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
-                                   taus[si] if plan.tau is None else plan.tau, top_k, top_p)
-                _note_kv_bytes(sub)
-                if signals is not None:
-                    for k, i in enumerate(members):
-                        policies[i].observe(si, select_signals(signals, k, len(members)))
-                out.append((members, sub))
-        return out
 
     def _state(self, ctx, text, negative, sched, h_div_w, seeds, kv_capacity=None) -> GenState:
         """A fresh generation state; in graph mode the one of the previous call with the same shapes,
@@ -376,9 +344,10 @@ def analytic_kv_bytes(policy: Optional[Policy], ctx: GenerationContext, itemsize
                           ctx.embed_dim // ctx.num_heads, itemsize, kv_staging_capacity(caps, ctx.schedule))
 
 
-def _note_kv_bytes(state: GenState) -> None:
+def note_kv_bytes(state) -> None:
     """The KV cache's bytes after this scale, in its trace entry (`varbench.engine.memory`): the
-    (sub-)batch's buffers as held and the positions in use. From tensor shapes: no device read."""
+    (sub-)batch's buffers as held and the positions in use. From tensor shapes: no device read.
+    Any state with `kv` (a `KVCache`) and `trace` (Infinity's `GenState`, HART's `HartState`)."""
     held = state.kv.nbytes()
     state.trace[-1].update(kv_bytes_allocated=held["allocated"], kv_bytes_used=held["used"])
 

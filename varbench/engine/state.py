@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from varbench.engine import pruned
-from varbench.engine.batch_split import image_rows, take_rows
+from varbench.engine.batch_split import group_rows_in_place, image_rows, part_rows, part_starts, split_residuals, take_rows
 from varbench.engine.block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, sa_out
 from varbench.engine.models.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
 from varbench.engine.models.infinity import CrossAttnBlock, key_runs
@@ -189,6 +189,16 @@ class KVCache:
         if self.stage is not None:
             new.stage = new.stage_full = rows(self.stage)
         return new
+
+    def split(self, parts: Sequence[Sequence[int]], batch: int) -> list["KVCache"]:
+        """Caches for `parts` (image positions that together make this cache's batch of `batch`): the
+        rows in use are permuted in place so each part's rows lie together, and each part's cache
+        views its slice (`view`). This cache is spent after."""
+        for t in self.kv:
+            if t is not None:
+                group_rows_in_place(t, parts, batch, 1)
+        return [self.view(lambda t, f=first, n=len(p): part_rows(t, f, n, batch, 1))
+                for p, first in zip(parts, part_starts(parts))]
 
     def drop_uncond(self, batch: int) -> None:
         self.kv = [None if t is None else t[:, :batch] for t in self.kv]
@@ -357,35 +367,15 @@ class GenState:
         buffer is copied at a time, so a split costs no second cache). This state is spent after.
         The parts run eagerly: graph mode captures whole-batch states only, whose tensors live
         across generations."""
-        B, parts = self.batch, [list(p) for p in parts]
+        parts = [list(p) for p in parts]
+        kvs, residuals = self.kv.split(parts, self.batch), split_residuals(self.residuals, parts, self.batch)
+        return [self._part(p, kv, res) for p, kv, res in zip(parts, kvs, residuals)]
 
-        def permute(t: torch.Tensor, dim: int) -> None:
-            rows = [r for p in parts for r in image_rows(p, B, t.shape[dim])]
-            if rows != list(range(len(rows))):
-                t.copy_(t.index_select(dim, torch.tensor(rows, device=t.device)))
-
-        for t in self.kv.kv:
-            if t is not None:
-                permute(t, 1)
-        for cached in self.residuals.values():
-            for t in cached.values():
-                permute(t, 0)
-        subs, first = [], 0
-        for p in parts:
-            subs.append(self._part(p, first))
-            first += len(p)
-        return subs
-
-    def _part(self, images: list[int], first: int) -> "GenState":
-        """The state of `images`, whose cache rows start at image `first` after `split`'s permutation."""
+    def _part(self, images: list[int], kv: KVCache, residuals: dict) -> "GenState":
+        """The state of `images`, over its views of the split caches."""
         sub = object.__new__(GenState)
         sub.__dict__.update(self.__dict__)   # rt, model, schedule, RoPE tables, latent size: shared
         b, B = len(images), self.batch
-
-        def rows_of(t: torch.Tensor, dim: int) -> torch.Tensor:   # this part's slice of a permuted tensor
-            per = t.shape[dim] // B
-            return t.narrow(dim, first * per, b * per)
-
         idx = torch.tensor(images, device=self.rt.device)
         sub.ctx = dataclasses.replace(self.ctx, batch=b)
         sub.batch, sub.rows0 = b, len(image_rows(images, B, self.rows0))
@@ -396,8 +386,7 @@ class GenState:
         sub.consts_full = sub.consts
         if self.dropped_uncond:
             sub.consts = [bc.first_rows(b) for bc in sub.consts]
-        sub.kv = self.kv.view(lambda t: rows_of(t, 1))
-        sub.residuals = {s: {k: rows_of(t, 0) for k, t in d.items()} for s, d in self.residuals.items()}
+        sub.kv, sub.residuals = kv, residuals
         sub.summed_codes = self.summed_codes.index_select(0, idx)
         sub.generators = [self.generators[i] for i in images]   # each image keeps drawing from its own
         sub.bits = [None if t is None else t.index_select(0, idx) for t in self.bits]

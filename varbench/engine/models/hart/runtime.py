@@ -18,8 +18,11 @@ CFG rows are always carried, as released: the guidance weight at stage si is cfg
 so even cfg = 0 runs the unconditional rows (the release does; `drop_uncond` plans drop them).
 Numerics: fp32, or fp16/bf16 autocast (`dtype=torch.float16` is what the release's sample.py runs
 on CUDA: the whole loop under `torch.autocast(float16)`).
-Policies with per-image decisions run image by image at batch > 1 (no sub-batch splitting on
-HART yet): exact per image, slower in the timed pass than a batched run.
+Policies with per-image decisions run at batch > 1 as on Infinity (`varbench.engine.batch_split`):
+one fork per image, images whose plans share a shape run as one sub-batch, and a sub-batch splits
+(`HartState.split`) where its images disagree; a batch whose plans all agree runs exactly as the
+batched baseline. Not with the release's shared generators (`generators=`), which are consumed
+batch-wide in row order: there a per-image policy at batch > 1 is refused.
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
+                                         scatter_per_scale, step_groups)
 from varbench.engine.effect import no_effect_reason
 from varbench.engine.models.hart.flops import hart_image_flops, hart_scale_flops, hart_text_flops
 from varbench.engine.models.hart.model import HART, HartQuantizer
@@ -36,7 +41,7 @@ from varbench.engine.models.hart.state import HartState
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.runtime import GenerationOutput, policy_kv_capacity, per_scale_values, Timer
+from varbench.engine.runtime import GenerationOutput, note_kv_bytes, policy_kv_capacity, per_scale_values, Timer
 
 log = logging.getLogger("varbench.engine.hart")
 
@@ -113,82 +118,59 @@ class HartRuntime:
                              f"{list(schedule)} cannot change them (the level embeddings and RoPE are trained on them)")
         n = len(sched)
         cfgs, taus = per_scale_values(cfg, n, "cfg"), per_scale_values(tau, n, "tau")
-        if batch > 1 and getattr(policy, "per_image_decisions", False) and generators is None:
-            return self._image_by_image(prompts, seeds, policy, cfgs, taus, top_k, top_p, more_smooth,
-                                        negative_prompt, decode, text, negative_text)
+        ctx = GenerationContext(schedule=tuple(sched), depth=self.cfg.depth, embed_dim=self.cfg.embed_dim,
+                                num_heads=self.cfg.num_heads, batch=batch, cfg_rows=True, cfg=tuple(cfgs),
+                                tau=tuple(taus), device=str(self.device), backbone="hart")
+        # per-image decisions (varbench.engine.batch_split): each image plans with its own fork;
+        # images whose plans share a shape run as one sub-batch
+        per_image, policies = image_policies(policy, ctx)
+        if per_image and generators is not None:
+            raise ValueError("a policy with per-image decisions at batch > 1 splits the batch into sub-batches, which the "
+                             "release's shared generators (generators=(tokens, diffusion)) cannot follow; pass "
+                             "generators=None (per-image seeds) or the method's shared batch rule")
         timer = Timer(self.device)
         timer.mark()
         text = text if text is not None else self.encode_text(prompts)
         negative = negative_text if negative_text is not None else (self.encode_text([negative_prompt]) if negative_prompt else None)
         timer.mark()
-        ctx = GenerationContext(schedule=tuple(sched), depth=self.cfg.depth, embed_dim=self.cfg.embed_dim,
-                                num_heads=self.cfg.num_heads, batch=batch, cfg_rows=True, cfg=tuple(cfgs),
-                                tau=tuple(taus), device=str(self.device), backbone="hart")
-        policy.reset(ctx)
+
+        def run(si, state, plan):
+            signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
+                                 taus[si] if plan.tau is None else plan.tau, top_k, top_p, more_smooth)
+            note_kv_bytes(state)
+            return signals
+
         with self.autocast():
-            state = HartState(self, ctx, text, negative, seeds, policy_kv_capacity([policy], ctx), generators)
+            root = HartState(self, ctx, text, negative, seeds, policy_kv_capacity(policies, ctx), generators)
+            tflops = hart_text_flops(self.cfg, root.rows0)
+            groups = [(list(range(batch)), root)]
+            del root   # after a split nothing may hold the whole batch's KV cache
             marks = Timer(self.device)
             for si in range(n):
                 marks.mark()
-                plan = policy.plan(si)
-                signals = state.step(si, plan, cfgs[si] if plan.cfg is None else plan.cfg,
-                                     taus[si] if plan.tau is None else plan.tau, top_k, top_p, more_smooth)
-                held = state.kv.nbytes()
-                state.trace[-1].update(kv_bytes_allocated=held["allocated"], kv_bytes_used=held["used"])
-                if signals is not None:
-                    policy.observe(si, signals)
+                groups = step_groups(si, groups, policies, per_image, run)
             marks.mark()
         timer.mark()
-        images = self.decode(state.f_hat) if decode else None
+        f_hat = scatter_images([(g, st.f_hat) for g, st in groups], batch, 0.0)
+        images = self.decode(f_hat) if decode else None
         timer.mark()
         text_ms, ar_ms, decode_ms = timer.intervals_ms()
         per_scale_ms = marks.intervals_ms()
-        for tr, ms in zip(state.trace, per_scale_ms):
-            tr["ms"] = ms
-        per_scale = [hart_scale_flops(self.cfg, tr) for tr in state.trace]
-        tflops = hart_text_flops(self.cfg, state.rows0)
-        stats = policy.stats()
+        traces = image_traces(groups, batch, per_scale_ms)
+        # the batch's count: each sub-batch's entry once (entries before a split are shared)
+        per_scale = [sum(hart_scale_flops(self.cfg, tr) for tr in part_entries(groups, "trace", si)) for si in range(n)]
+        deciders = policies if per_image else policies * batch   # the policy behind each image
+        image_stats = [p.stats() for p in policies] * (1 if per_image else batch)
         return GenerationOutput(
-            images=images, summed_codes=state.f_hat, schedule=sched, trace=state.trace, bits=state.tokens,
+            images=images, summed_codes=f_hat, schedule=sched, trace=traces[0],
+            bits=scatter_per_scale(groups, "tokens", batch, n, -1),
             flops={"total": tflops + sum(per_scale), "text": tflops, "per_scale": per_scale},
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
-            policy_stats=stats, token_entropy=state.entropies, image_traces=[state.trace] * batch,
-            image_flops=[hart_image_flops(self.cfg, state.trace)] * batch, image_stats=[stats] * batch,
-            no_effect_reasons=[no_effect_reason(policy, state.trace)] * batch, kv_bytes=state.kv_bytes)
-
-    def _image_by_image(self, prompts, seeds, policy, cfgs, taus, top_k, top_p, more_smooth, negative_prompt,
-                        decode, text, negative_text) -> GenerationOutput:
-        """A per-image policy at batch > 1: each image with its own fork, one after another. The negative
-        prompt is encoded once for all of them, as in a batched run (what stage_flops counts), and its
-        time is added to the text time."""
-        timer = Timer(self.device)
-        timer.mark()
-        if negative_text is None and negative_prompt:
-            negative_text = self.encode_text([negative_prompt])
-        timer.mark()
-        outs = []
-        for i, (p, s) in enumerate(zip(prompts, seeds)):
-            own = None if text is None else TextBatch(text.features[i: i + 1], text.mask[i: i + 1], text.lens[i: i + 1])
-            outs.append(self.generate([p], [s], policy.fork(), cfg=cfgs, tau=taus, top_k=top_k, top_p=top_p,
-                                      more_smooth=more_smooth, negative_prompt=negative_prompt, decode=decode,
-                                      text=own, negative_text=negative_text))
-        cat = lambda ts: None if any(t is None for t in ts) else torch.cat(ts)   # noqa: E731
-        per_image = [o.policy_stats for o in outs]
-        return GenerationOutput(
-            images=cat([o.images for o in outs]) if decode else None, summed_codes=torch.cat([o.summed_codes for o in outs]),
-            schedule=outs[0].schedule, trace=outs[0].trace,
-            bits=[cat([o.bits[si] for o in outs]) for si in range(len(outs[0].bits))],
-            flops={"total": sum(o.flops["total"] for o in outs), "text": sum(o.flops["text"] for o in outs),
-                   "per_scale": [sum(v) for v in zip(*[o.flops["per_scale"] for o in outs])]},
-            timings_ms={"text": timer.intervals_ms()[0] + sum(o.timings_ms["text"] for o in outs)} |
-                       {k: sum(o.timings_ms[k] for o in outs) for k in ("ar", "decode")} |
-                       {"per_scale": [sum(v) for v in zip(*[o.timings_ms["per_scale"] for o in outs])]},
-            policy_stats={"per_image": per_image},
-            token_entropy=[cat([o.token_entropy[si] for o in outs]) for si in range(len(outs[0].bits))],
-            image_traces=[o.trace for o in outs], image_flops=[o.image_flops[0] for o in outs], image_stats=per_image,
-            no_effect_reasons=[o.no_effect_reasons[0] for o in outs],
-            kv_bytes=[{k: sum(o.kv_bytes[si][k] for o in outs) for k in ("allocated", "used")}
-                      for si in range(len(outs[0].kv_bytes))])
+            policy_stats={"per_image": image_stats} if per_image else image_stats[0],
+            token_entropy=scatter_per_scale(groups, "entropies", batch, n, float("nan")), image_traces=traces,
+            image_flops=[hart_image_flops(self.cfg, tr) for tr in traces], image_stats=image_stats,
+            no_effect_reasons=[no_effect_reason(p, tr) for p, tr in zip(deciders, traces)],
+            kv_bytes=batch_kv_bytes(groups, n))
 
     @torch.no_grad()
     def decode(self, f_hat: torch.Tensor) -> torch.Tensor:

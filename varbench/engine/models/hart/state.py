@@ -30,15 +30,20 @@ prunes, skips or budgets it is refused.
 Sampling draws per image from its own generators (token and diffusion), so an image does not depend
 on its batch; with `generators=(tokens, diffusion)` one pair serves the whole batch and is consumed
 exactly as the release consumes its generator and the global RNG (the parity tests use this).
+
+Per-image decisions split a state into sub-batches (`HartState.split`, `varbench.engine.batch_split`),
+as on Infinity: the parts view the parent's KV and residual cache rows instead of copying them.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from varbench.engine.attention import attention_entropy
+from varbench.engine.batch_split import image_rows, split_residuals, take_rows
 from varbench.engine.models.hart.model import rope_1d, rope_2d, stage_positions
 from varbench.engine.models.hart.sampling import DiffusionSchedule, diffusion_sample, gumbel_mix, sample_top_k_top_p
 from varbench.engine.models.text import TextBatch
@@ -134,6 +139,51 @@ class HartState:
         self.dropped_uncond = False
         self.diffusion = DiffusionSchedule(cfg.num_sampling_steps)
         self.diffusion.coefficients(dev)   # on the device before the loop (the head only indexes them)
+
+    # ------------------------------------------------------------------ sub-batches
+    def split(self, parts: Sequence[Sequence[int]]) -> list["HartState"]:
+        """States for `parts` (lists of image positions that together make this batch), to continue
+        apart (per-image decisions, `varbench.engine.batch_split`), as `GenState.split` on Infinity:
+        the KV cache's and the residual caches' rows are permuted in place and each part views its
+        slice (no second cache); the per-row constants (context embeddings, AdaLN modulation, RoPE
+        tables) are taken per part, f_hat, the next stage's input and the history are copied, and
+        each image keeps its own generators. This state is spent after.
+
+        Refused with the release's shared generators (`generators=`): one generator serves the whole
+        batch in row order, which a split would reorder."""
+        if self.shared:
+            raise ValueError("a HART generation with shared generators (generators=(tokens, diffusion)) runs its "
+                             "batch as one; per-image sub-batches need per-image seeds (generators=None)")
+        parts = [list(p) for p in parts]
+        kvs, residuals = self.kv.split(parts, self.batch), split_residuals(self.residuals, parts, self.batch)
+        return [self._part(p, kv, res) for p, kv, res in zip(parts, kvs, residuals)]
+
+    def _part(self, images: list[int], kv: KVCache, residuals: dict) -> "HartState":
+        """The state of `images`, over its views of the split caches."""
+        sub = object.__new__(HartState)
+        sub.__dict__.update(self.__dict__)   # rt, model, schedule, level embeddings, offsets, diffusion: shared
+        b, B = len(images), self.batch
+        idx = torch.tensor(images, device=self.rt.device)
+
+        def rows(t: torch.Tensor) -> torch.Tensor:   # a per-row constant: (rows0, ...) in [cond; uncond] order
+            return take_rows(t, images, B)
+
+        sub.ctx = dataclasses.replace(self.ctx, batch=b)
+        sub.batch, sub.rows0 = b, len(image_rows(images, B, self.rows0))
+        sub.rows = b if self.dropped_uncond else sub.rows0
+        sub.cond, sub.mask, sub.pos = rows(self.cond), rows(self.mask), rows(self.pos)
+        sub.mods = [None if mod is None else tuple(rows(m) for m in mod) for mod in self.mods]
+        sub.rope = [(rows(cos), rows(sin)) for cos, sin in self.rope]
+        sub.kv, sub.residuals = kv, residuals
+        sub.f_hat = self.f_hat.index_select(0, idx)
+        sub.next_grid = None if self.next_grid is None else self.next_grid.index_select(0, idx)
+        sub.token_gens = [self.token_gens[i] for i in images]   # each image keeps drawing from its own
+        sub.diff_gens = [self.diff_gens[i] for i in images]
+        sub.tokens = [None if t is None else t.index_select(0, idx) for t in self.tokens]
+        sub.entropies = [None if t is None else t.index_select(0, idx) for t in self.entropies]
+        sub.trace = list(self.trace)          # the entries so far are shared (they ran for these images too)
+        sub.kv_bytes = list(self.kv_bytes)
+        return sub
 
     # ------------------------------------------------------------------ one stage
     def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float,
