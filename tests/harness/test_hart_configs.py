@@ -44,7 +44,8 @@ def test_main_table_sweeps_each_models_own_methods():
     # HART: FastVAR's own HART port in place of its Infinity rule, the rest as on Infinity
     assert _methods("main_table", "hart_0p7b") == ["baseline", "fastvar_hart", "nova", "toprovar", "skip_last_2",
                                                   "skipvar_hybrid"]
-    assert "nova" not in _methods("main_table", "hart_tiny")   # 4 stages: NOVA needs >= 6 (method_set comment)
+    assert _methods("main_table", "hart_tiny") == ["baseline", "fastvar_hart", "nova_toy", "toprovar_toy",
+                                                  "skip_last_2", "skipvar_hybrid"]   # small-schedule thresholds
 
 
 @pytest.mark.parametrize("model", ["hart_0p7b", "hart_tiny"])
@@ -156,14 +157,14 @@ def test_the_released_folders_are_named_and_preflighted(tmp_path):
 
 def _released_tiny_folders(root: Path) -> tuple[Path, Path, dict]:
     """`llm/` and `tokenizer/` laid out as released, for the tiny preset: config.json + safetensors of a
-    random tiny HART (released key names) and of the tokenizer parity fixture (tests/fixtures/hart_tokenizer)."""
+    random tiny HART ('hart_tiny10', released key names) and of the tokenizer parity fixture (tests/fixtures/hart_tokenizer)."""
     import dataclasses
 
     from safetensors.torch import save_file
 
     from varbench.engine.models.hart.model import HART_PRESETS, build_hart
 
-    cfg = HART_PRESETS["hart_tiny"]
+    cfg = HART_PRESETS["hart_tiny10"]   # model=hart_tiny's
     torch.manual_seed(3)
     model = build_hart(cfg)
     llm = root / "hart-tiny" / "llm"
@@ -193,7 +194,9 @@ def test_released_layout_builds_strictly_from_the_harness(tmp_path):
     rt = build_runtime(cfg.model, torch.device("cpu"), torch.float32)
     assert type(rt).__name__ == "HartRuntime" and rt.vae is not None
     assert all(torch.equal(rt.model.state_dict()[k], v) for k, v in sd.items())     # the file's weights, not an init
-    assert generation_resolution(rt, 1.0, "20px") == [20, 20]
+    assert generation_resolution(rt, 1.0, "64px") == [64, 64]
+    out = rt.generate(["a red circle"], [0], schedule=[tuple(hw) for hw in cfg.model.schedule])   # the yaml's stages
+    assert out.images.shape == (1, 64, 64, 3)
     names = model_weight_files(cfg.model)
     assert sorted(names) == ["hart-tiny/llm", "hart-tiny/tokenizer"]                 # word encoder: no folder
     sd.pop("blocks.0.attn.proj.weight")
@@ -213,8 +216,8 @@ def test_main_table_on_hart_tiny_writes_a_table(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    table = (tmp_path / "results" / "main_table" / "hart_tiny-20px" / "table.md").read_text()
+    table = (tmp_path / "results" / "main_table" / "hart_tiny-64px" / "table.md").read_text()
     rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines() if line.startswith("| ") and "---" not in line]
-    assert len(rows) == 1 + 5 and rows[1] == "baseline", table          # the header, then one row per method
+    assert len(rows) == 1 + 6 and rows[1] == "baseline", table          # the header, then one row per method
     assert any(r.startswith("FastVAR (HART port)") and "(no effect)" in r for r in rows), rows   # no 48/64 map
-    assert "skip_last_2" in rows and "model=hart_tiny" in table and "20x20" in table
+    assert "skip_last_2" in rows and "model=hart_tiny" in table and "64x64" in table
