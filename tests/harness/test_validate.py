@@ -1,5 +1,6 @@
 """Config validation before compute (issue #12 item 12): one named error per bad setting."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,21 @@ def _cfg(*extra, experiment="smoke"):
         return compose(config_name="config", overrides=[f"+experiment={experiment}", *extra])
 
 
-@pytest.mark.parametrize("model", ["tiny", "toy", "infinity_2b"])
+@pytest.mark.parametrize("model", ["tiny", "toy", "infinity_2b", "hart_tiny", "hart_0p7b"])
 @pytest.mark.parametrize("method", METHODS)
-def test_every_shipped_method_validates(method, model):
-    validate_config(_cfg(f"method={method}", f"model={model}"))
+def test_every_shipped_method_validates_or_is_refused_for_its_backbone(method, model):
+    """Each shipped preset validates on each model, or, where it does not apply to the model's family, is
+    refused with its reason (and only then)."""
+    from varbench.harness.build import model_family
+    from varbench.harness.config import preset_refusal
+
+    cfg = _cfg(f"method={method}", f"model={model}")
+    reason = preset_refusal(cfg.method, model_family(cfg.model))
+    if reason is None:
+        validate_config(cfg)
+        return
+    with pytest.raises(ConfigError, match=re.escape(f"on model={model}: {reason}")):
+        validate_config(cfg)
 
 
 @pytest.mark.parametrize("exp", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
@@ -80,7 +92,7 @@ def test_every_experiment_validates(exp):
     (["timing.repeats=0"], "timing.repeats must be >= 1"),
     (["timing.batch_sizes=[0]"], "timing.batch_sizes"),
     (["generation.seed=[0,1]"], "generation.seed must be one non-negative integer"),
-    (["generation.top_p=0"], "generation.top_p"),
+    (["generation.top_p=1.5"], "generation.top_p"),
     (["generation.tau=0"], "generation.tau must be > 0"),
     (["generation.cfg=abc"], "generation.cfg must be a number or a list of numbers"),
     (["generation.pn=2M"], "generation.pn must be one of"),

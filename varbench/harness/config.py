@@ -20,6 +20,7 @@ log = logging.getLogger("varbench")
 
 
 from varbench.core.errors import ConfigError
+from varbench.harness.build import model_family
 from varbench.policies.knobs import check_knobs as check_schema_knobs, describe_type, type_matches
 
 
@@ -238,6 +239,10 @@ def validate_config(cfg: Any):
         cls = resolve(REGISTRY, name, "method")
     except KeyError as e:
         raise ConfigError(f"method.name: {e.args[0]}") from None
+    # a method that does not apply to the model's family says so before its knobs are checked against the schedule
+    refused = preset_refusal(cfg.method, model_family(model))
+    if refused:
+        raise ConfigError(f"{_where(cfg, model)}: {refused}")
     knobs = cfg.method.get("knobs")
     knobs = OmegaConf.to_container(knobs, resolve=True) if knobs is not None else {}
     if not isinstance(knobs, dict):
@@ -261,13 +266,10 @@ def check_backbone(cfg: Any, policy, model: Mapping[str, Any]) -> None:
     the policy's own rule (:meth:`~varbench.engine.policy.Policy.backbone_refusal`) and the preset's
     ``refuse: {family: reason}`` (a preset whose knobs are tuned to one model, e.g. FastVAR's released
     Infinity widths); and HART's settings are not set on other models."""
-    from varbench.harness.build import model_family
-
     family = model_family(model)
-    where = f"method={cfg.method.get('preset') or _choice('method') or cfg.method.get('name')} on model={_get(model, 'name')}"
     reason = preset_refusal(cfg.method, family) or policy.backbone_refusal(family)
     if reason:
-        raise ConfigError(f"{where}: {reason}")
+        raise ConfigError(f"{_where(cfg, model)}: {reason}")
     if family != "hart" and _get(cfg.generation, "more_smooth") is not None:
         raise ConfigError(f"generation.more_smooth is HART's codebook mixing; model={_get(model, 'name')} has none "
                           "(remove the setting)")
@@ -297,6 +299,10 @@ def preset_refusal(method: Any, family: str) -> str | None:
             head = "" if i is None else f"compose.policies[{i}]: "
             return f"{head}{name} is written for {', '.join(sorted(backbones))} models, not {family}"
     return None
+
+
+def _where(cfg: Any, model: Mapping[str, Any]) -> str:
+    return f"method={cfg.method.get('preset') or _choice('method') or cfg.method.get('name')} on model={_get(model, 'name')}"
 
 
 def _choice(group: str) -> str | None:
