@@ -15,10 +15,11 @@ def options(group):
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
-def _compose(overrides):
+def _compose(overrides, hydra=False):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    OmegaConf.to_container(cfg, resolve=True)   # every interpolation resolves
+        cfg = compose(config_name="config", overrides=overrides, return_hydra_config=hydra)
+    if not hydra:
+        OmegaConf.to_container(cfg, resolve=True)   # every interpolation resolves
     return cfg
 
 
@@ -38,10 +39,17 @@ def test_every_evaluator_composes_and_is_registered(option):
 
 
 @pytest.mark.parametrize("exp", options("experiment"))
-def test_every_experiment_composes_and_sweeps_real_options(exp):
-    cfg = _compose([f"+experiment={exp}"])
+@pytest.mark.parametrize("model", options("model"))
+def test_every_experiment_composes_and_sweeps_real_options(exp, model):
+    cfg = _compose([f"+experiment={exp}", f"model={model}"], hydra=True)   # the sweep lives in the hydra node
     assert cfg.experiment_name == exp
+    if exp == "compose_matrix" and model not in cfg.compose_matrix_methods:   # ScaleKV's budgets: 2B, 8B, toy only
+        with pytest.raises(Exception, match=f"compose_matrix_methods.{model}"):   # named, at composition
+            OmegaConf.to_container(cfg.hydra.sweeper.params, resolve=True)
+        return
     params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    if exp != "smoke":
+        assert params, f"{exp}: no sweep found (a test that reads no sweep checks nothing)"
     for key, values in params.items():
         if key in GROUPS:
             for v in str(values).split(","):
