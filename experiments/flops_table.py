@@ -2,6 +2,7 @@
 
     python -m experiments.flops_table                    # Infinity-2B, 1024², batch 1, CFG on
     python -m experiments.flops_table --model infinity_8b --methods fastvar nova
+    python -m experiments.flops_table --model hart_0p7b                      # HART-0.7B, 1024², batch 1
 
 Static methods (baseline, fastvar, skip baselines) have exact counts. Adaptive methods (NOVA,
 ToProVAR) depend on what the model's entropies do, so this script drives them with a stated
@@ -15,11 +16,30 @@ synthetic scenario (below) and the numbers are "FLOPs under that scenario", not 
             look Global (a dominant component), the rest Detail (the paper's HART observation);
             token entropy maps are ramps, i.e. uniformly spread normalised entropies.
 
+On HART-0.7B (`--model hart_0p7b`, 14 stages 1..64, 1024² only) the same signals, at the same grids:
+NOVA activates at 16² (stage 8: its t_min_tokens 256 is 16² on both models, so 16² is again the
+earliest it may), and ToProVAR's D is 36² (stage 11). HART has no 32² stage. The scenario places D
+by grid size, as the methods' own thresholds are sizes (t_min_tokens, d_min_tokens: token counts, not
+stage positions) and the entropies follow how settled the image is at a resolution (32² is half the
+final edge on Infinity): the first HART stage at least 32² is 36². Reading D as a position from the
+end instead (Infinity's 32² is 4th from last) gives 27², stage 10: `--toprovar-depth 10`.
+Stage 0 is HART's text context (300 positions, run in full; a policy's count for it is 1 token on the
+1x1 grid). The policies see the runtime's HART context (`backbone="hart"`, guidance 4.5, the release's
+default). Presets that do not apply to HART (a YAML `refuse: {hart: ...}`, a policy class without "hart"
+in `backbones`, or knobs the policy refuses there) are listed as refused, with the reason, not counted.
+
 Two counts per config. "transformer": what flops.py counts (linear layers, attention products,
 head, word embedding, the transformer's text projections, the attention-entropy score pass),
 the part methods change. "end to end": that plus flan-t5-xl over its 512 padded tokens and one
 VAE decode at the final latent grid (varbench/engine/stage_flops.py), which every method runs unchanged;
 per image, batch 1, no negative prompt. SkipVAR's two small feature decodes are in neither.
+On HART, "transformer" is what varbench/engine/models/hart/flops.py counts (the blocks over the text
+context and every stage, the head, the word embedding and phi convs, the residual diffusion head at the
+last stage, the context projection) from `hart_plan_trace`, which builds the entries `HartState.step`
+records (tests/engine/test_hart_runtime.py: equal to a real generation's `out.flops`); "end to end"
+adds the Qwen2-1.5B text model over the system prompt (131 tokens, the lower bound of the release's
+131-140: `HART_SYSTEM_PROMPT_TOKENS`) + the 300 padded prompt tokens, and the tokenizer decoder on the
+64x64 f_hat (stage_flops `preset_stage_flops("hart_0p7b")`).
 
 Every FLOPs number in the docs comes from here: `--write` regenerates
 `results/curated/flops_analytic.md` and every marker in `docs/methods.md`,
@@ -27,6 +47,8 @@ Every FLOPs number in the docs comes from here: `--write` regenerates
     <!--flops:PRESET-->4.23<!--/flops-->            2B, the preset as configured, transformer only
     <!--flops:8b:PRESET-->3.63<!--/flops-->         8B, transformer only
     <!--flops:e2e:PRESET-->3.30<!--/flops-->        2B end to end (8b:e2e:PRESET for 8B)
+    <!--flops:hart:PRESET-->2.10<!--/flops-->       HART-0.7B, transformer only (hart:e2e:PRESET end to end;
+                                                      a preset refused on HART is an error there)
     <!--flops:PRESET|knob=value|...-->2.81<!--/flops-->   the preset with knobs overridden (YAML values;
                                                       write \\| for | inside a markdown table cell)
 
@@ -57,8 +79,11 @@ from omegaconf import OmegaConf
 from varbench.engine.flops import plan_trace, scale_flops, text_flops
 from varbench.engine.memory import kv_plan_bytes, weights_bytes
 from varbench.engine.state import kv_staging_capacity
-from varbench.engine.stage_flops import T5_MAX_LENGTH, preset_stage_flops
+from varbench.engine.stage_flops import HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS, T5_MAX_LENGTH, preset_stage_flops
+from varbench.engine.models.hart.flops import hart_plan_trace, hart_scale_flops, hart_text_flops
+from varbench.engine.models.hart.model import HART_PRESETS
 from varbench.engine.models.infinity import PRESETS
+from varbench.harness.config import preset_refusal
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
@@ -70,6 +95,9 @@ CONF = ROOT / "varbench" / "conf" / "method"
 TABLE = ROOT / "results" / "curated" / "flops_analytic.md"
 DOCS = [ROOT / "docs" / "methods.md"]
 MODELS = {"2b": "infinity_2b", "8b": "infinity_8b"}
+HART_MODEL = "hart_0p7b"
+#: a marker's model key -> the model preset
+MARKER_MODELS = {**MODELS, "hart": HART_MODEL}
 DEFAULT_METHODS = ["baseline", "fastvar", "fastvar_generalised", "fastvar_2b_paper", "fastvar_8b_paper",
                    "fastvar_8b_paper_release_blocks", "fastvar_no_skip", "skip_last_2", "skip_last_1",
                    "skipvar_skip2", "skipvar_uncond3", "skipvar_hybrid", "nova", "nova_fast", "nova_safe", "nova_keep_kv",
@@ -78,11 +106,17 @@ DEFAULT_METHODS = ["baseline", "fastvar", "fastvar_generalised", "fastvar_2b_pap
 #: the memory rows `--memory` adds to DEFAULT_METHODS: ScaleKV (2B and 8B budgets) and its compositions
 MEMORY_METHODS = ["scalekv", "scalekv_8b", "fastvar_scalekv", "nova_scalekv", "skipvar_scalekv",
                   "fastvar_scalekv_8b", "nova_scalekv_8b", "skipvar_scalekv_8b"]
-MARKER = re.compile(r"<!--flops:(?:(?P<model>2b|8b):)?(?:(?P<scope>e2e):)?(?P<preset>\w+)"
+MARKER = re.compile(r"<!--flops:(?:(?P<model>2b|8b|hart):)?(?:(?P<scope>e2e):)?(?P<preset>\w+)"
                     r"(?P<knobs>(?:\\?\|[\w]+=[^|>\\]+)*)-->(?P<value>.*?)<!--/flops-->")  # \| inside a table cell
 #: text_len: cross-attention tokens per prompt (the transformer's count); t5_tokens: the positions the
 #: T5 encoder computes (its padded length, whatever the prompt's; end-to-end count only)
 SCENARIO = dict(pn="1M", h_div_w=1.0, batch=1, text_len=32, nova_act=6, topro_D=9, t5_tokens=T5_MAX_LENGTH)
+#: HART (module docstring): NOVA at stage 8 (16²), ToProVAR's D at stage 11 (36²); guidance 4.5 (the release's
+#: default); qwen2_tokens: the positions the Qwen2 text model computes per prompt (end-to-end count only)
+HART_SCENARIO = dict(batch=1, nova_act=8, topro_D=11, cfg=4.5, qwen2_tokens=HART_SYSTEM_PROMPT_TOKENS + HART_MAX_LENGTH)
+#: the rows of the HART table: every default row (the refused ones say why) + FastVAR's HART port, and the
+#: adaptive SkipVAR and ScaleKV, refused on HART
+HART_METHODS = (DEFAULT_METHODS[:1] + ["fastvar_hart"] + DEFAULT_METHODS[1:] + ["skipvar", "scalekv"])
 
 
 def load_method(name: str) -> tuple[str, str, dict]:
@@ -93,6 +127,8 @@ def load_method(name: str) -> tuple[str, str, dict]:
 
 
 def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int, topro_D: int, svd_scale: int):
+    """Scale si's signals under the scenario (module docstring); on either backbone (stage 0 of HART is its
+    1x1 grid to a policy, as the runtime reports it)."""
     h, w = ctx.schedule[si]
     L = h * w
     growth = lambda s: 0.1 if s < nova_act else (0.05 if s == nova_act else 0.01)  # noqa: E731
@@ -111,7 +147,7 @@ def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int
                 m = torch.where(torch.arange(L) < int(0.3 * L), torch.zeros(L), torch.ones(L))
         attn[b] = m.expand(ctx.rows, L).clone()
     return ScaleSignals(scale=si, h=h, w=w, token_entropy=ent, logits=torch.zeros(ctx.batch, L, 1, 2), cond_logits=None,
-                        attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=4.0)
+                        attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=ctx.cfg[si])
 
 
 def scenario_context(model: str, h_div_w: float, pn: str, batch: int) -> GenerationContext:
@@ -157,6 +193,29 @@ def with_budgets(name: str, knobs: dict, model: str, budgets_dir=None) -> tuple[
     return fix(name, dict(knobs)), sources
 
 
+def hart_scenario_context(cfg, batch: int, guidance: float = HART_SCENARIO["cfg"]) -> GenerationContext:
+    """The context `HartRuntime.generate` resets a policy with: HART's patch_nums as square grids, CFG rows."""
+    sched = tuple((p, p) for p in cfg.patch_nums)
+    return GenerationContext(schedule=sched, depth=cfg.depth, embed_dim=cfg.embed_dim, num_heads=cfg.num_heads,
+                             batch=batch, cfg_rows=True, cfg=(guidance,) * len(sched), tau=(1.0,) * len(sched),
+                             backbone="hart")
+
+
+def scenario_plans(name: str, knobs: dict, ctx: GenerationContext, nova_act: int, topro_D: int):
+    """The built policy, reset for `ctx`, and its plan for every scale, each run scale observed under the
+    scenario's signals (`scenario_signals`)."""
+    pol = build_policy(name, **knobs)
+    pol.reset(ctx)
+    svd_scale = getattr(pol, "svd_si", 5) if name == "toprovar" else 5
+    plans = []
+    for si in range(len(ctx.schedule)):
+        p = pol.plan(si)
+        plans.append(p)
+        if p.run:
+            pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale))
+    return pol, plans
+
+
 def method_trace(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
                  nova_act: int, topro_D: int, policy=None) -> tuple[list[dict], dict]:
     """The trace the runtime would record for the method's plans under the scenario (`plan_trace`),
@@ -164,19 +223,41 @@ def method_trace(name: str, knobs: dict, model: str, h_div_w: float, pn: str, ba
     cfg = PRESETS[model]
     ctx = scenario_context(model, h_div_w, pn, batch)
     sched = ctx.schedule
-    pol = build_policy(name, **knobs)
-    pol.reset(ctx)
-    svd_scale = getattr(pol, "svd_si", 5) if name == "toprovar" else 5
-    plans = []
-    for si in range(len(sched)):
-        p = pol.plan(si)
-        plans.append(p)
-        if p.run:
-            pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale))
+    pol, plans = scenario_plans(name, knobs, ctx, nova_act, topro_D)
     tt = {2 * batch: 2 * batch * text_len, batch: batch * text_len}
     if policy is not None:
         policy += [pol, plans]
     return plan_trace(sched, plans, cfg.depth, batch, True, tt), pol.stats()
+
+
+def hart_method_trace(name: str, knobs: dict, cfg, batch: int, nova_act: int, topro_D: int,
+                      guidance: float = HART_SCENARIO["cfg"]) -> tuple[list[dict], dict]:
+    """HART: the trace `HartRuntime.generate` would record for the method's plans under the scenario
+    (`hart_plan_trace`; `cfg` a HartConfig), and the policy's stats."""
+    pol, plans = scenario_plans(name, knobs, hart_scenario_context(cfg, batch, guidance), nova_act, topro_D)
+    return hart_plan_trace(cfg, plans, batch), pol.stats()
+
+
+def hart_method_flops(name: str, knobs: dict, cfg, batch: int, nova_act: int, topro_D: int,
+                      guidance: float = HART_SCENARIO["cfg"]) -> tuple[float, dict]:
+    """HART: the batch's transformer FLOPs (as `out.flops["total"]`) under the scenario, and the policy's stats."""
+    trace, stats = hart_method_trace(name, knobs, cfg, batch, nova_act, topro_D, guidance)
+    return hart_text_flops(cfg, 2 * batch) + sum(hart_scale_flops(cfg, tr) for tr in trace), stats
+
+
+@functools.lru_cache(maxsize=None)
+def hart_refusal(preset: str) -> str | None:
+    """Why a method preset does not run on HART (None: it does): the YAML's `refuse: {hart: ...}` or a
+    policy class without "hart" in `backbones` (`preset_refusal`, as the harness refuses it), else the
+    built policy's knob-dependent `backbone_refusal` (NOVA's per-bit entropy variants)."""
+    register_method_schemas()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        c = compose(config_name=preset)
+    reason = preset_refusal(c, "hart")
+    if reason:
+        return reason
+    name, _, knobs = load_method(preset)
+    return build_policy(name, **knobs).backbone_refusal("hart")
 
 
 def method_flops(name: str, knobs: dict, model: str, h_div_w: float, pn: str, batch: int, text_len: int,
@@ -268,11 +349,27 @@ def stage_extra(model: str, h_div_w: float, pn: str, t5_tokens: int = T5_MAX_LEN
     return stages["text_encoder"] + stages["vae_decode"](scale_schedule(h_div_w, pn)[-1])
 
 
+def hart_stage_extra(model: str = HART_MODEL, qwen2_tokens: int = HART_SCENARIO["qwen2_tokens"]) -> float:
+    """Per image on HART: the Qwen2 text model over ``qwen2_tokens`` + one tokenizer decode of the
+    last stage's f_hat (64x64 at 1024²); the same for every method."""
+    stages = preset_stage_flops(model, qwen2_tokens)
+    p = HART_PRESETS[model].patch_nums[-1]
+    return stages["text_encoder"] + stages["vae_decode"]((p, p))
+
+
 @functools.lru_cache(maxsize=None)
 def scenario_flops(preset: str, model: str = "infinity_2b", overrides: tuple = ()) -> dict:
-    """Per-image FLOPs of the preset under the default scenario: ``{"transformer", "end_to_end"}``."""
+    """Per-image FLOPs of the preset under the default scenario: ``{"transformer", "end_to_end"}``
+    (HART: its scenario; a preset refused on HART raises ValueError with the reason)."""
     name, _, knobs = load_method(preset)
     knobs = {**knobs, **dict(overrides)}
+    if model in HART_PRESETS:
+        reason = hart_refusal(preset)
+        if reason:
+            raise ValueError(f"{preset} is refused on {model}: {reason}")
+        b = HART_SCENARIO["batch"]
+        t = hart_method_flops(name, knobs, HART_PRESETS[model], b, HART_SCENARIO["nova_act"], HART_SCENARIO["topro_D"])[0] / b
+        return {"transformer": t, "end_to_end": t + hart_stage_extra(model, HART_SCENARIO["qwen2_tokens"])}
     args = (model, SCENARIO["h_div_w"], SCENARIO["pn"], SCENARIO["batch"], SCENARIO["text_len"],
             SCENARIO["nova_act"], SCENARIO["topro_D"])
     t = method_flops(name, knobs, *args)[0] / SCENARIO["batch"]
@@ -292,7 +389,7 @@ def fill_markers(text: str) -> str:
     """Every FLOPs marker of a doc filled with the generated value (2 decimals)."""
     def value(m):
         overrides = tuple((k, yaml.safe_load(v)) for k, v in (kv.split("=", 1) for kv in m["knobs"].replace("\\|", "|").split("|")[1:]))
-        v = x_fewer(m["preset"], MODELS[m["model"] or "2b"], overrides, "end_to_end" if m["scope"] else "transformer")
+        v = x_fewer(m["preset"], MARKER_MODELS[m["model"] or "2b"], overrides, "end_to_end" if m["scope"] else "transformer")
         return m.group(0)[: m.group(0).index("-->") + 3] + f"{v:.2f}" + "<!--/flops-->"
     return MARKER.sub(value, text)
 
@@ -319,7 +416,40 @@ def render_table(methods=DEFAULT_METHODS) -> str:
     for m in methods:
         cells = [f"{x_fewer(m, MODELS[k], scope=s):.2f}" for k in ("2b", "8b") for s in ("transformer", "end_to_end")]
         lines.append(f"| `{m}` | {load_method(m)[1]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + [""] + render_hart_table()) + "\n"
+
+
+def render_hart_table(methods=HART_METHODS) -> list[str]:
+    """The HART-0.7B section of the table: the baseline's parts, then every preset's ratios, or why it is
+    refused on HART."""
+    sc = HART_SCENARIO
+    cfg = HART_PRESETS[HART_MODEL]
+    stages = preset_stage_flops(HART_MODEL, sc["qwen2_tokens"])
+    p = cfg.patch_nums[-1]
+    dec = stages["vae_decode"]((p, p))
+    base = scenario_flops("baseline", HART_MODEL)
+    lines = ["## HART-0.7B", "",
+             f"1024², {len(cfg.patch_nums)} stages ({', '.join(map(str, cfg.patch_nums))}; stage 0 = the "
+             f"{cfg.context_token}-token text context), batch {sc['batch']}, CFG on (guidance {sc['cfg']}). Adaptive rows: "
+             f"the scenario in experiments/flops_table.py on HART (NOVA activation stage {sc['nova_act']} = "
+             f"{cfg.patch_nums[sc['nova_act']]}², ToProVAR D stage {sc['topro_D']} = {cfg.patch_nums[sc['topro_D']]}²).",
+             "*Transformer*: varbench/engine/models/hart/flops.py (the residual diffusion head at the last stage "
+             "included). *End to end*: plus the",
+             f"Qwen2-1.5B text model over {sc['qwen2_tokens']} tokens ({HART_SYSTEM_PROMPT_TOKENS}-token system prompt, "
+             f"the lower bound of the release's, + {HART_MAX_LENGTH} padded) and one tokenizer decode of the {p}x{p} f_hat "
+             "(varbench/engine/stage_flops.py). Baseline per image, TFLOPs:", "",
+             "| model | transformer | Qwen2 encoder | tokenizer decode | end to end |", "|---|---:|---:|---:|---:|",
+             f"| HART-0.7B | {base['transformer'] / 1e12:.2f} | {stages['text_encoder'] / 1e12:.2f} | {dec / 1e12:.2f} | "
+             f"{base['end_to_end'] / 1e12:.2f} |", "",
+             "| config | label | HART x fewer (transformer) | HART x fewer (end to end) |", "|---|---|---:|---:|"]
+    for m in methods:
+        reason = hart_refusal(m)
+        if reason:
+            lines.append(f"| `{m}` | {load_method(m)[1]} | refused: {reason.replace('|', '/')} | – |")
+            continue
+        cells = [f"{x_fewer(m, HART_MODEL, scope=s):.2f}" for s in ("transformer", "end_to_end")]
+        lines.append(f"| `{m}` | {load_method(m)[1]} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def check() -> list[str]:
@@ -343,15 +473,21 @@ def write() -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="infinity_2b", choices=["infinity_2b", "infinity_8b"])
+    ap.add_argument("--model", default="infinity_2b", choices=["infinity_2b", "infinity_8b", HART_MODEL],
+                    help=f"{HART_MODEL}: 1024², its 14 stages (--pn, --h-div-w, --text-len, --t5-tokens do not apply)")
     ap.add_argument("--pn", default="1M")
     ap.add_argument("--h-div-w", type=float, default=1.0)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--text-len", type=int, default=32, help="T5 tokens per prompt (cross-attention keys)")
     ap.add_argument("--t5-tokens", type=int, default=T5_MAX_LENGTH,
                     help="positions the T5 encoder computes (end-to-end count; the released pipeline pads to 512)")
-    ap.add_argument("--nova-activation", type=int, default=6, help="scenario: NOVA's activation scale index")
-    ap.add_argument("--toprovar-depth", type=int, default=9, help="scenario: the scale where rho crosses tau")
+    ap.add_argument("--qwen2-tokens", type=int, default=HART_SCENARIO["qwen2_tokens"],
+                    help=f"{HART_MODEL}: positions the Qwen2 text model computes per prompt (end-to-end count; "
+                         "system prompt + 300 padded)")
+    ap.add_argument("--nova-activation", type=int, default=None,
+                    help="scenario: NOVA's activation scale index (default 6 on Infinity, 8 on HART: 16²)")
+    ap.add_argument("--toprovar-depth", type=int, default=None,
+                    help="scenario: the scale where rho crosses tau (default 9 on Infinity: 32²; 11 on HART: 36²)")
     ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
     ap.add_argument("--write", action="store_true", help="regenerate results/curated/flops_analytic.md and the docs' markers")
     ap.add_argument("--check", action="store_true", help="exit 1 listing every generated number that drifted")
@@ -373,6 +509,10 @@ def main(argv=None):
         problems = check()
         print("\n".join(problems) or "every FLOPs number in the docs matches the generator")
         return 1 if problems else 0
+    if a.model in HART_PRESETS:
+        return hart_main(a)
+    a.nova_activation = SCENARIO["nova_act"] if a.nova_activation is None else a.nova_activation
+    a.toprovar_depth = SCENARIO["topro_D"] if a.toprovar_depth is None else a.toprovar_depth
     rows = []
     base = None
     extra = stage_extra(a.model, a.h_div_w, a.pn, a.t5_tokens)   # per image, the same for every method
@@ -389,6 +529,34 @@ def main(argv=None):
     for m, label, f in rows:
         print(f"{m:24s} {label:36s} {f / 1e12:8.2f} {f / base:7.3f} {base / f:8.2f} {(f + extra) / 1e12:10.2f} "
               f"{(base + extra) / (f + extra):6.2f}")
+
+
+
+def hart_main(a) -> int:
+    """`--model hart_0p7b`: the HART rows; presets refused on HART are printed with the reason."""
+    cfg = HART_PRESETS[a.model]
+    nova_act = HART_SCENARIO["nova_act"] if a.nova_activation is None else a.nova_activation
+    topro_D = HART_SCENARIO["topro_D"] if a.toprovar_depth is None else a.toprovar_depth
+    extra = hart_stage_extra(a.model, a.qwen2_tokens)
+    rows, base = [], None
+    for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
+        name, label, knobs = load_method(m)
+        reason = hart_refusal(m)
+        f = None if reason else hart_method_flops(name, knobs, cfg, a.batch, nova_act, topro_D)[0] / a.batch
+        base = f if m == "baseline" else base
+        rows.append((m, label, f, reason))
+    print(f"# analytic FLOPs per image, {a.model}, 1024², batch {a.batch}, CFG on (guidance {HART_SCENARIO['cfg']}); "
+          f"scenario: NOVA activation {nova_act} ({cfg.patch_nums[nova_act]}²), ToProVAR D {topro_D} "
+          f"({cfg.patch_nums[topro_D]}²); end to end adds Qwen2 ({a.qwen2_tokens} tokens) + tokenizer decode = "
+          f"{extra / 1e12:.2f} TFLOPs")
+    print(f"{'config':24s} {'label':36s} {'TFLOPs':>8s} {'ratio':>7s} {'x fewer':>8s} {'e2e TFLOPs':>10s} {'e2e x':>6s}")
+    for m, label, f, reason in rows:
+        if reason:
+            print(f"{m:24s} {label:36s} refused on HART: {reason}")
+            continue
+        print(f"{m:24s} {label:36s} {f / 1e12:8.2f} {f / base:7.3f} {base / f:8.2f} {(f + extra) / 1e12:10.2f} "
+              f"{(base + extra) / (f + extra):6.2f}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -475,3 +475,93 @@ def test_per_image_decisions_refuse_the_release_shared_generators(rt):
     with pytest.raises(ValueError, match="shared generators"):
         _run(rt, ByImage(), generators=gens)
     _run(rt, Plans(), generators=gens)   # one policy for the batch: the release's consumption, as before
+
+
+# --- FLOPs from plans alone (hart_plan_trace, experiments/flops_table.py --model hart_0p7b) ---------------------
+#: the tiny model on stages that hold FastVAR's HART widths (36 cached, 48 and 64 pruned), so `fastvar_hart` acts
+#: with its preset knobs; 4 is there so that drop_uncond (-3) and skip_last (-2) start after a small stage
+FLOPS_PATCH_NUMS = (1, 2, 4, 36, 48, 64)
+#: the keys of a trace entry (and of its blocks) that the FLOPs count reads
+ENTRY_KEYS = ("si", "h", "w", "ran", "rows", "batch", "tokens", "diffusion")
+BLOCK_KEYS = ("mode", "qkv", "sa", "kv", "ca", "ffn", "ent_q", "kv_sel_q", "kv_kept", "kv_evicted")
+
+
+@pytest.fixture(scope="module")
+def rt_flops():
+    return tiny_hart_runtime(seed=0, decoder=False, patch_nums=FLOPS_PATCH_NUMS)
+
+
+def _counted(trace):
+    return [({k: tr.get(k) for k in ENTRY_KEYS}, [{k: b.get(k) for k in BLOCK_KEYS} for b in tr["blocks"]])
+            for tr in trace]
+
+
+@pytest.mark.parametrize("preset", ["baseline", "fastvar_hart", "skip_last_2", "skipvar_uncond3"])
+def test_flops_from_plans_equal_a_real_generation(rt_flops, preset):
+    """flops_table's HART path (the preset's YAML knobs, its plans under the scenario, `hart_plan_trace`) counts
+    exactly what a real generation reports (`out.flops`, per stage and in total: the same formulas over the same
+    integer counts, so equality is exact) for a baseline, FastVAR's width-addressed HART port (pruned and
+    cached), a skip preset (the last stage's diffusion head not run) and a drop_uncond preset (rows halve)."""
+    from experiments import flops_table as ft
+    from varbench.engine.models.hart.flops import hart_plan_flops
+
+    assert ft.hart_refusal(preset) is None
+    name, _, knobs = ft.load_method(preset)
+    trace, _ = ft.hart_method_trace(name, knobs, rt_flops.cfg, len(PROMPTS), 8, 11)
+    out = rt_flops.generate(PROMPTS, [0, 1], build_policy(name, **knobs), cfg=4.5, decode=False)
+    assert _counted(trace) == _counted(out.trace)
+    want = ft.hart_method_flops(name, knobs, rt_flops.cfg, len(PROMPTS), 8, 11)[0]
+    assert want == out.flops["total"]
+    assert [hart_scale_flops(rt_flops.cfg, tr) for tr in trace] == out.flops["per_scale"]
+    base = ft.hart_method_flops("baseline", {}, rt_flops.cfg, len(PROMPTS), 8, 11)[0]
+    assert (want < base) == (preset != "baseline")   # each preset changes the count (what the test tells apart)
+    if preset == "fastvar_hart":
+        assert {tr["si"] for tr in trace if any(b["mode"] == "prune" for b in tr["blocks"])} == {4, 5}
+    if preset == "skip_last_2":
+        assert [tr["ran"] for tr in trace][-2:] == [False, False] and not any(tr.get("diffusion") for tr in trace)
+    if preset == "skipvar_uncond3":
+        assert [tr["rows"] for tr in trace] == [4, 4, 4, 2, 2, 2]
+    assert hart_plan_flops(rt_flops.cfg, [ScalePlan()] * len(FLOPS_PATCH_NUMS), len(PROMPTS))["total"] == base
+
+
+def _entropy_requests():
+    """Attention entropies asked of every block at every stage, a subsample of 5 queries from stage 2 on."""
+    every = frozenset(range(2))
+    return Plans({si: ScalePlan(attention_entropy_for=every, attention_entropy_queries=5 if si >= 2 else None)
+                  for si in range(len(FLOPS_PATCH_NUMS))})
+
+
+@pytest.mark.parametrize("make", [lambda: NOVA(**{**NOVA.ACTIVE, "r_min": 0.3, "baseline_scales": (1, 2)}), lambda: ToProVAR(**ToProVAR.ACTIVE),
+                                  lambda: ToProVAR(**{**ToProVAR.ACTIVE, "layer_mode": "full", "tau": 0.4}),
+                                  _entropy_requests],
+                         ids=["nova", "toprovar_uniform", "toprovar_full", "entropy_requests"])
+def test_flops_from_an_adaptive_policys_plans_equal_its_generation(rt_flops, make):
+    """The plans a policy actually made in a real generation (recorded), counted from the plans alone, equal its
+    `out.flops`: pruned blocks with selectors (NOVA, ToProVAR with their ACTIVE knobs: thresholds lowered so they
+    act on the tiny stages; NOVA's growth baseline from stages 1-2, so it may act from stage 4 of 6, and its ratio
+    floored at 0.3, as its entropy falls on the random model), skipped layers, attention-entropy requests (one query at stage 0, HART's last text
+    position; a query subsample later)."""
+    from varbench.engine.models.hart.flops import hart_plan_flops, hart_plan_trace
+
+    pol, plans = make(), {}
+    plan = pol.plan
+    pol.plan = lambda si: plans.setdefault(si, plan(si))
+    out = rt_flops.generate(PROMPTS[:1], [0], pol, cfg=4.5, decode=False)
+    recorded = [plans[si] for si in range(len(FLOPS_PATCH_NUMS))]
+    trace = hart_plan_trace(rt_flops.cfg, recorded, 1)
+    assert _counted(trace) == _counted(out.trace)
+    assert hart_plan_flops(rt_flops.cfg, recorded, 1) == out.flops
+    if isinstance(pol, Plans):
+        assert [b["ent_q"] for tr in trace for b in tr["blocks"]] == [1, 1, 4, 4] + [5, 5] * 4
+    else:
+        assert any(b["mode"] != "full" for tr in trace for b in tr["blocks"])   # it acted
+
+
+def test_flops_from_plans_refuse_what_the_runtime_refuses(rt_flops):
+    from varbench.engine.models.hart.flops import hart_plan_trace
+
+    n = len(FLOPS_PATCH_NUMS)
+    with pytest.raises(ValueError, match="stage 0 is the text context"):
+        hart_plan_trace(rt_flops.cfg, [ScalePlan(run=False)] + [ScalePlan()] * (n - 1), 1)
+    with pytest.raises(ValueError, match="plans for"):
+        hart_plan_trace(rt_flops.cfg, [ScalePlan()] * (n - 1), 1)

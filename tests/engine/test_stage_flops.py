@@ -17,7 +17,7 @@ from varbench.engine.models.text import WordTextEncoder
 from varbench.engine.models.hart.text import HartTextEncoder
 from varbench.engine.models.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
 from varbench.engine.policy import NeutralPolicy
-from varbench.engine.stage_flops import (FLAN_T5_XL, HART_MAX_LENGTH, QWEN2_1P5B, decoder_flops, hart_decoder_flops,
+from varbench.engine.stage_flops import (FLAN_T5_XL, HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS, QWEN2_1P5B, decoder_flops, hart_decoder_flops,
                                   hart_text_tokens, preset_stage_flops, qwen2_text_flops, t5_encoder_flops,
                                   text_encoder_flops, vae_decode_flops, word_encoder_flops)
 
@@ -199,6 +199,18 @@ def test_preset_stages_use_the_released_parts():
     assert s2["vae_decode"]((64, 64)) == decoder_flops(VAE_PRESETS["d32reg"], (64, 64))
     # 8B: the VAE grid is twice the transformer's last grid (spatial patchify)
     assert s8["vae_decode"]((64, 64)) == decoder_flops(VAE_PRESETS["d56_f8_14_patchify"], (128, 128))
+    assert preset_stage_flops("infinity_2b", 77)["text_encoder"] == t5_encoder_flops(FLAN_T5_XL, 77)
+
+
+def test_hart_preset_stages_use_the_released_parts():
+    """hart_0p7b: the released Qwen2 text model over the system prompt's lower-bound length + the 300 padded
+    prompt tokens (test_released_qwen2_text_encoder_count checks that count against FlopCounterMode), and the
+    tokenizer decoder on f_hat, whose grid is the last stage's (64x64 at 1024²: no patchify on HART)."""
+    s = preset_stage_flops("hart_0p7b")
+    assert s["text_encoder"] == qwen2_text_flops(QWEN2_1P5B, HART_SYSTEM_PROMPT_TOKENS + HART_MAX_LENGTH)
+    assert preset_stage_flops("hart_0p7b", HART_MAX_LENGTH)["text_encoder"] == qwen2_text_flops(QWEN2_1P5B, HART_MAX_LENGTH)
+    assert s["vae_decode"]((64, 64)) == hart_decoder_flops(HART_TOKENIZER_PRESETS["hart_0p7b"], (64, 64))
+    assert s["vae_decode"]((64, 64)) != s["vae_decode"]((32, 32))
 
 
 def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skipped():
@@ -332,7 +344,8 @@ def test_released_qwen2_text_encoder_count():
 
     assert QWEN2_1P5B["hidden_size"] == HART_PRESETS["hart_0p7b"].context_dim
     assert HART_MAX_LENGTH == HART_PRESETS["hart_0p7b"].context_token
-    n = 131 + HART_MAX_LENGTH
+    assert HART_SYSTEM_PROMPT_TOKENS == 131   # the lower bound this docstring derives
+    n = HART_SYSTEM_PROMPT_TOKENS + HART_MAX_LENGTH
     cfg = Qwen2Config(vocab_size=151936, **QWEN2_1P5B)
     with torch.device("meta"):
         model = Qwen2Model(cfg).eval()

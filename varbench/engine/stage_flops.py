@@ -58,6 +58,11 @@ QWEN2_1P5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers
               "num_key_value_heads": 2}
 #: HART's padded prompt length (released --max_token_length; the transformer's context_token)
 HART_MAX_LENGTH = 300
+#: the released system prompt's length under Qwen2's tokenizer, a lower bound: its pre-tokenizer splits it into
+#: 131 pieces, each one token or more (the tokenizer is not in this repo; some 131-140, +2.77 GFLOPs per
+#: further token). What an analytic count without the tokenizer uses (`preset_stage_flops`); a record counts
+#: the loaded tokenizer's own (`hart_text_tokens`).
+HART_SYSTEM_PROMPT_TOKENS = 131
 
 
 # -- VAE decoder ------------------------------------------------------------------------------
@@ -239,15 +244,25 @@ def stage_flops(rt, prompts: Sequence[str], latent_hw: Sequence[int],
     return [{"text_encoder": None if text is None else text[i], "vae_decode": dec} for i in range(len(prompts))]
 
 
-def preset_stage_flops(model_preset: str, text_tokens: int = T5_MAX_LENGTH) -> dict:
+def preset_stage_flops(model_preset: str, text_tokens: Optional[int] = None) -> dict:
     """For a released model preset at its schedule's last grid, without building anything:
-    ``{"text_encoder": flan-t5-xl over text_tokens, "vae_decode": callable(token_grid) -> FLOPs}``.
+    ``{"text_encoder": FLOPs of one prompt's encode, "vae_decode": callable(token_grid) -> FLOPs}``.
+    Infinity: flan-t5-xl over ``text_tokens`` (default its padded 512), the BSQ-VAE decoder. HART
+    (``hart_0p7b``): the released Qwen2 text model (:data:`QWEN2_1P5B`) over ``text_tokens`` (default
+    :data:`HART_SYSTEM_PROMPT_TOKENS` + :data:`HART_MAX_LENGTH`, the lower bound of the release's count),
+    the tokenizer decoder on f_hat (the token grid: HART's latent is its last stage's grid).
     Used by experiments/flops_table.py."""
     from varbench.engine.models.bsq_vae import VAE_PRESETS
+    from varbench.engine.models.hart.model import HART_PRESETS
+    from varbench.engine.models.hart.tokenizer import HART_TOKENIZER_PRESETS
     from varbench.engine.models.infinity import PRESETS
 
+    if model_preset in HART_PRESETS:
+        tok = HART_TOKENIZER_PRESETS[model_preset]
+        n = HART_SYSTEM_PROMPT_TOKENS + HART_MAX_LENGTH if text_tokens is None else text_tokens
+        return {"text_encoder": qwen2_text_flops(QWEN2_1P5B, n), "vae_decode": lambda grid: hart_decoder_flops(tok, grid)}
     cfg = PRESETS[model_preset]
     vae = VAE_PRESETS[cfg.vae]
     p = 2 if cfg.patchify else 1
-    return {"text_encoder": t5_encoder_flops(FLAN_T5_XL, text_tokens),
+    return {"text_encoder": t5_encoder_flops(FLAN_T5_XL, T5_MAX_LENGTH if text_tokens is None else text_tokens),
             "vae_decode": lambda grid: decoder_flops(vae, (grid[0] * p, grid[1] * p))}

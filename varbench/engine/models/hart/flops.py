@@ -13,10 +13,14 @@
 Per generation (`hart_text_flops`): the context projection 2*rows*T*D*C (and per-block `ada_lin`
 where the preset has it). Norms, RoPE, softmax, bicubic/area resizes and the gumbel mixture of
 `more_smooth` (2*B*n*V*Cvae per stage, under 1% of a stage) are not counted.
+
+From plans alone (`hart_plan_trace`, no model run): the entries `HartState.step` records, for plans
+whose shapes do not depend on signals, so a HART configuration's FLOPs are countable without weights
+(experiments/flops_table.py; tests/engine/test_hart_runtime.py checks it against real generations).
 """
 from __future__ import annotations
 
-from varbench.engine.flops import self_attention_flops
+from varbench.engine.flops import plan_trace, self_attention_flops
 from varbench.engine.models.hart.sampling import DiffusionSchedule
 
 
@@ -72,4 +76,44 @@ def hart_image_flops(cfg, trace: list[dict]) -> dict:
     per_scale = [hart_scale_flops(cfg, own(tr)) for tr in trace]
     rows0 = trace[0]["rows"] // trace[0]["batch"] if trace and trace[0]["ran"] else 2
     text = hart_text_flops(cfg, rows0)
+    return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}
+
+
+def hart_plan_trace(cfg, plans, batch: int, cfg_rows: bool = True) -> list[dict]:
+    """The trace `HartState.step` records for `plans` (one per stage of `cfg.patch_nums`), from the
+    plans alone: `varbench.engine.flops.plan_trace`'s rule (pruned, skipped and budgeted blocks, KV
+    growth, dropped uncond rows) on HART's stages, where stage 0 is the text context: it runs over
+    `cfg.context_token` positions (the policy's 1x1 grid has 1) and appends that many to every block's
+    K/V, and an attention-entropy request there measures one query (the last text position's). HART has
+    no cross-attention (ca 0 whatever a plan's sublayers say) and no text tokens in the loop; the last
+    stage, if it runs, runs the diffusion head. A stage-0 plan the runtime refuses is refused here."""
+    pns = cfg.patch_nums
+    if len(plans) != len(pns):
+        raise ValueError(f"hart_plan_trace: {len(plans)} plans for {len(pns)} stages {pns}")
+    p0 = plans[0]
+    if not p0.run or p0.kv or p0.keep_residuals or any(bp.mode != "full" for bp in p0.blocks.values()):
+        raise ValueError("HART's stage 0 is the text context (the prompt's tokens), not a token grid: a plan may not "
+                         "skip, prune, budget or cache it; start the method at stage 1")
+    sched = [(1, cfg.context_token)] + [(p, p) for p in pns[1:]]
+    trace = plan_trace(sched, plans, cfg.depth, batch, cfg_rows, {2 * batch: 0, batch: 0})
+    for tr in trace:
+        tr["sublayers"] = ["sa", "ffn"]          # HartState's SUBLAYERS
+        if tr["si"] == 0:
+            tr["h"] = tr["w"] = 1
+        if not tr["ran"]:
+            continue
+        tr["diffusion"] = tr["si"] == len(pns) - 1
+        for b in tr["blocks"]:
+            b["ca"] = 0
+            if tr["si"] == 0 and b["ent_q"]:
+                b["ent_q"] = 1
+    return trace
+
+
+def hart_plan_flops(cfg, plans, batch: int, cfg_rows: bool = True) -> dict:
+    """The batch's FLOPs as `HartRuntime.generate` reports them (`out.flops`) for `plans`, from the
+    plans alone: ``{"total", "text", "per_scale"}``."""
+    trace = hart_plan_trace(cfg, plans, batch, cfg_rows)
+    text = hart_text_flops(cfg, 2 * batch if cfg_rows else batch)
+    per_scale = [hart_scale_flops(cfg, tr) for tr in trace]
     return {"total": text + sum(per_scale), "text": text, "per_scale": per_scale}
