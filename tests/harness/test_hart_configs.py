@@ -221,3 +221,9 @@ def test_main_table_on_hart_tiny_writes_a_table(tmp_path):
     assert len(rows) == 1 + 6 and rows[1] == "baseline", table          # the header, then one row per method
     assert any(r.startswith("FastVAR (HART port)") and "(no effect)" in r for r in rows), rows   # no 48/64 map
     assert "skip_last_2" in rows and "model=hart_tiny" in table and "64x64" in table
+
+
+def test_random_weights_need_the_word_encoder_and_say_so_before_building():
+    cfg = _compose("model=hart_0p7b", "model.random_weights=true")       # text_encoder still qwen2
+    with pytest.raises(ValueError, match="set model.text_encoder=word"):
+        build_runtime(cfg.model, torch.device("meta"), torch.float32)

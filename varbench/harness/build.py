@@ -105,6 +105,8 @@ def build_hart_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype)
     from varbench.engine.models.hart.tokenizer import build_hart_tokenizer, load_hart_tokenizer
     from varbench.engine.models.text import WordTextEncoder
 
+    if model_cfg.random_weights and model_cfg.text_encoder != "word":   # before building 0.7B parameters
+        raise ValueError("model.random_weights=true needs a text encoder without weights; set model.text_encoder=word")
     if model_cfg.random_weights:
         cfg = HART_PRESETS[model_cfg.preset]
         torch.manual_seed(int(model_cfg.get("seed", 0) or 0))
@@ -122,8 +124,6 @@ def build_hart_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype)
         load_hart_weights(model, llm)
         quant, decoder = load_hart_tokenizer(tok, cfg.patch_nums)
     if model_cfg.text_encoder == "qwen2":
-        if model_cfg.random_weights:
-            raise ValueError("model.random_weights=true needs a text encoder without weights; set model.text_encoder=word")
         from varbench.engine.models.hart.text import HartTextEncoder
 
         # the release encodes under the loop's fp16 autocast on CUDA (sample.py); fp32 elsewhere
