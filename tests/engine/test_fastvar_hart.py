@@ -47,6 +47,7 @@ from varbench.engine.models.text import TextBatch
 from varbench.policies import selectors
 from varbench.policies.baseline import Baseline
 from varbench.policies.fastvar import FastVAR
+from varbench.engine.testing import strict_parity
 from varbench.policies.selectors import PivotalSelector
 
 from tests.engine.test_hart import ATOL, FASTVAR_RUNS, RTOL, check_against_record, load_fastvar_golden
@@ -166,8 +167,11 @@ def test_with_the_release_op_order_the_floats_are_the_ports_to_rounding(port, mo
         for blk in rt.model.blocks:
             mp.setattr(blk.attn, "attend", types.MethodType(slow_attend, blk.attn))
         _, record, kept = generate(port, run, hart_port_policy(cfg.depth), mp)
-    # the kept order itself is now the port's
-    assert all(torch.equal(idx, k["indices"].long()) for (*_, idx), k in zip(kept, run["kept"]))
+    # the kept tokens are the port's; their order too on the writing CPU (elsewhere near-equal scores may swap
+    # places: the scores round differently on other ISA levels, so the exact order is a strict-parity check)
+    assert all(torch.equal(idx.sort(-1).values, k["indices"].long().sort(-1).values) for (*_, idx), k in zip(kept, run["kept"]))
+    if strict_parity():
+        assert all(torch.equal(idx, k["indices"].long()) for (*_, idx), k in zip(kept, run["kept"]))
     for si, (a, b) in enumerate(zip(record["tokens"], run["tokens"])):
         assert torch.equal(a, b.long()), si
     for si, (lg, pos, at) in enumerate(zip(record["logits"], run["logits_pos"], run["logits_at"])):
