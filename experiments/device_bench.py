@@ -32,8 +32,8 @@ fill, weights fp32 as released) and its tokenizer's quantizer and decoder (defau
 the loop under fp16 autocast as the release's sample.py runs it (`HartRuntime(dtype=torch.float16)`),
 1024² (HART's only resolution), batch 1, cfg as above, the runtime's defaults otherwise (released top-k;
 `more_smooth` off, the harness's setting), text: random features of Qwen2's width (1536), `--text-len`
-tokens padded to HART's 300. Methods (`HART_METHODS`, no conf preset): baseline, FastVAR's HART port
-(`fastvar_hart`: its hard-coded knobs) and SkipLast(-2) (`skip_last_2`). Eager only (HART has no CUDA
+tokens padded to HART's 300. Methods (`HART_METHODS`: the conf presets): baseline, FastVAR's HART port
+(`fastvar_hart`) and SkipLast(-2) (`skip_last_2`). Eager only (HART has no CUDA
 graphs), one section after the graphed Infinity sections, `--hart-repeats` (15) timed rounds: ~0.3 s
 per image (A100, fp16) makes it ~20-40 s with the build, and the script's budget skips what would
 not fit as for any section. Paired speed-ups and intervals as for the Infinity rows; no target.
@@ -132,22 +132,17 @@ METHODS = {
 FASTVAR = {"2b": "fastvar", "8b": "fastvar_8b_paper"}
 #: the Infinity roles (the targets are theirs)
 INFINITY_ROLES = ("2b", "8b")
-#: HART methods: (policy name, knobs) per HART model preset. FastVAR's HART port has no conf preset: its
-#: knobs as the port hard-codes them (csguoh/FastVAR HART/hart/modules/networks/fastvar_utils.py:45 prune
-#: ratios {48: 0.5, 64: 0.75} and no skipped scale; fastvar_basic.py:1213 the 36x36 cache scale, :1273 every
-#: layer pruned; attention and FFN, HART has no cross-attention). The tiny model's grids (1, 2, 3, 5) get the
-#: same rule one step down: its last two grids pruned at those ratios from the 2x2 cache.
+#: HART methods: (policy name, knobs) per HART model preset. HART-0.7B's are the conf presets (`fastvar_hart`:
+#: FastVAR's HART port, varbench/conf/method/fastvar_hart.yaml), filled in below `load_preset`. The tiny
+#: model's grids (1, 2, 3, 5) get the port's rule one step down: its last two grids pruned at the port's
+#: ratios from the 2x2 cache.
 HART_METHODS = {
-    "hart_0p7b": {"baseline": ("baseline", {}),
-                  "fastvar_hart": ("fastvar", {"addressing": "width", "prune": {48: 0.5, 64: 0.75}, "skip": [],
-                                               "cache_scale": 36, "block_range": [0, 24], "sublayers": ["sa", "ffn"]}),
-                  "skip_last_2": ("skip_last", {"run_scales": -2})},
     "hart_tiny": {"baseline": ("baseline", {}),
                   "fastvar_hart": ("fastvar", {"addressing": "width", "prune": {3: 0.5, 5: 0.75}, "skip": [],
                                                "cache_scale": 2, "block_range": [0, 2], "sublayers": ["sa", "ffn"]}),
                   "skip_last_2": ("skip_last", {"run_scales": -2})},
 }
-METHODS["hart"] = list(HART_METHODS["hart_0p7b"])
+METHODS["hart"] = ["baseline", "fastvar_hart", "skip_last_2"]
 TOPROVAR = "toprovar"
 ENTROPY_OFF = "entropy_off"
 #: first-guess seconds per generation per image (before anything is measured), for the budget
@@ -308,6 +303,8 @@ def make_policy(preset: str):
     c = load_preset(preset)
     return build_policy(c["name"], **(c.get("knobs") or {})), c
 
+
+HART_METHODS["hart_0p7b"] = {p: (c["name"], c.get("knobs") or {}) for p in METHODS["hart"] for c in [load_preset(p)]}
 
 PREDICTED = ROOT / "results" / "curated" / "gpu_dryrun.json"
 

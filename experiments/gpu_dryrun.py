@@ -149,8 +149,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 checks = _checks
             ran = [t for t in out.trace if t["ran"]]
             # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.state.KVCache`;
-            # bf16 on Infinity; on HART K's dtype, fp32 under autocast (F.normalize; the release caches K in
-            # fp32 too), V stacked with it)
+            # bf16 on Infinity; on HART the autocast dtype, fp16 (HartState.kv_dtype: SDPA reads K/V in it))
             kv = out.kv_bytes[-1]["allocated"]   # per-block capacities (smaller under a KV budget) + its staging buffer
             row.update(
                 peak_bytes=fc.ledger.peak, weights_bytes=weights, kv_bytes=kv,

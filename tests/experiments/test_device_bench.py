@@ -230,7 +230,7 @@ def test_presets_merge_their_defaults():
             db.make_policy(preset)
     from varbench.policies import build_policy
 
-    for model, methods in db.HART_METHODS.items():   # HART's methods are knob sets, not conf presets
+    for model, methods in db.HART_METHODS.items():   # (policy name, knobs) per model: 0.7B from its presets
         assert list(methods) == db.METHODS["hart"], model
         for name, knobs in methods.values():
             build_policy(name, **knobs)

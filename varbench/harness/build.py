@@ -61,6 +61,11 @@ def model_family(model_cfg: Any) -> str:
     return family
 
 
+def is_hart(rt) -> bool:
+    """Whether a built runtime is HART's (`HartRuntime.family`; Infinity's runtime has no such attribute)."""
+    return getattr(rt, "family", "infinity") == "hart"
+
+
 def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype):
     """Model presets with released weights, random weights, or the shipped toy model."""
     if model_cfg.preset == "toy":
@@ -144,7 +149,7 @@ def configure_runtime(rt, runtime_cfg: Any):
     graphs = str(runtime_cfg.get("cuda_graphs", "auto")).lower()
     if graphs not in ("auto", "true", "false"):
         raise ValueError(f"runtime.cuda_graphs={graphs!r}; use auto, true or false")
-    if getattr(rt, "family", "infinity") == "hart":
+    if is_hart(rt):
         if graphs == "true":
             raise ConfigError("runtime.cuda_graphs=true: the HART runtime has no CUDA-graph path (it runs eagerly); "
                               "use runtime.cuda_graphs=auto (or false)")
@@ -169,7 +174,7 @@ def build_policy_from_cfg(method_cfg: Any):
 
 def generation_resolution(rt, h_div_w: float, pn: str, schedule=None) -> list[int]:
     """[H, W] in pixels of the images a job generates: the last token grid times the decoder's stride."""
-    if getattr(rt, "family", "infinity") == "hart":
+    if is_hart(rt):
         p = rt.schedule[-1][0]
         stride = rt.vae.cfg.downsample if rt.vae is not None else 16
         return [p * stride, p * stride]
@@ -194,7 +199,7 @@ def generation_kwargs(cfg: Any, rt) -> dict:
     schedule = cfg.model.get("schedule")
     if schedule is not None:
         kw["schedule"] = [tuple(hw) for hw in schedule]
-    if getattr(rt, "family", "infinity") == "hart":
+    if is_hart(rt):
         # HART's codebook mixing (sample.py's --more_smooth); the key exists only in HART configs
         kw["more_smooth"] = bool(g.get("more_smooth", False))
     return kw

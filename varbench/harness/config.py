@@ -262,12 +262,12 @@ def validate_config(cfg: Any):
 
 
 def check_backbone(cfg: Any, policy, model: Mapping[str, Any]) -> None:
-    """The method, as this preset configures it, applies to the model's family (``model.family``):
-    the policy's own rule (:meth:`~varbench.engine.policy.Policy.backbone_refusal`) and the preset's
-    ``refuse: {family: reason}`` (a preset whose knobs are tuned to one model, e.g. FastVAR's released
-    Infinity widths); and HART's settings are not set on other models."""
+    """The built policy applies to the model's family (``model.family``) by its own rule
+    (:meth:`~varbench.engine.policy.Policy.backbone_refusal`: what depends on its knobs, e.g. NOVA's
+    per-bit entropies; the preset's ``refuse:`` and the classes' ``backbones`` were checked before the
+    knobs, :func:`preset_refusal`); and HART's settings are not set on other models."""
     family = model_family(model)
-    reason = preset_refusal(cfg.method, family) or policy.backbone_refusal(family)
+    reason = policy.backbone_refusal(family)
     if reason:
         raise ConfigError(f"{_where(cfg, model)}: {reason}")
     if family != "hart" and _get(cfg.generation, "more_smooth") is not None:

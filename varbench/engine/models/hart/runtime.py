@@ -37,6 +37,7 @@ from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_t
 from varbench.engine.effect import no_effect_reason
 from varbench.engine.models.hart.flops import hart_image_flops, hart_scale_flops, hart_text_flops
 from varbench.engine.models.hart.model import HART, HartQuantizer
+from varbench.engine.models.hart.sampling import DiffusionSchedule
 from varbench.engine.models.hart.state import HartState
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import GenerationContext
@@ -67,6 +68,15 @@ class HartRuntime:
         self.cuda_graphs = False        # not on HART: the loop runs eagerly
         self.fused_entropy = False
         self.fallbacks: list[dict] = []
+        self._diffusion: Optional[DiffusionSchedule] = None   # built on first use (diffusion_schedule)
+
+    def diffusion_schedule(self) -> DiffusionSchedule:
+        """The diffusion head's respaced schedule, built once per runtime with its per-step coefficients
+        on the runtime's device (every generation reuses them: no host -> device copy per generation)."""
+        if self._diffusion is None:
+            self._diffusion = DiffusionSchedule(self.cfg.num_sampling_steps)
+            self._diffusion.coefficients(self.device)
+        return self._diffusion
 
     def clear_graphs(self) -> None:
         """Nothing is captured on HART (the harness calls this on every runtime)."""

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from varbench.engine.attention import attention_entropy
 from varbench.engine.batch_split import image_rows, split_residuals, take_rows
 from varbench.engine.models.hart.model import rope_1d, rope_2d, stage_positions
-from varbench.engine.models.hart.sampling import DiffusionSchedule, diffusion_sample, gumbel_mix, sample_top_k_top_p
+from varbench.engine.models.hart.sampling import diffusion_sample, gumbel_mix, sample_top_k_top_p
 from varbench.engine.models.text import TextBatch
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick, is_neutral
 from varbench.engine.pruned import cached_branch
@@ -137,8 +137,7 @@ class HartState:
         self.trace: list[dict] = []
         self.kv_bytes: list[dict] = []
         self.dropped_uncond = False
-        self.diffusion = DiffusionSchedule(cfg.num_sampling_steps)
-        self.diffusion.coefficients(dev)   # on the device before the loop (the head only indexes them)
+        self.diffusion = rt.diffusion_schedule()   # its coefficients already on the device: the head only indexes them
 
     # ------------------------------------------------------------------ sub-batches
     def split(self, parts: Sequence[Sequence[int]]) -> list["HartState"]:
@@ -147,13 +146,8 @@ class HartState:
         the KV cache's and the residual caches' rows are permuted in place and each part views its
         slice (no second cache); the per-row constants (context embeddings, AdaLN modulation, RoPE
         tables) are taken per part, f_hat, the next stage's input and the history are copied, and
-        each image keeps its own generators. This state is spent after.
-
-        Refused with the release's shared generators (`generators=`): one generator serves the whole
-        batch in row order, which a split would reorder."""
-        if self.shared:
-            raise ValueError("a HART generation with shared generators (generators=(tokens, diffusion)) runs its "
-                             "batch as one; per-image sub-batches need per-image seeds (generators=None)")
+        each image keeps its own generators (the runtime refuses a split with the release's shared
+        generators, which serve the whole batch in row order). This state is spent after."""
         parts = [list(p) for p in parts]
         kvs, residuals = self.kv.split(parts, self.batch), split_residuals(self.residuals, parts, self.batch)
         return [self._part(p, kv, res) for p, kv, res in zip(parts, kvs, residuals)]
