@@ -64,7 +64,7 @@ ToProVAR's attention-entropy share (target <= 5%): ToProVAR is timed against the
 with the entropy computation removed. The bench (only the bench; the runtime is untouched) records, in one
 untimed eager ToProVAR generation, every attention entropy the runtime computes, then, in the
 "toprovar~entropy_off" item, answers every entropy request from that recording without computing anything:
-`varbench.engine.pruned.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
+`varbench.engine.backbones.infinity.pruned.attention_entropy` (the CPU / unfused path) returns the recorded tensor, and the fused
 kernel `flash_attention_with_entropy` (the runtime's CUDA path: attention and entropy in one pass) becomes
 plain SDPA plus the recorded entropy (see `EntropyPatch`, `--entropy-fn`). The policy therefore sees the
 same entropies and makes the same plan (checked: equal analytic FLOPs), and the AR-time difference is what
@@ -167,8 +167,8 @@ class ModelSpec:
 
 def model_specs(smoke: bool, pn: Optional[str]) -> dict[str, ModelSpec]:
     """Role -> model. HART's pn is a label only (HART has one resolution: its patch_nums)."""
-    from varbench.engine.models.hart.model import HART_PRESETS
-    from varbench.engine.models.infinity import PRESETS
+    from varbench.engine.backbones.hart.model import HART_PRESETS
+    from varbench.engine.backbones.infinity.model import PRESETS
 
     if smoke:
         tiny = PRESETS["tiny"]
@@ -206,8 +206,8 @@ def fill_random_(model: torch.nn.Module, seed: int) -> None:
 
 def build_model(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed: int):
     """(Infinity, BSQVAE) with random weights on `device`; the Infinity blocks already in `dtype`."""
-    from varbench.engine.models.bsq_vae import BSQVAE
-    from varbench.engine.models.infinity import Infinity
+    from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
+    from varbench.engine.backbones.infinity.model import Infinity
 
     with torch.device("meta"):
         model = Infinity(spec.cfg)
@@ -232,8 +232,8 @@ def build_hart_model(spec: ModelSpec, device: torch.device, seed: int):
     """(HART, quantizer, decoder) with random weights on `device`, all fp32 (the release keeps HART's weights
     fp32 and runs the loop under autocast): the transformer on meta + `to_empty` + `fill_random_` (its one
     buffer, `zero_k_bias`, is zero by definition), the tokenizer parts built on the device (default init)."""
-    from varbench.engine.models.hart.model import build_hart
-    from varbench.engine.models.hart.tokenizer import build_hart_tokenizer
+    from varbench.engine.backbones.hart.model import build_hart
+    from varbench.engine.backbones.hart.tokenizer import build_hart_tokenizer
 
     model = build_hart(spec.cfg, "meta").to_empty(device=device)
     fill_random_(model, seed)
@@ -243,13 +243,13 @@ def build_hart_model(spec: ModelSpec, device: torch.device, seed: int):
 
 
 def runtime_accepts_cuda_graphs() -> bool:
-    from varbench.engine.runtime import InfinityRuntime
+    from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
     return "cuda_graphs" in inspect.signature(InfinityRuntime.__init__).parameters
 
 
 def make_runtime(model, vae, device: torch.device, dtype: torch.dtype, graphs_ok: bool):
-    from varbench.engine.runtime import InfinityRuntime
+    from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
     kw = {"cuda_graphs": device.type == "cuda"} if graphs_ok else {}
     return InfinityRuntime(model, vae, None, device=device, dtype=dtype, ca_bf16=True, **kw)
@@ -257,7 +257,7 @@ def make_runtime(model, vae, device: torch.device, dtype: torch.dtype, graphs_ok
 
 def random_text(cfg, batch: int, length: int, device: torch.device, seed: int):
     """Random text features of the model's text width (Infinity: T5's; HART: Qwen2's, padded to its context)."""
-    from varbench.engine.models.text import TextBatch
+    from varbench.engine.text import TextBatch
 
     width, most = (cfg.context_dim, cfg.context_token) if hasattr(cfg, "context_dim") else (cfg.text_channels, cfg.text_maxlen)
     length = min(length, most)
@@ -366,9 +366,9 @@ def jsonable(x):
 # the entropy replay (bench-only monkeypatch)
 #: where the runtime may take its attention entropy from (module:function); those that exist are patched.
 #: `attention_entropy(q, k)` -> entropy; `flash_attention_with_entropy(q, k, v, scale)` -> (out, entropy).
-ENTROPY_FNS = ("varbench.engine.pruned:attention_entropy",
-               "varbench.engine.runtime:attention_entropy", "varbench.engine.runtime:flash_attention_with_entropy",
-               "varbench.engine.block_step:attention_entropy", "varbench.engine.block_step:flash_attention_with_entropy",
+ENTROPY_FNS = ("varbench.engine.backbones.infinity.pruned:attention_entropy",
+               "varbench.engine.backbones.infinity.runtime:attention_entropy", "varbench.engine.backbones.infinity.runtime:flash_attention_with_entropy",
+               "varbench.engine.backbones.infinity.block_step:attention_entropy", "varbench.engine.backbones.infinity.block_step:flash_attention_with_entropy",
                "varbench.engine.kernels:flash_attention_with_entropy",
                "varbench.engine.kernels.flash_entropy:flash_attention_with_entropy")
 
@@ -602,7 +602,7 @@ class Bench:
 
     @staticmethod
     def _schedule(spec: ModelSpec):
-        from varbench.engine.models.schedules import scale_schedule
+        from varbench.engine.backbones.infinity.schedules import scale_schedule
 
         if spec.hart:
             return [[p, p] for p in spec.cfg.patch_nums]
@@ -651,7 +651,7 @@ class Bench:
         spec = self.specs[role]
         t = time.perf_counter()
         if spec.hart:
-            from varbench.engine.models.hart.runtime import HartRuntime
+            from varbench.engine.backbones.hart.runtime import HartRuntime
 
             self.model, quant, self.vae = build_hart_model(spec, self.device, self.a.seed)
             self.rt = HartRuntime(self.model, quant, self.vae, None, device=self.device, dtype=self.hart_dtype)

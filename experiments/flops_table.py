@@ -33,7 +33,7 @@ head, word embedding, the transformer's text projections, the attention-entropy 
 the part methods change. "end to end": that plus flan-t5-xl over its 512 padded tokens and one
 VAE decode at the final latent grid (varbench/engine/stage_flops.py), which every method runs unchanged;
 per image, batch 1, no negative prompt. SkipVAR's two small feature decodes are in neither.
-On HART, "transformer" is what varbench/engine/models/hart/flops.py counts (the blocks over the text
+On HART, "transformer" is what varbench/engine/backbones/hart/flops.py counts (the blocks over the text
 context and every stage, the head, the word embedding and phi convs, the residual diffusion head at the
 last stage, the context projection) from `hart_plan_trace`, which builds the entries `HartState.step`
 records (tests/engine/test_hart_runtime.py: equal to a real generation's `out.flops`); "end to end"
@@ -58,7 +58,7 @@ and `--check` (run by tests/engine/test_flops_docs.py) lists every place that no
 at batch 1 and 8, from the same plans: the buffers allocated and the most positions in use. KV-budget
 presets (ScaleKV and its compositions, `MEMORY_METHODS`) size each block's buffer to what it keeps
 between scales plus one shared staging buffer (the runtime's rule: `kv_plan_bytes(..., staging=)`
-equals `varbench.engine.runtime.analytic_kv_bytes`). ScaleKV's released budget files are not in the
+equals `varbench.engine.backbones.infinity.runtime.analytic_kv_bytes`). ScaleKV's released budget files are not in the
 repo: `--budgets DIR` reads them from DIR (2b_10%_budget.json, 8b_10%_budget.json, as released);
 without it a preset whose file is absent runs on `varbench.policies.scalekv.synthetic_budgets` of
 the released shape (OURS: drafter block 0, refiners at 10%), and the output says so per row.
@@ -78,13 +78,13 @@ from omegaconf import OmegaConf
 
 from varbench.engine.flops import plan_trace, scale_flops, text_flops
 from varbench.engine.memory import kv_plan_bytes, weights_bytes
-from varbench.engine.state import kv_staging_capacity
+from varbench.engine.backbones.infinity.state import kv_staging_capacity
 from varbench.engine.stage_flops import HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS, T5_MAX_LENGTH, preset_stage_flops
-from varbench.engine.models.hart.flops import hart_plan_trace, hart_scale_flops, hart_text_flops
-from varbench.engine.models.hart.model import HART_PRESETS
-from varbench.engine.models.infinity import PRESETS
+from varbench.engine.backbones.hart.flops import hart_plan_trace, hart_scale_flops, hart_text_flops
+from varbench.engine.backbones.hart.model import HART_PRESETS
+from varbench.engine.backbones.infinity.model import PRESETS
 from varbench.harness.config import preset_refusal
-from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
 from varbench.policies.knobs import register as register_method_schemas
@@ -433,7 +433,7 @@ def render_hart_table(methods=HART_METHODS) -> list[str]:
              f"{cfg.context_token}-token text context), batch {sc['batch']}, CFG on (guidance {sc['cfg']}). Adaptive rows: "
              f"the scenario in experiments/flops_table.py on HART (NOVA activation stage {sc['nova_act']} = "
              f"{cfg.patch_nums[sc['nova_act']]}², ToProVAR D stage {sc['topro_D']} = {cfg.patch_nums[sc['topro_D']]}²).",
-             "*Transformer*: varbench/engine/models/hart/flops.py (the residual diffusion head at the last stage "
+             "*Transformer*: varbench/engine/backbones/hart/flops.py (the residual diffusion head at the last stage "
              "included). *End to end*: plus the",
              f"Qwen2-1.5B text model over {sc['qwen2_tokens']} tokens ({HART_SYSTEM_PROMPT_TOKENS}-token system prompt, "
              f"the lower bound of the release's, + {HART_MAX_LENGTH} padded) and one tokenizer decode of the {p}x{p} f_hat "

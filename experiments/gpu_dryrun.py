@@ -6,7 +6,7 @@
     python -m experiments.gpu_dryrun --model hart_0p7b --batch 2       # HART-0.7B (fp16 autocast)
 
 For each model (random-weight Infinity-2B / 8B, built on meta, materialised as fake CUDA tensors:
-`varbench.engine.fake_cuda`), each method's default preset and each batch size, one generation at 1024²
+`varbench.testing.fake_cuda`), each method's default preset and each batch size, one generation at 1024²
 (`pn=1M`), cfg 4, bf16, `cuda_graphs` off (capture needs a device), with the Triton entropy kernel's
 wrapper on (`fused_entropy`), text as `experiments.device_bench` feeds it (30 random tokens). It
 fails (exit 1) on a device mismatch, a host read inside a scale step, an attention call that would
@@ -16,7 +16,7 @@ Printed per (model, method, batch): the predicted peak memory of the generation 
 cache + live activations, VAE decode included; what `torch.cuda.max_memory_allocated` would show
 after a reset before the call, without CUDA-graph pools), its split, and the ops per scale that
 launch device work (about the kernel launches of an eager step). With random weights an
-entropy-driven method's plan comes from stand-in signals (see `varbench.engine.fake_cuda`): its row checks
+entropy-driven method's plan comes from stand-in signals (see `varbench.testing.fake_cuda`): its row checks
 the machinery at the real shapes, not a trained model's plan. SkipVAR's released decision models
 are weights (not shipped): the toy's stand in, so its decision path runs.
 
@@ -61,7 +61,7 @@ def is_hart(model: str) -> bool:
 
 def make_policy(preset: str, depth: int = 32):
     from experiments.device_bench import load_preset
-    from varbench.engine.models.schedules import scale_schedule
+    from varbench.engine.backbones.infinity.schedules import scale_schedule
     from varbench.policies import build_policy
     from varbench.policies.scalekv import synthetic_budgets
 
@@ -131,7 +131,7 @@ def _checks(rt, out, fc, batch: int) -> list[str]:
 
 
 def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: bool = True, fc_runtime=None) -> dict:
-    from varbench.engine.fake_cuda import FakeCuda
+    from varbench.testing.fake_cuda import FakeCuda
 
     t0 = time.perf_counter()
     row = {"model": model, "method": preset, "batch": batch, "depth": depth}
@@ -148,7 +148,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 out = fc.generate(rt, make_policy(preset, rt.cfg.depth), batch)
                 checks = _checks
             ran = [t for t in out.trace if t["ran"]]
-            # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.state.KVCache`;
+            # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.backbones.infinity.state.KVCache`;
             # bf16 on Infinity; on HART the autocast dtype, fp16 (HartState.kv_dtype: SDPA reads K/V in it))
             kv = out.kv_bytes[-1]["allocated"]   # per-block capacities (smaller under a KV budget) + its staging buffer
             row.update(

@@ -67,8 +67,8 @@ class _ScaleMarks:
 
 
 def _runtime(depth: int, width: int, heads: int, seed: int = 0):
-    from varbench.engine.models.infinity import Infinity, InfinityConfig
-    from varbench.engine.runtime import InfinityRuntime
+    from varbench.engine.backbones.infinity.model import Infinity, InfinityConfig
+    from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
     torch.manual_seed(seed)
     cfg = InfinityConfig(depth=depth, embed_dim=width, num_heads=heads, codebook_dim=16, text_channels=64,
@@ -77,7 +77,7 @@ def _runtime(depth: int, width: int, heads: int, seed: int = 0):
 
 
 def _text():
-    from varbench.engine.models.text import TextBatch
+    from varbench.engine.text import TextBatch
 
     g = torch.Generator().manual_seed(1)
     return TextBatch(torch.randn(1, 12, 64, generator=g), torch.ones(1, 12, dtype=torch.bool), [12])
@@ -105,7 +105,7 @@ def hot_block_us(rt, pn: str = "0.25M", cfg: float = 4.0, repeats: int = 200) ->
     so its weights, KV cache and activations stay hot in cache. `depth x` this is a floor for the blocks'
     share of the scale step with today's kernels: what is left once cache misses between blocks are gone
     (Python and dispatch overhead of the block's ops stay in). Needs `GenState.full_block` (this tree)."""
-    from varbench.engine.state import GenState
+    from varbench.engine.backbones.infinity.state import GenState
     full_block, depth = GenState.full_block, len(rt.model.blocks)
     seen = {}
 

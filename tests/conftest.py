@@ -15,7 +15,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 @pytest.fixture(scope="session")
 def tiny_rt():
-    from varbench.engine.testing import tiny_runtime
+    from varbench.testing.tiny import tiny_runtime
 
     return tiny_runtime(seed=0)
 

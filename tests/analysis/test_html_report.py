@@ -270,7 +270,7 @@ def test_no_chromium_skips_with_the_reason_but_fails_under_ci(monkeypatch, tmp_p
 def toy_report(tmp_path_factory):
     """A toy sweep (tiny model: baseline and skip_last_2 on three prompts) aggregated and reported."""
     from varbench.harness.job import run_job
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
 
     root = tmp_path_factory.mktemp("toy_report")
 

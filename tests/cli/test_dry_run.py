@@ -43,7 +43,7 @@ def test_the_eta_averages_the_jobs_that_ran_not_the_skipped_ones(tmp_path):
 @pytest.mark.integration
 def test_the_dry_run_lists_finished_and_new_jobs_with_estimates_and_writes_nothing(tmp_path):
     from varbench.harness.job import run_job
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
 
     common = [f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results", "model=toy",
               "benchmark.limit=2", "timing=none", "evaluator=[]"]

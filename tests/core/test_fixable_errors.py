@@ -95,7 +95,7 @@ def test_held_lock_broken_seal_and_checkpoint_mismatch_are_fixable(tmp_path, cap
     import torch
 
     from varbench.core.locks import FileLock, LockTimeoutError
-    from varbench.engine.models.checkpoints import CheckpointMismatch, load_state_dict_strict
+    from varbench.engine.checkpoints import CheckpointMismatch, load_state_dict_strict
     from varbench.harness.records import RunEntry, SealError
 
     errors = []
@@ -122,8 +122,8 @@ def test_held_lock_broken_seal_and_checkpoint_mismatch_are_fixable(tmp_path, cap
 def test_every_error_that_names_its_fix_derives_from_the_one_base():
     from varbench.analysis.aggregate import AggregationError
     from varbench.evaluators.weights import WeightsNotFoundError, WrongWeightsError
-    from varbench.engine.models.bsq_vae import CheckpointMismatchError, VAEWeightsNotFoundError
-    from varbench.engine.models.checkpoints import WeightsNotFound
+    from varbench.engine.backbones.infinity.bsq_vae import CheckpointMismatchError, VAEWeightsNotFoundError
+    from varbench.engine.checkpoints import WeightsNotFound
     from varbench.policies.skipvar_features import DecisionModelError
     from varbench.harness.prompts import PromptSetError
     from varbench.harness.records import EntryFinishedError, EntryLockedError, LegacySealError

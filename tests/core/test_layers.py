@@ -16,8 +16,12 @@ PKG = ROOT / "varbench"
 
 #: Bottom to top. A module may import its own layer and the layers before it. `toy` (the toy world,
 #: its exact evaluator and its training) sits above `evaluators` because its world uses GenEval's
-#: position rules, and below `harness`, which loads its prompts and weights.
-LAYERS = ["core", "engine", "policies", "evaluators", "toy", "harness", "analysis", "loggers", "cli"]
+#: position rules, and below `harness`, which loads its prompts and weights. `testing` (dev tools: tiny
+#: random runtimes, the fake-CUDA dry run, a test job's config) sits above `harness`, whose configs it
+#: composes, but is no layer of the product: only the CLI may import it (`TESTING_USERS`).
+LAYERS = ["core", "engine", "policies", "evaluators", "toy", "harness", "testing", "analysis", "loggers", "cli"]
+#: the production layers that may import `varbench.testing` (tests and experiments/ are outside the package)
+TESTING_USERS = {"testing", "cli"}
 
 
 def _modules(pkg: Path = PKG) -> dict[str, Path]:
@@ -104,6 +108,18 @@ def test_each_layer_imports_only_layers_below_it():
             if there is not None and LAYERS.index(there) > LAYERS.index(here):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} {name} ({here}) -> {dep} ({there})")
     assert wrong == [], "imports of a higher layer:\n" + "\n".join(wrong)
+
+
+def test_only_the_cli_imports_the_dev_tools():
+    """`varbench.testing` is for tests, experiments and the CLI's dry run; the mechanism, methods,
+    evaluators, harness and analysis never run on a tiny random model or a fake GPU."""
+    assert _testing_imports(_graph()[1]) == []
+
+
+def _testing_imports(edges: dict) -> list[str]:
+    return [f"{path.relative_to(ROOT)}:{line} {name} -> {dep}" for name, deps in edges.items()
+            for dep, (path, line) in deps.items()
+            if _layer(dep) == "testing" and _layer(name) not in TESTING_USERS]
 
 
 def _cycles(edges: dict) -> list[list[str]]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from varbench.engine.models.checkpoints import CheckpointMismatch, load_state_dict_strict
+from varbench.engine.checkpoints import CheckpointMismatch, load_state_dict_strict
 
 
 class _Two(nn.Module):
@@ -47,7 +47,7 @@ def test_strict_loader_error_class_and_allowed_missing_keys():
 
 
 def test_bits_to_codes_is_plus_minus_one_over_sqrt_d_normalised():
-    from varbench.engine.models.bsq_vae import BSQVAE, bits_to_codes
+    from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, bits_to_codes
 
     bits = torch.tensor([[1, 0, 0, 1], [0, 0, 0, 0]])
     codes = bits_to_codes(bits)

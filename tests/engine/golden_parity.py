@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from varbench.engine.models.bsq_vae import BSQVAE, VAEConfig, load_vae_state_dict
-from varbench.engine.models.checkpoints import load_strict
-from varbench.engine.models.infinity import Infinity, InfinityConfig
-from varbench.engine.models.text import TextBatch
-from varbench.engine.runtime import InfinityRuntime
-from varbench.engine.sampling import filter_top_k_top_p_
-from varbench.engine.testing import strict_parity  # noqa: F401  (re-exported for the parity tests)
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, VAEConfig, load_vae_state_dict
+from varbench.engine.checkpoints import load_strict
+from varbench.engine.backbones.infinity.model import Infinity, InfinityConfig
+from varbench.engine.text import TextBatch
+from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from varbench.engine.backbones.infinity.sampling import filter_top_k_top_p_
+from varbench.testing.tiny import strict_parity  # noqa: F401  (re-exported for the parity tests)
 
 GOLD_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_golden"
 GOLD = GOLD_DIR / "tiny_infinity_golden.pt"
@@ -105,7 +105,7 @@ def run_case(golden, case: str, force: bool = True, **overrides) -> CaseRun:
 
     force=True feeds the fixture's bits forward after each scale (module docstring). `overrides`
     replace entries of the case's inputs (the tests' mutations: a wrong cfg must be caught)."""
-    import varbench.engine.state as rtmod   # the scale step samples there
+    import varbench.engine.backbones.infinity.state as rtmod   # the scale step samples there
 
     g, model, vae = golden
     c = g["cases"][case]

@@ -56,7 +56,7 @@ def child(out: str) -> None:
         r = run_case(golden, case)
         res[case] = {"guided": r.guided, "ours": r.ours, "expo": r.expo, "pooled": r.pooled,
                      "summed_codes": r.summed_codes, "image": r.image, "top_k": r.top_k, "top_p": r.top_p}
-    from varbench.engine.testing import cpu_fingerprint
+    from varbench.testing.tiny import cpu_fingerprint
 
     torch.save({"cases": res, "hps": hps_spread(), "fingerprint": cpu_fingerprint()}, out)
 

@@ -16,7 +16,7 @@ from varbench.engine.batch_split import group_by_plan, image_rows, merge_plans, 
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.policies import build_policy
 from varbench.policies.skipvar import SkipVAR
-from varbench.engine.testing import tiny_runtime
+from varbench.testing.tiny import tiny_runtime
 
 PN, CFG = "0.06M", 3.0
 PROMPTS = ["a red circle", "two blue squares", "a green triangle above a cat", "a photo of a dog"]
@@ -196,7 +196,7 @@ def test_each_image_observes_its_own_rows(rt):
 def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
     """After a split the parts' KV caches and residual caches live in the parent's memory (rows
     permuted in place): a split must not hold a second copy of the cache (8B at batch 8: ~90 GiB)."""
-    from varbench.engine.state import GenState
+    from varbench.engine.backbones.infinity.state import GenState
 
     seen = []
     real = GenState.split

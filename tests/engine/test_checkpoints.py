@@ -5,8 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from varbench.engine.models.checkpoints import CheckpointMismatch, WeightsNotFound, load_infinity_weights, read_state_dict
-from varbench.engine.models.infinity import build_infinity
+from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound, load_infinity_weights, read_state_dict
+from varbench.engine.backbones.infinity.model import build_infinity
 
 
 def _tiny_sd(seed=0):

@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.policies import build_policy
 from varbench.engine.policy import Policy
 from varbench.engine.graphs import StepGraphs
-from varbench.engine.state import GenState
-from varbench.engine.testing import tiny_runtime
+from varbench.engine.backbones.infinity.state import GenState
+from varbench.testing.tiny import tiny_runtime
 
 PN = "0.25M"
 PROMPTS = [["a red circle"], ["two blue squares"], ["a green triangle"], ["a red circle"]]
@@ -119,7 +119,7 @@ def test_graph_mode_keeps_one_state_per_shape_and_restarts_it(monkeypatch):
 
 
 def test_cuda_graphs_need_cuda():
-    from varbench.engine.testing import tiny_runtime as make
+    from varbench.testing.tiny import tiny_runtime as make
 
     rt = make(seed=0)
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
@@ -154,7 +154,7 @@ def test_cuda_graphed_bits_equal_eager_bits(dtype, method):
 #: `torch.tensor(<Python data>)`) copy host data to the device: on CUDA each one synchronises, and inside
 #: stream capture it fails ("operation not permitted when stream is capturing") or, worse, bakes the
 #: value seen at capture into every replay
-from varbench.engine.fake_cuda import HOST_READS  # noqa: E402  one list, shared with the fake-CUDA dry run
+from varbench.testing.fake_cuda import HOST_READS  # noqa: E402  one list, shared with the fake-CUDA dry run
 
 
 class _HostReadDetector(TorchDispatchMode):

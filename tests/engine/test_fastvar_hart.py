@@ -41,13 +41,13 @@ import types
 import pytest
 import torch
 
-import varbench.engine.models.hart.state as hart_state
-from varbench.engine.models.hart.runtime import HartRuntime
-from varbench.engine.models.text import TextBatch
+import varbench.engine.backbones.hart.state as hart_state
+from varbench.engine.backbones.hart.runtime import HartRuntime
+from varbench.engine.text import TextBatch
 from varbench.policies import selectors
 from varbench.policies.baseline import Baseline
 from varbench.policies.fastvar import FastVAR
-from varbench.engine.testing import strict_parity
+from varbench.testing.tiny import strict_parity
 from varbench.policies.selectors import PivotalSelector
 
 from tests.engine.test_hart import ATOL, FASTVAR_RUNS, RTOL, check_against_record, load_fastvar_golden

@@ -1,4 +1,4 @@
-"""The fake-CUDA dry run (varbench/engine/fake_cuda.py, experiments/gpu_dryrun.py) and the GPU fallbacks.
+"""The fake-CUDA dry run (varbench/testing/fake_cuda.py, experiments/gpu_dryrun.py) and the GPU fallbacks.
 
 The dry run executes the CUDA path of `generate` on fake tensors; these tests check that it finds
 what it exists to find (a host read inside a step, a device mismatch, a non-flash attention call),
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from experiments import gpu_dryrun
-from varbench.engine.fake_cuda import FakeCuda, HostReadInStep, cuda_sdpa_backend
-from varbench.engine.models.infinity import PRESETS
+from varbench.testing.fake_cuda import FakeCuda, HostReadInStep, cuda_sdpa_backend
+from varbench.engine.backbones.infinity.model import PRESETS
 from varbench.policies import build_policy
 from varbench.engine.graphs import StepGraphs
-from varbench.engine.testing import tiny_runtime
+from varbench.testing.tiny import tiny_runtime
 
 
 def _gen(policy="baseline", batch=1, model="infinity_2b", depth=2, memo=True, **kw):
@@ -74,7 +74,7 @@ def test_ledger_agrees_with_memtracker(monkeypatch):
 
 
 def test_a_host_read_inside_a_step_fails(monkeypatch):
-    import varbench.engine.state as state_mod   # where the step calls bit_entropy
+    import varbench.engine.backbones.infinity.state as state_mod   # where the step calls bit_entropy
 
     real = state_mod.bit_entropy
     monkeypatch.setattr(state_mod, "bit_entropy", lambda g: real(g) * float(g.max()))   # .item() in the step
@@ -86,7 +86,7 @@ def test_a_host_read_inside_a_step_fails(monkeypatch):
 
 
 def test_a_device_mismatch_inside_a_step_fails(monkeypatch):
-    import varbench.engine.state as state_mod   # where the step calls bit_entropy
+    import varbench.engine.backbones.infinity.state as state_mod   # where the step calls bit_entropy
 
     real = state_mod.bit_entropy
     monkeypatch.setattr(state_mod, "bit_entropy", lambda g: real(g) + torch.zeros(g.shape[1]))   # a CPU tensor
@@ -126,7 +126,7 @@ def test_failed_capture_falls_back_to_eager(monkeypatch, caplog):
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
 
     monkeypatch.setattr(StepGraphs, "capture", broken)
-    with caplog.at_level(logging.WARNING, logger="varbench.engine.runtime"):
+    with caplog.at_level(logging.WARNING, logger="varbench.engine.backbones.infinity.runtime"):
         outs = [rt.generate(["a red circle"], [3], pn="0.25M", cfg=3.0, decode=False) for _ in range(2)]
     for a, b in zip(eager, outs):
         assert torch.equal(a.summed_codes, b.summed_codes)
@@ -141,7 +141,7 @@ def test_failed_triton_kernel_falls_back_to_sdpa(monkeypatch, caplog):
     def broken(*a, **k):
         raise RuntimeError("triton: no kernel image is available for execution on the device (sm mismatch)")
 
-    with caplog.at_level(logging.WARNING, logger="varbench.engine.runtime"):
+    with caplog.at_level(logging.WARNING, logger="varbench.engine.backbones.infinity.runtime"):
         with FakeCuda() as fc:
             monkeypatch.setattr(flash_entropy, "kernel", broken)
             rt = fc.runtime("infinity_2b", depth=2)
@@ -158,10 +158,10 @@ def test_scalekv_preset_runs_at_real_shapes_and_allocates_less():
     the peak drops. The released budget file is not shipped: `make_policy` stands in a budget of its shape."""
     import dataclasses
 
-    from varbench.engine.models.infinity import PRESETS
-    from varbench.engine.models.schedules import scale_schedule
+    from varbench.engine.backbones.infinity.model import PRESETS
+    from varbench.engine.backbones.infinity.schedules import scale_schedule
     from varbench.engine.plan import GenerationContext
-    from varbench.engine.runtime import analytic_kv_bytes
+    from varbench.engine.backbones.infinity.runtime import analytic_kv_bytes
 
     base = gpu_dryrun.run_one("infinity_2b", "baseline", 2, depth=2)
     row = gpu_dryrun.run_one("infinity_2b", "scalekv", 2, depth=2)
@@ -211,7 +211,7 @@ def test_hart_tiny_dry_run(method):
 def test_hart_0p7b_dry_run():
     """HART-0.7B at its real shapes (14 stages to 64x64, 24 blocks of 1536, the diffusion head, the 1024²
     decoder), batch 2, every method: ~20 s on 2 cores (every block runs; nothing memoised)."""
-    from varbench.engine.models.hart.model import HART_PRESETS
+    from varbench.engine.backbones.hart.model import HART_PRESETS
 
     cfg = HART_PRESETS["hart_0p7b"]
     rows = {m: gpu_dryrun.run_one("hart_0p7b", m, 2) for m in gpu_dryrun.METHODS["hart_0p7b"]}
@@ -236,7 +236,7 @@ def test_hart_cli_exits_0(capsys):
 
 
 def test_hart_host_read_inside_a_stage_fails(monkeypatch):
-    import varbench.engine.models.hart.state as hart_state   # where the stage step calls categorical_entropy
+    import varbench.engine.backbones.hart.state as hart_state   # where the stage step calls categorical_entropy
 
     real = hart_state.categorical_entropy
     monkeypatch.setattr(hart_state, "categorical_entropy", lambda g: real(g) * float(g.max()))   # .item() in the step
@@ -246,7 +246,7 @@ def test_hart_host_read_inside_a_stage_fails(monkeypatch):
 
 def test_hart_generator_on_another_device_fails(monkeypatch):
     """The diffusion noise drawn from a plain CPU generator onto the CUDA device: CUDA refuses it, so must the dry run."""
-    from varbench.engine.models.hart.state import HartState
+    from varbench.engine.backbones.hart.state import HartState
 
     def cpu_noise(self, B, L, guided):
         g = torch.Generator().manual_seed(0)

@@ -15,14 +15,14 @@ import math
 import pytest
 import torch
 
-from varbench.engine.models.hart.flops import diffusion_flops, hart_scale_flops
-from varbench.engine.models.hart.model import build_hart, build_hart_quantizer, load_hart_state
-from varbench.engine.models.hart.runtime import HartRuntime
-from varbench.engine.models.hart.sampling import DiffusionSchedule, sample_hart
-from varbench.engine.models.text import TextBatch
+from varbench.engine.backbones.hart.flops import diffusion_flops, hart_scale_flops
+from varbench.engine.backbones.hart.model import build_hart, build_hart_quantizer, load_hart_state
+from varbench.engine.backbones.hart.runtime import HartRuntime
+from varbench.engine.backbones.hart.sampling import DiffusionSchedule, sample_hart
+from varbench.engine.text import TextBatch
 from varbench.engine.plan import BlockPlan, KVBudget, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.testing import tiny_hart_runtime
+from varbench.testing.tiny import tiny_hart_runtime
 from varbench.policies import build_policy
 from varbench.policies.nova import NOVA
 from varbench.policies.selectors import PivotalSelector
@@ -278,7 +278,7 @@ def test_kv_cache_in_the_autocast_dtype_changes_no_bit(monkeypatch):
     math kernel (CPU's fused bf16 kernel needs AVX-512 and fails on other ISA levels)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from varbench.engine.models.hart import state as hart_state
+    from varbench.engine.backbones.hart import state as hart_state
     from varbench.policies.baseline import Baseline
 
     rt = tiny_hart_runtime(0, patch_nums=(1, 2, 3, 4, 5, 6, 8, 10, 13, 16))
@@ -456,7 +456,7 @@ def test_per_image_traces_flops_and_kv_bytes_are_each_images_own(rt_dec):
 def test_a_hart_split_views_the_parents_caches_instead_of_copying_them(rt_dec, monkeypatch):
     """After a split the parts' KV caches and residual caches live in the parent's memory (rows
     permuted in place), as on Infinity."""
-    from varbench.engine.models.hart.state import HartState
+    from varbench.engine.backbones.hart.state import HartState
 
     seen, real = [], HartState.split
 
@@ -507,7 +507,7 @@ def test_flops_from_plans_equal_a_real_generation(rt_flops, preset):
     integer counts, so equality is exact) for a baseline, FastVAR's width-addressed HART port (pruned and
     cached), a skip preset (the last stage's diffusion head not run) and a drop_uncond preset (rows halve)."""
     from experiments import flops_table as ft
-    from varbench.engine.models.hart.flops import hart_plan_flops
+    from varbench.engine.backbones.hart.flops import hart_plan_flops
 
     assert ft.hart_refusal(preset) is None
     name, _, knobs = ft.load_method(preset)
@@ -545,7 +545,7 @@ def test_flops_from_an_adaptive_policys_plans_equal_its_generation(rt_flops, mak
     act on the tiny stages; NOVA's growth baseline from stages 1-2, so it may act from stage 4 of 6, and its ratio
     floored at 0.3, as its entropy falls on the random model), skipped layers, attention-entropy requests (one query at stage 0, HART's last text
     position; a query subsample later)."""
-    from varbench.engine.models.hart.flops import hart_plan_flops, hart_plan_trace
+    from varbench.engine.backbones.hart.flops import hart_plan_flops, hart_plan_trace
 
     pol, plans = make(), {}
     plan = pol.plan
@@ -562,7 +562,7 @@ def test_flops_from_an_adaptive_policys_plans_equal_its_generation(rt_flops, mak
 
 
 def test_flops_from_plans_refuse_what_the_runtime_refuses(rt_flops):
-    from varbench.engine.models.hart.flops import hart_plan_trace
+    from varbench.engine.backbones.hart.flops import hart_plan_trace
 
     n = len(FLOPS_PATCH_NUMS)
     with pytest.raises(ValueError, match="stage 0 is the text context"):

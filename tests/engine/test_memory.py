@@ -13,13 +13,13 @@ import itertools
 import pytest
 import torch
 
-from varbench.engine import state as state_mod
+from varbench.engine.backbones.infinity import state as state_mod
 from varbench.engine.flops import plan_trace
 from varbench.engine.memory import (PEAK_RSS, PEAK_RSS_LIFETIME, image_memory, kv_plan_bytes, kv_position_bytes,
                                     measure_peak, memory_summary, module_bytes, weights_bytes)
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.testing import tiny_runtime
+from varbench.testing.tiny import tiny_runtime
 
 PN, CFG = "0.06M", 3.0
 
@@ -220,11 +220,11 @@ def test_trace_rows_summarise_into_the_record_block():
 
 def test_fake_cuda_kv_bytes_at_real_shapes_read_no_device_value(monkeypatch):
     """The CUDA path at Infinity-2B's shapes (depth 2, 1024², bf16, batch 2, CFG) on fake tensors
-    (varbench/engine/fake_cuda.py): the trace's KV bytes equal the analytic model's, the ledger's
+    (varbench/testing/fake_cuda.py): the trace's KV bytes equal the analytic model's, the ledger's
     peak holds at least weights + KV, and the accounting reads no device value even when called
     inside a step (where a KV-budget seam may call it): a host read there raises HostReadInStep."""
     from experiments import gpu_dryrun
-    from varbench.engine.fake_cuda import FakeCuda
+    from varbench.testing.fake_cuda import FakeCuda
 
     real_core = state_mod.GenState.core
 
@@ -277,7 +277,7 @@ def test_kv_plan_bytes_with_the_staging_buffer_equal_a_scalekv_run_scale_by_scal
     `kv_staging_capacity`, the budgets from the plans) gives the runtime's allocated and used bytes
     after every scale, exactly (the last scale's staged K/V dropped unread)."""
     from varbench.engine.plan import GenerationContext
-    from varbench.engine.state import kv_staging_capacity
+    from varbench.engine.backbones.infinity.state import kv_staging_capacity
     from varbench.policies import build_policy
     from varbench.policies.scalekv import ScaleKV
 
@@ -311,7 +311,7 @@ def test_flops_table_memory_rows_equal_the_runtimes_analytic_count(preset, model
     released shape, said in the row) allocate what `runtime.analytic_kv_bytes` says for the same
     policy: per-block capacities + the staging buffer, far below the baseline's cache."""
     from experiments import flops_table
-    from varbench.engine.runtime import analytic_kv_bytes
+    from varbench.engine.backbones.infinity.runtime import analytic_kv_bytes
     from varbench.policies import build_policy
 
     for bs in (1, 8):

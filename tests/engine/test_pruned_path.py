@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from varbench.engine import pruned as pruned_mod
-from varbench.engine.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.backbones.infinity import pruned as pruned_mod
+from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from varbench.engine.flops import plan_trace, scale_flops, text_flops
-from varbench.engine.models.infinity import PRESETS
-from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.backbones.infinity.model import PRESETS
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.engine.attention import attention_entropy
@@ -188,7 +188,7 @@ def test_attention_entropy_equals_naive_softmax():
 def test_runtime_attention_entropy_signal_matches_naive_recomputation(tiny_rt, monkeypatch):
     """The signal equals a naive softmax over the same block's actual q and cached k (block 2's
     rotated q, k as the step computed them; their own correctness is the upstream golden test's)."""
-    import varbench.engine.pruned as rtmod   # blocks asked for entropy take the planned path
+    import varbench.engine.backbones.infinity.pruned as rtmod   # blocks asked for entropy take the planned path
 
     want = {2}
     captured = []
@@ -264,8 +264,8 @@ def test_flops_of_2b_at_1024_match_a_hand_count():
 
 def test_spatial_patchify_path_like_8b():
     """8B layout: the transformer predicts 4d bits per token, unpatchified 2x2 onto the VAE grid."""
-    from varbench.engine.models.bsq_vae import unpatchify_bits
-    from varbench.engine.testing import tiny_runtime
+    from varbench.engine.backbones.infinity.bsq_vae import unpatchify_bits
+    from varbench.testing.tiny import tiny_runtime
 
     rt = tiny_runtime(seed=3, codebook_dim=64, patchify=True)       # toy VAE has 16 bits -> 4 x 16
     out = rt.generate(["a red circle"], [0], pn="0.06M", cfg=3.0)

@@ -16,7 +16,7 @@ def test_baseline_block_dispatches_at_most_40_ops_at_every_scale():
 
 def test_hot_block_floor_times_every_scale_and_leaves_the_runtime_as_it_was():
     from experiments.runtime_ops import _runtime, _text, hot_block_us
-    from varbench.engine.state import GenState
+    from varbench.engine.backbones.infinity.state import GenState
     full_block = GenState.full_block
     rt = _runtime(depth=4, width=64, heads=2)
     before = rt.generate(["x"], [0], pn="0.06M", cfg=4.0, text=_text(), decode=False)

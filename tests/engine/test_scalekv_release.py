@@ -31,8 +31,8 @@ import pytest
 import torch
 
 from golden_parity import CaseRun, compare_bits, decide, load_golden, text_batch
-from varbench.engine.runtime import InfinityRuntime
-from varbench.engine.state import kv_cache_bytes, kv_staging_capacity
+from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from varbench.engine.backbones.infinity.state import kv_cache_bytes, kv_staging_capacity
 from varbench.policies.scalekv import ScaleKV
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "scalekv_release" / "scalekv_release_tiny.pt"
@@ -73,7 +73,7 @@ def release():
 def ours(release):
     """Our teacher-forced run: {(si, bi): (our positions, pooled scores, cache length)}, our bits and
     their sampler inputs (for the near-threshold rule), the policy."""
-    import varbench.engine.state as rtmod
+    import varbench.engine.backbones.infinity.state as rtmod
 
     fx, kept, ref_bits = release
     g, model, vae = load_golden()

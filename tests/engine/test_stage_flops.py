@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from varbench.engine.models.bsq_vae import BSQVAE, VAE_PRESETS, VAEConfig
-from varbench.engine.models.text import WordTextEncoder
-from varbench.engine.models.hart.text import HartTextEncoder
-from varbench.engine.models.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, VAE_PRESETS, VAEConfig
+from varbench.engine.text import WordTextEncoder
+from varbench.engine.backbones.hart.text import HartTextEncoder
+from varbench.engine.backbones.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
 from varbench.engine.policy import NeutralPolicy
 from varbench.engine.stage_flops import (FLAN_T5_XL, HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS, QWEN2_1P5B, decoder_flops, hart_decoder_flops,
                                   hart_text_tokens, preset_stage_flops, qwen2_text_flops, t5_encoder_flops,
@@ -124,7 +124,7 @@ def test_hart_runtime_stages_count_its_decode():
     equal to what FlopCounterMode counts for one image's rt.decode (which adds only uncounted
     elementwise work: the clamp and the uint8 map)."""
     from varbench.engine.stage_flops import stage_flops
-    from varbench.engine.testing import tiny_hart_runtime
+    from varbench.testing.tiny import tiny_hart_runtime
 
     rt = tiny_hart_runtime(seed=0)
     prompts = ["a red circle", "a blue square"]
@@ -219,7 +219,7 @@ def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skip
     from varbench.harness.traces import trace_row
     from varbench.policies import build_policy
     from varbench.engine.stage_flops import stage_flops
-    from varbench.engine.testing import tiny_runtime
+    from varbench.testing.tiny import tiny_runtime
 
     rt = tiny_runtime()
     rows = {}
@@ -340,7 +340,7 @@ def test_released_qwen2_text_encoder_count():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import Qwen2Config, Qwen2Model
 
-    from varbench.engine.models.hart.model import HART_PRESETS
+    from varbench.engine.backbones.hart.model import HART_PRESETS
 
     assert QWEN2_1P5B["hidden_size"] == HART_PRESETS["hart_0p7b"].context_dim
     assert HART_MAX_LENGTH == HART_PRESETS["hart_0p7b"].context_token
@@ -374,7 +374,7 @@ def test_hart_runtime_stage_counts_what_its_qwen2_encoder_ran(policy, negative):
     runtime actually sent through the model (its prompts, plus the negative prompt once per generation on either
     path; the unconditional rows encode nothing), and the end-to-end count is filled in."""
     from varbench.engine.stage_flops import stage_flops
-    from varbench.engine.testing import tiny_hart_runtime
+    from varbench.testing.tiny import tiny_hart_runtime
     from varbench.harness.traces import trace_row
 
     enc = HartTextEncoder(QWEN2_TINY)
@@ -401,7 +401,7 @@ def test_hart_runtime_stage_counts_with_the_word_encoder():
     """The random-weights HART runtime's word encoder (no layers: a lookup) counts 0, with or without a negative
     prompt, and the end-to-end count is still filled in (the decode only)."""
     from varbench.engine.stage_flops import stage_flops
-    from varbench.engine.testing import tiny_hart_runtime
+    from varbench.testing.tiny import tiny_hart_runtime
 
     rt = tiny_hart_runtime(seed=0)
     assert isinstance(rt.text_encoder, WordTextEncoder) and not rt.text_encoder.context

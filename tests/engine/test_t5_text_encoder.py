@@ -20,7 +20,7 @@ def tiny_t5_folder(tmp_path_factory):
 
 
 def test_t5_folder_encodes_to_compact_per_prompt_features(tiny_t5_folder):
-    from varbench.engine.models.text import T5TextEncoder
+    from varbench.engine.text import T5TextEncoder
 
     enc = T5TextEncoder(str(tiny_t5_folder), dtype=torch.float32, max_length=12)
     batch = enc(["a photo of a red circle", "a circle"])
@@ -34,8 +34,8 @@ def test_t5_folder_encodes_to_compact_per_prompt_features(tiny_t5_folder):
 
 
 def test_missing_t5_folder_says_where_to_get_it(tmp_path):
-    from varbench.engine.models.checkpoints import WeightsNotFound
-    from varbench.engine.models.text import T5TextEncoder
+    from varbench.engine.checkpoints import WeightsNotFound
+    from varbench.engine.text import T5TextEncoder
 
     with pytest.raises(WeightsNotFound, match="google/flan-t5-xl"):
         T5TextEncoder(str(tmp_path / "flan-t5-xl"))

@@ -34,7 +34,7 @@ import torch
 from golden_parity import (CASES, GOLD, CaseRun, compare_bits, decide, load_golden, near_threshold, run_case,
                            strict_parity, writer_info)
 from measure_parity_spread import SETTINGS
-from varbench.engine.testing import cpu_fingerprint
+from varbench.testing.tiny import cpu_fingerprint
 
 STRICT = strict_parity()
 
@@ -93,7 +93,7 @@ def test_fixture_records_its_writer():
     w = writer_info()
     assert w["fixture"] == GOLD.name
     assert hashlib.sha256(GOLD.read_bytes()).hexdigest() == w["sha256"], \
-        "tiny_infinity_golden.pt changed: rewrite writer.json (writer_cpu = varbench.engine.testing.cpu_fingerprint() of the writer, sha256)"
+        "tiny_infinity_golden.pt changed: rewrite writer.json (writer_cpu = varbench.testing.tiny.cpu_fingerprint() of the writer, sha256)"
     assert isinstance(w["writer_cpu"], str) and w["writer_cpu"]
     assert w["strict_env"] == "VARBENCH_STRICT_PARITY=1"
 

@@ -1,4 +1,4 @@
-"""Tests for varbench.engine.models.bsq_vae (Infinity's BSQ-VAE) and the checkpoint key fixtures.
+"""Tests for varbench.engine.backbones.infinity.bsq_vae (Infinity's BSQ-VAE) and the checkpoint key fixtures.
 
 Fixtures and how they were produced (generator scripts live outside the repo because they import
 upstream code; upstream = FoundationVision/Infinity at commit 4c27bbb54a99):
@@ -31,7 +31,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from varbench.engine.models.bsq_vae import (
+from varbench.engine.backbones.infinity.bsq_vae import (
     BSQVAE,
     VAE_PRESETS,
     CheckpointMismatchError,
@@ -195,7 +195,7 @@ def test_unknown_preset_and_bad_config_fail_with_the_fix():
 def test_released_checkpoint_loads_strictly(preset):
     import os
 
-    from varbench.engine.models.bsq_vae import PRESET_FILES
+    from varbench.engine.backbones.infinity.bsq_vae import PRESET_FILES
 
     root = os.environ.get("VARBENCH_WEIGHTS")
     path = Path(root or ".") / PRESET_FILES[preset]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from varbench.engine.models.text import WordTextEncoder
+from varbench.engine.text import WordTextEncoder
 from varbench.toy.train import load_text_for_resume
 
 VOCAB = ["a", "photo", "of", "red", "blue", "circle", "square", "left", "right"]

@@ -51,7 +51,7 @@ def test_preprocessing_matches_upstream_pixel_for_pixel():
     an AMD EPYC, AVX-512). Bounds: 1e-5 and 0.1 (about 7x). Turning antialiasing off moves values by
     > 1e-3 (next test)."""
     from varbench.evaluators.hpsv2 import hps_preprocess
-    from varbench.engine.testing import strict_parity
+    from varbench.testing.tiny import strict_parity
 
     strict = strict_parity()
     for row in GOLD["rows"]:

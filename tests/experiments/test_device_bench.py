@@ -158,7 +158,7 @@ def test_entropy_replay_keeps_the_plan_zeros_would_not():
     """Replaying recorded entropies reproduces ToProVAR's plan and bits exactly; answering with zeros would
     change the plan (why the bench replays rather than zeroes)."""
     from varbench.policies import build_policy
-    import varbench.engine.pruned as R   # the runtime's unfused entropy call
+    import varbench.engine.backbones.infinity.pruned as R   # the runtime's unfused entropy call
 
     spec = db.model_specs(True, None)["2b"]
     cpu = torch.device("cpu")
@@ -173,7 +173,7 @@ def test_entropy_replay_keeps_the_plan_zeros_would_not():
 
     orig = R.attention_entropy
     patch = db.EntropyPatch()
-    assert "varbench.engine.pruned:attention_entropy" in patch.names
+    assert "varbench.engine.backbones.infinity.pruned:attention_entropy" in patch.names
     store: dict = {}
     with patch.recording(store):
         on = run()

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from varbench.harness.job import run_job
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 pytestmark = pytest.mark.integration   # every test here runs whole toy jobs (run_job)
 

@@ -41,7 +41,7 @@ def test_no_code_version_note_when_every_record_is_one_commit(tmp_path):
 def test_a_relaunch_says_which_commit_wrote_the_entry_it_skips(tmp_path, capsys):
     from varbench.harness.job import run_job
     from varbench.harness.provenance import git_info
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
 
     cfg = job_config(tmp_path, "evaluator=[]", "benchmark.limit=1", "runtime.progress=false", "timing=none")
     entry = run_job(cfg)

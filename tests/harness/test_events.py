@@ -8,7 +8,7 @@ import pytest
 
 from varbench.harness.events import JobObserver, ObservedBar, notify
 from varbench.harness.job import run_job
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

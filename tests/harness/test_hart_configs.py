@@ -20,7 +20,7 @@ from varbench.core.errors import ConfigError
 from varbench.core.hashing import entry_hash, generation_hash
 from varbench.harness.build import build_runtime, generation_resolution, model_weight_files, resolve_dtype
 from varbench.harness.config import validate_config
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "varbench" / "conf"
@@ -162,7 +162,7 @@ def _released_tiny_folders(root: Path) -> tuple[Path, Path, dict]:
 
     from safetensors.torch import save_file
 
-    from varbench.engine.models.hart.model import HART_PRESETS, build_hart
+    from varbench.engine.backbones.hart.model import HART_PRESETS, build_hart
 
     cfg = HART_PRESETS["hart_tiny10"]   # model=hart_tiny's
     torch.manual_seed(3)

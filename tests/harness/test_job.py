@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from varbench.harness.job import run_job
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 
 def _cfg(tmp_path, *extra):

@@ -10,7 +10,7 @@ from varbench.cli.assemble import assemble_entry
 from varbench.harness.job import run_job
 from varbench.harness.schema import TraceRow, check_record
 from varbench.core.seeds import image_seed
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 
 def _cfg(tmp_path, *extra):

@@ -12,7 +12,7 @@ import pytest
 from varbench.harness.job import run_job
 from varbench.harness.traces import TraceCountError
 from varbench.core.jsonio import read_jsonl
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 
 def _cfg(tmp_path, *extra):

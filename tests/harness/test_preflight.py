@@ -6,7 +6,7 @@ import pytest
 from varbench.core.missing import MissingFilesError, collecting
 from varbench.evaluators.weights import WeightsNotFoundError, resolve_file
 from varbench.harness.preflight import check_files, job_files_missing
-from varbench.harness.testing import job_config
+from varbench.testing.jobs import job_config
 
 
 def test_resolve_file_raises_alone_and_notes_inside_a_preflight(tmp_path):

@@ -132,7 +132,7 @@ def test_image_sha256_is_stored_and_checked_on_load(tmp_path):
 # ---- the job: swapped image regenerated, traces land with their images --------------------
 
 def _cfg(tmp_path, *extra):
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
 
     return job_config(tmp_path, "evaluator=[fidelity]", "benchmark.limit=3", "runtime.batch_size=2",
                       "runtime.progress=false", "timing=none", *extra)

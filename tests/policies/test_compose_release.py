@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from varbench.engine.state import GenState
+from varbench.engine.backbones.infinity.state import GenState
 from varbench.policies import build_policy
 
 PN = "0.25M"

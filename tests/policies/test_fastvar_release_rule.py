@@ -24,7 +24,7 @@ from __future__ import annotations
 import pytest
 
 from experiments.flops_table import load_method
-from varbench.engine.models.schedules import RESOLUTION_PRESETS, TEMPLATES, scale_schedule
+from varbench.engine.backbones.infinity.schedules import RESOLUTION_PRESETS, TEMPLATES, scale_schedule
 from varbench.engine.plan import GenerationContext
 from varbench.policies import build_policy
 
@@ -183,7 +183,7 @@ def test_release_rule_on_the_runtime():
     at 512² (square '0.25M') it prunes 32² (scale 9) at 0.4 in blocks 3.. with the 24² cache, as released."""
     import torch
 
-    from varbench.engine.testing import tiny_runtime
+    from varbench.testing.tiny import tiny_runtime
 
     rt = tiny_runtime(seed=0, depth=6)
     kw = dict(seeds=[0], cfg=3.0, tau=1.0)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from experiments.flops_table import load_method, method_flops
-from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
 from varbench.engine.policy import Policy

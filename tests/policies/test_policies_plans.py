@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from varbench.engine.flops import plan_trace
-from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals, SelectorContext
 from varbench.policies import REGISTRY, build_policy
 from varbench.policies.common import block_range
@@ -369,7 +369,7 @@ def test_every_method_config_builds_its_policy():
 
     from omegaconf import OmegaConf
 
-    from varbench.engine.models.hart.model import HART_PRESETS
+    from varbench.engine.backbones.hart.model import HART_PRESETS
 
     hart = ctx_for([(p, p) for p in HART_PRESETS["hart_0p7b"].patch_nums], depth=24, embed_dim=1536, heads=24)
     hart = dataclasses.replace(hart, backbone="hart")

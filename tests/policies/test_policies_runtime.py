@@ -16,7 +16,7 @@ import torch
 from varbench.policies import REGISTRY, build_policy
 from varbench.engine.policy import Policy
 from varbench.policies.selectors import binary_entropy_from_logits
-from varbench.engine.testing import tiny_runtime
+from varbench.testing.tiny import tiny_runtime
 
 PN = "0.06M"
 

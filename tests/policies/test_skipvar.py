@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from varbench.engine.models.schedules import scale_schedule
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
 from varbench.policies.skip import SkipVARFixed
@@ -25,7 +25,7 @@ from varbench.policies.skipvar import SkipVAR
 from varbench.policies.skipvar_features import (DecisionModelError, DecisionModels, batch_action, features_from_images,
                                                 hf_diff, hf_ratio, load_decision_models, model_files, resize_codes,
                                                 sobel_magnitude)
-from varbench.engine.testing import tiny_runtime
+from varbench.testing.tiny import tiny_runtime
 
 SQ_1M = tuple(tuple(s) for s in scale_schedule(1.0, "1M"))
 

@@ -78,7 +78,7 @@ def test_trust_loads_it_anyway(tmp_path, monkeypatch, how):
 
 
 def test_the_trust_knob_validates_and_is_not_composed_into_presets(tmp_path):
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
     from varbench.harness.config import validate_config
     from varbench.core.errors import ConfigError
 
@@ -155,7 +155,7 @@ def test_replacing_the_decision_models_changes_the_generation_and_entry_keys(tmp
     must not be reused."""
     from varbench.harness.job import prepare_job
     from varbench.core.hashing import generation_hash
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
 
     d = tmp_path / "dm"
     shutil.copytree(TOY_DM, d)

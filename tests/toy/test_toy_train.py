@@ -9,10 +9,10 @@ import shutil
 import pytest
 import torch
 
-import varbench.engine.state as runtime_mod   # the scale step guides and samples there
-from varbench.engine.models.infinity import PRESETS, Infinity
-from varbench.engine.runtime import InfinityRuntime
-from varbench.engine.testing import perturb_
+import varbench.engine.backbones.infinity.state as runtime_mod   # the scale step guides and samples there
+from varbench.engine.backbones.infinity.model import PRESETS, Infinity
+from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from varbench.testing.tiny import perturb_
 from varbench.toy import load as toy_load
 from varbench.toy.forward import bit_targets, block_causal_mask, per_token_bit_ce, teacher_forced_logits
 from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, build_toy_text_encoder
@@ -106,7 +106,7 @@ def test_short_training_run_lowers_loss():
     """A few AdamW steps on a handful of scenes' real VAE bits lower the per-bit cross entropy."""
     import numpy as np
 
-    from varbench.engine.models.bsq_vae import BSQVAE
+    from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
     from varbench.toy import world
     from varbench.toy.train import image_batch
 

@@ -7,7 +7,7 @@ instead of a traceback with exit 1. Everything else keeps its traceback: an unna
 bug to report. Subclasses keep their old built-in base too (``ConfigError`` is still a
 ``ValueError``, ``WeightsNotFound`` a ``FileNotFoundError``), so existing ``except`` clauses hold.
 
-Subclasses: :class:`varbench.core.errors.ConfigError`, :class:`varbench.engine.models.checkpoints.CheckpointMismatch`
+Subclasses: :class:`varbench.core.errors.ConfigError`, :class:`varbench.engine.checkpoints.CheckpointMismatch`
 and ``WeightsNotFound``, :class:`varbench.core.locks.LockTimeoutError`, :class:`varbench.harness.records.SealError`,
 ``EntryFinishedError``, ``EntryLockedError``, :class:`varbench.toy.load.ToyWeightsError`,
 :class:`varbench.harness.prompts.PromptSetError`, the evaluators' ``WeightsNotFoundError`` / ``WrongWeightsError``,

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from varbench.engine.plan import ScalePlan
-from varbench.engine.state import GenState, StepOut
+from varbench.engine.backbones.infinity.state import GenState, StepOut
 
 
 @dataclasses.dataclass

@@ -11,15 +11,15 @@ What runs, and so what is counted:
   VAE decoder   once per image, on the final latent grid, whatever the method did: a skipped scale
                 only adds no codes, the summed codes (and the decode) stay at the full grid
                 (``state.GenState.latent_size`` is the schedule's last grid). Every convolution
-                of :class:`varbench.engine.models.bsq_vae.Decoder` (conv_in, mid and up ResNet blocks,
+                of :class:`varbench.engine.backbones.infinity.bsq_vae.Decoder` (conv_in, mid and up ResNet blocks,
                 1x1 shortcuts, upsampling convs, conv_out); the decoder has no attention (the
                 released checkpoints hold no attention weights).
-  HART decoder  :class:`varbench.engine.models.hart.tokenizer.HartImageDecoder` on the AR loop's f_hat
+  HART decoder  :class:`varbench.engine.backbones.hart.tokenizer.HartImageDecoder` on the AR loop's f_hat
                 (64x64 at 1024²): post_quant_conv and a VQGAN-style decoder, the same convolutions plus
                 single-head attention blocks at the lowest resolution (mid, and after each ResNet of the
                 lowest level: 4 with num_res_blocks=2; their 1x1 convs and two bmm products counted,
                 scale and softmax not). hart_0p7b at 1024²: 6.46 TFLOPs.
-  Qwen2 encoder HART's :class:`varbench.engine.models.hart.text.HartTextEncoder`: one pass per prompt over the
+  Qwen2 encoder HART's :class:`varbench.engine.backbones.hart.text.HartTextEncoder`: one pass per prompt over the
                 system prompt (unpadded, S tokens) + the prompt padded to ``max_length`` (300), so every
                 prompt costs the same; the language model only (a qwen2_vl folder's vision tower gets no
                 image and does not run; AutoModel has no LM head). Per layer q/k/v/o (GQA: k and v
@@ -49,7 +49,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 #: google/flan-t5-xl's encoder as published (config.json): what the released models condition on.
 FLAN_T5_XL = {"d_model": 2048, "d_ff": 5120, "d_kv": 64, "num_heads": 32, "num_layers": 24, "gated": True}
-#: the tokenizer's padded length in the released pipeline (and :class:`varbench.engine.models.text.T5TextEncoder`)
+#: the tokenizer's padded length in the released pipeline (and :class:`varbench.engine.text.T5TextEncoder`)
 T5_MAX_LENGTH = 512
 #: the text model of HART's released encoder folder (mit-han-lab/Qwen2-VL-1.5B-Instruct): Qwen2-1.5B's published
 #: config.json (hidden 1536 = HART's context_dim). Not transformers' defaults: Qwen2VLTextConfig() defaults to the
@@ -76,8 +76,8 @@ def _resblock(c_in: int, c_out: int, h: int, w: int) -> int:
 
 
 def decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
-    """FLOPs of one image's decode: :class:`~varbench.engine.models.bsq_vae.Decoder` built from
-    :class:`~varbench.engine.models.bsq_vae.VAEConfig` ``cfg`` on a (h, w) latent grid (the VAE's grid:
+    """FLOPs of one image's decode: :class:`~varbench.engine.backbones.infinity.bsq_vae.Decoder` built from
+    :class:`~varbench.engine.backbones.infinity.bsq_vae.VAEConfig` ``cfg`` on a (h, w) latent grid (the VAE's grid:
     for the 8B patchify VAE twice the transformer's last grid). Mirrors the decoder's layer walk."""
     h, w = (int(v) for v in latent_hw)
     if h < 1 or w < 1:
@@ -98,8 +98,8 @@ def decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
 
 def hart_decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
     """FLOPs of one image's decode by HART's tokenizer decoder
-    (:class:`~varbench.engine.models.hart.tokenizer.HartImageDecoder` built from
-    :class:`~varbench.engine.models.hart.tokenizer.HartTokenizerConfig` ``cfg``) on a (h, w) latent grid
+    (:class:`~varbench.engine.backbones.hart.tokenizer.HartImageDecoder` built from
+    :class:`~varbench.engine.backbones.hart.tokenizer.HartTokenizerConfig` ``cfg``) on a (h, w) latent grid
     (the AR loop's f_hat: 64x64 for hart_0p7b at 1024²). Mirrors ``fhat_to_img``'s layer walk:
     post_quant_conv, conv_in, mid (ResNet, attention, ResNet), then per level from the lowest resolution
     up ``num_res_blocks + 1`` ResNets (each followed by an attention block at the lowest level), a 2x
@@ -174,14 +174,14 @@ def qwen2_text_flops(text_config: Mapping[str, Any] | Any, n_tokens: int) -> flo
 
 
 def hart_text_tokens(encoder) -> int:
-    """Positions one prompt sends through :class:`~varbench.engine.models.hart.text.HartTextEncoder`'s model:
+    """Positions one prompt sends through :class:`~varbench.engine.backbones.hart.text.HartTextEncoder`'s model:
     the system prompt's tokens (unpadded, as tokenized at construction) when ``use_system_prompt``, plus
     the prompt padded to ``max_length`` (every prompt, whatever its length)."""
     return (len(encoder.system_ids) if encoder.use_system_prompt else 0) + encoder.max_length
 
 
 def word_encoder_flops(dim: int, layers: int, ffn: int, tokens: int) -> float:
-    """FLOPs of :class:`~varbench.engine.models.text.WordTextEncoder`'s ``layers`` transformer layers over
+    """FLOPs of :class:`~varbench.engine.text.WordTextEncoder`'s ``layers`` transformer layers over
     ``tokens`` positions (fused q/k/v and output projections, scores and weighted sum, FFN)."""
     n = int(tokens)
     per_layer = 2 * n * dim * 3 * dim + 2 * n * dim * dim + 2 * 2 * n * n * dim + 2 * 2 * n * dim * ffn
@@ -193,8 +193,8 @@ def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optiona
     prompt, plus an equal share of the negative prompt's encode when one is given: the runtime
     encodes it once per generation, even with CFG off). None for an encoder this module does not
     know (the end-to-end count is then None rather than wrong)."""
-    from varbench.engine.models.hart.text import HartTextEncoder
-    from varbench.engine.models.text import T5TextEncoder, WordTextEncoder
+    from varbench.engine.backbones.hart.text import HartTextEncoder
+    from varbench.engine.text import T5TextEncoder, WordTextEncoder
 
     if encoder is None:                 # pre-encoded text: no encoder ran
         return [0.0] * len(prompts)
@@ -223,8 +223,8 @@ def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optiona
 def vae_decode_flops(vae, latent_hw: Sequence[int]) -> Optional[float]:
     """One image's decode on ``latent_hw`` with the runtime's VAE, dispatched on its ``cfg``: the
     BSQ-VAE decoder (Infinity) or HART's tokenizer decoder; None for any other (not guessed)."""
-    from varbench.engine.models.bsq_vae import VAEConfig
-    from varbench.engine.models.hart.tokenizer import HartTokenizerConfig
+    from varbench.engine.backbones.infinity.bsq_vae import VAEConfig
+    from varbench.engine.backbones.hart.tokenizer import HartTokenizerConfig
 
     cfg = getattr(vae, "cfg", None)
     if isinstance(cfg, VAEConfig):
@@ -252,10 +252,10 @@ def preset_stage_flops(model_preset: str, text_tokens: Optional[int] = None) -> 
     :data:`HART_SYSTEM_PROMPT_TOKENS` + :data:`HART_MAX_LENGTH`, the lower bound of the release's count),
     the tokenizer decoder on f_hat (the token grid: HART's latent is its last stage's grid).
     Used by experiments/flops_table.py."""
-    from varbench.engine.models.bsq_vae import VAE_PRESETS
-    from varbench.engine.models.hart.model import HART_PRESETS
-    from varbench.engine.models.hart.tokenizer import HART_TOKENIZER_PRESETS
-    from varbench.engine.models.infinity import PRESETS
+    from varbench.engine.backbones.infinity.bsq_vae import VAE_PRESETS
+    from varbench.engine.backbones.hart.model import HART_PRESETS
+    from varbench.engine.backbones.hart.tokenizer import HART_TOKENIZER_PRESETS
+    from varbench.engine.backbones.infinity.model import PRESETS
 
     if model_preset in HART_PRESETS:
         tok = HART_TOKENIZER_PRESETS[model_preset]

@@ -13,7 +13,7 @@ import torch
 
 from varbench.core.errors import FixableError
 from varbench.core.missing import MissingFile, note
-from varbench.engine.models.checkpoints import load_state_dict_strict
+from varbench.engine.checkpoints import load_state_dict_strict
 from varbench.core.filehash import sha256_file
 
 
@@ -88,7 +88,7 @@ def load_state_dict(path: Path, *, what: str, key: Optional[str] = None, weights
 
 
 def strict_load(module: torch.nn.Module, state: dict, *, what: str, path: Path, ignore_missing: tuple[str, ...] = ()) -> None:
-    """Strict load of an evaluator's weights: `varbench.engine.models.checkpoints.load_state_dict_strict`
+    """Strict load of an evaluator's weights: `varbench.engine.checkpoints.load_state_dict_strict`
     raising `WrongWeightsError`; module keys ending in one of `ignore_missing` may be absent."""
     load_state_dict_strict(module, state, source=f"{what}: {str(path)!r}", error=WrongWeightsError,
                            hint="Wrong file or wrong model/version setting?",

@@ -13,9 +13,9 @@ import torch
 
 from varbench.core.filehash import weight_hashes
 
-from varbench.engine.models.checkpoints import load_infinity_weights, require_file
-from varbench.engine.models.infinity import PRESETS, Infinity
-from varbench.engine.runtime import InfinityRuntime
+from varbench.engine.checkpoints import load_infinity_weights, require_file
+from varbench.engine.backbones.infinity.model import PRESETS, Infinity
+from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,8 +74,8 @@ def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype):
         return load_toy_runtime(device=str(device))
     if model_family(model_cfg) == "hart":
         return build_hart_runtime(model_cfg, device, dtype)
-    from varbench.engine.models.bsq_vae import BSQVAE, load_vae
-    from varbench.engine.models.text import T5TextEncoder, WordTextEncoder
+    from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, load_vae
+    from varbench.engine.text import T5TextEncoder, WordTextEncoder
 
     cfg = PRESETS[model_cfg.preset]
     if model_cfg.random_weights:
@@ -105,10 +105,10 @@ def build_hart_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype)
     folders (``model.weights`` = ``<hart-0.7b-1024px>/llm``, ``model.vae`` = its ``tokenizer/``,
     ``model.text_encoder_path`` = the Qwen2 folder), each loaded strictly. With the released files,
     the folders' config.json decide the architecture (the preset is only a guess of them)."""
-    from varbench.engine.models.hart.model import HART, HART_PRESETS, hart_config_from_json, load_hart_weights
-    from varbench.engine.models.hart.runtime import HartRuntime
-    from varbench.engine.models.hart.tokenizer import build_hart_tokenizer, load_hart_tokenizer
-    from varbench.engine.models.text import WordTextEncoder
+    from varbench.engine.backbones.hart.model import HART, HART_PRESETS, hart_config_from_json, load_hart_weights
+    from varbench.engine.backbones.hart.runtime import HartRuntime
+    from varbench.engine.backbones.hart.tokenizer import build_hart_tokenizer, load_hart_tokenizer
+    from varbench.engine.text import WordTextEncoder
 
     if model_cfg.random_weights and model_cfg.text_encoder != "word":   # before building 0.7B parameters
         raise ValueError("model.random_weights=true needs a text encoder without weights; set model.text_encoder=word")
@@ -129,7 +129,7 @@ def build_hart_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype)
         load_hart_weights(model, llm)
         quant, decoder = load_hart_tokenizer(tok, cfg.patch_nums)
     if model_cfg.text_encoder == "qwen2":
-        from varbench.engine.models.hart.text import HartTextEncoder
+        from varbench.engine.backbones.hart.text import HartTextEncoder
 
         # the release encodes under the loop's fp16 autocast on CUDA (sample.py); fp32 elsewhere
         half = dtype if device.type == "cuda" and dtype != torch.float32 else None
@@ -178,7 +178,7 @@ def generation_resolution(rt, h_div_w: float, pn: str, schedule=None) -> list[in
         p = rt.schedule[-1][0]
         stride = rt.vae.cfg.downsample if rt.vae is not None else 16
         return [p * stride, p * stride]
-    from varbench.engine.models.schedules import scale_schedule
+    from varbench.engine.backbones.infinity.schedules import scale_schedule
 
     h, w = (schedule or scale_schedule(h_div_w, pn))[-1]
     stride = rt.vae.cfg.patch_size * (2 if rt.cfg.patchify else 1) if hasattr(rt.vae, "cfg") else 16

@@ -108,7 +108,7 @@ def _check_timing(tm: Any) -> None:
 
 
 def _schedule(model: Any, gen: Any) -> list[tuple[int, int]] | None:
-    from varbench.engine.models.schedules import RESOLUTION_PRESETS, scale_schedule
+    from varbench.engine.backbones.infinity.schedules import RESOLUTION_PRESETS, scale_schedule
 
     sched = _get(model, "schedule")
     pn, hw = _get(gen, "pn"), _get(gen, "h_div_w")

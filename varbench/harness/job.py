@@ -362,7 +362,7 @@ def _memory(job: Job, rt, traces: list[dict]) -> dict | None:
     and measured peaks, the weights as the runtime holds them (analytic for the model preset when
     the record is assembled without a runtime), and the analytic lower bound of the peak."""
     from varbench.engine.memory import kv_cache_dtype, memory_summary, module_bytes, weights_bytes
-    from varbench.engine.models.infinity import PRESETS
+    from varbench.engine.backbones.infinity.model import PRESETS
 
     preset = str(job.cfg.model.preset)
     # without a runtime: the job's dtype, but the toy model runs fp32 whatever runtime.dtype says (build_runtime)

@@ -25,7 +25,7 @@ from varbench.core.missing import MissingFile, MissingFilesError, collecting
 def model_files_missing(cfg: DictConfig) -> list[MissingFile]:
     """The model's weight files and folders (``model.weights``, ``model.vae``, the T5 folder) that
     are not there."""
-    from varbench.engine.models.checkpoints import PUBLISHED_AT
+    from varbench.engine.checkpoints import PUBLISHED_AT
     from varbench.harness.build import model_weight_files
 
     out = []

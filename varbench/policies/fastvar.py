@@ -100,7 +100,7 @@ RELEASED_PRUNE, RELEASED_SKIP, RELEASED_CACHE = GENERALISED_PRUNE, GENERALISED_S
 
 def describe_schedule(schedule: Sequence[tuple[int, int]]) -> str:
     """'h/w 1.75 (1M)' for a template schedule, else the last grid."""
-    from varbench.engine.models.schedules import RESOLUTION_PRESETS, TEMPLATES
+    from varbench.engine.backbones.infinity.schedules import RESOLUTION_PRESETS, TEMPLATES
 
     sched = [tuple(g) for g in schedule]
     for ratio, grids in TEMPLATES.items():

@@ -1,6 +1,6 @@
 """Teacher-forced Infinity forward for training: every scale in one pass, block-causal attention.
 
-Inference (`varbench.engine.runtime`) runs scale by scale with a KV cache, so scale s attends to the keys
+Inference (`varbench.engine.backbones.infinity.runtime`) runs scale by scale with a KV cache, so scale s attends to the keys
 of scales 0..s. Training runs all scales at once with the ground-truth bits as inputs, so the same
 visibility is a block-causal mask: a token of scale s may attend to every token of scales <= s
 (including all tokens of its own scale). Everything else is the runtime's computation, made from
@@ -26,14 +26,14 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from varbench.engine.models.bsq_vae import bits_to_codes
-from varbench.engine.models.infinity import Infinity
-from varbench.engine.models.schedules import apply_rope, rope_reference_grid, rope_table
-from varbench.engine.models.text import TextBatch
+from varbench.engine.backbones.infinity.bsq_vae import bits_to_codes
+from varbench.engine.backbones.infinity.model import Infinity
+from varbench.engine.backbones.infinity.schedules import apply_rope, rope_reference_grid, rope_table
+from varbench.engine.text import TextBatch
 
 
 def condition(model: Infinity, text: TextBatch, drop: Optional[torch.Tensor] = None, ca_bf16: bool = True):
-    """(ca_text, ca_mask, cond, shared_gss) as the runtime's text conditioning (`varbench.engine.state`) computes them.
+    """(ca_text, ca_mask, cond, shared_gss) as the runtime's text conditioning (`varbench.engine.backbones.infinity.state`) computes them.
 
     drop: (B,) bool; rows where True use the learned unconditional placeholder instead of the
     prompt's tokens (same length and mask as the prompt), exactly the runtime's CFG uncond rows.

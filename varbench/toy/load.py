@@ -17,10 +17,10 @@ from typing import Optional
 import torch
 
 from varbench.core.errors import FixableError
-from varbench.engine.models.bsq_vae import BSQVAE, load_vae_state_dict
-from varbench.engine.models.checkpoints import load_state_dict_strict
-from varbench.engine.models.infinity import PRESETS, Infinity
-from varbench.engine.models.text import WordTextEncoder
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, load_vae_state_dict
+from varbench.engine.checkpoints import load_state_dict_strict
+from varbench.engine.backbones.infinity.model import PRESETS, Infinity
+from varbench.engine.text import WordTextEncoder
 from varbench.core.filehash import sha256_file as sha256
 from varbench.toy import world
 
@@ -101,7 +101,7 @@ def toy_sampling(weights_dir: Optional[Path] = None) -> dict:
 
 def load_toy_runtime(device: str | torch.device = "cpu", weights_dir: Optional[str | Path] = None):
     """Build the 'toy' Infinity + 'toy' BSQ-VAE + word encoder and strictly load the shipped weights."""
-    from varbench.engine.runtime import InfinityRuntime
+    from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
     d = Path(weights_dir or WEIGHTS_DIR)
     manifest = read_manifest(d)

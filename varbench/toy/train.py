@@ -39,10 +39,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from varbench.engine.models.bsq_vae import BSQVAE
-from varbench.engine.models.checkpoints import load_state_dict_strict
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
+from varbench.engine.checkpoints import load_state_dict_strict
 from varbench.core.jsonio import atomic_write_bytes
-from varbench.engine.models.infinity import PRESETS, Infinity
+from varbench.engine.backbones.infinity.model import PRESETS, Infinity
 from varbench.toy import world
 from varbench.toy.forward import bit_targets, per_token_bit_ce, teacher_forced_logits
 from varbench.toy.load import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,
@@ -337,7 +337,7 @@ def evaluate_runtime(rt, n_prompts: int, n_samples: int, prompt_seed: int, sampl
 
 def random_runtime(seed: int = 0, text_layers: int = 0):
     """A same-size toy model with random weights (and the trained... nothing): the floor."""
-    from varbench.engine.runtime import InfinityRuntime
+    from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
     torch.manual_seed(seed)
     mcfg = PRESETS[TOY_MODEL_PRESET]

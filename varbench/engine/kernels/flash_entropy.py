@@ -137,7 +137,7 @@ def kernel(interpret: bool):
     """triton.jit / interpreter wrapper of `_flash_entropy_fwd`, built once per mode.
 
     The one launch point (`kernel(interpret)[grid](...)`), public so that the fake-CUDA dry run
-    (`varbench.engine.fake_cuda`) and the fallback tests can stand in for the compiled kernel."""
+    (`varbench.testing.fake_cuda`) and the fallback tests can stand in for the compiled kernel."""
     if interpret not in _KERNELS:
         if interpret:
             from triton.runtime.interpreter import InterpretedFunction

@@ -462,7 +462,7 @@ def convert_checkpoint(src: Path, out_dir: Path, config=None, trust_pickle: bool
                               f"{config.num_labels} labels; GenEval needs the 80-class COCO instance model.")
     hf_sd = convert_state_dict(sd, config)
     model = Mask2FormerForUniversalSegmentation(config)
-    from varbench.engine.models.checkpoints import load_state_dict_strict
+    from varbench.engine.checkpoints import load_state_dict_strict
 
     load_state_dict_strict(model, hf_sd, source=f"{str(src)!r} converted", error=ConversionError,
                            hint="the converter and the target config disagree; report it with the file's sha256.")

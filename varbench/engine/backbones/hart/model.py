@@ -3,7 +3,7 @@
 HART = a next-scale AR transformer over discrete tokens (VAR-style scales, Llama blocks, 2-D RoPE) plus a
 small residual diffusion MLP head that samples the continuous remainder of the last scale
 (`diffloss.net`, an MLP with AdaLN, 8 respaced IDDPM steps). The modules here hold the weights and the
-per-sublayer math; `varbench.engine.models.hart.sampling.sample_hart` is the released sampling loop on top of them.
+per-sublayer math; `varbench.engine.backbones.hart.sampling.sample_hart` is the released sampling loop on top of them.
 
 Names and shapes equal the released `HARTForT2I` module tree (`tests/fixtures/keys/hart_0p7b.txt`,
 derived from upstream's code), so a released `llm/` folder loads strictly (`load_hart_weights`).
@@ -470,7 +470,7 @@ def build_hart_quantizer(preset: str | HartConfig, device: str | torch.device = 
 def load_hart_state(model: nn.Module, sd: dict, source: str) -> None:
     """Strict load of a HART transformer (or, for a HartQuantizer, the tokenizer's `quantize.*` keys):
     every missing and unexpected key named (`checkpoints.load_state_dict_strict`)."""
-    from varbench.engine.models.checkpoints import load_state_dict_strict
+    from varbench.engine.checkpoints import load_state_dict_strict
 
     if isinstance(model, HartQuantizer):
         sd = {k.removeprefix("quantize."): v for k, v in sd.items() if k.startswith("quantize.")}
@@ -485,7 +485,7 @@ def load_hart_state(model: nn.Module, sd: dict, source: str) -> None:
 def load_hart_weights(model: HART, folder: str | os.PathLike, ema: bool = True) -> None:
     """Load a released `llm/` folder: `ema_model.bin` (what sample.py uses by default) or the safetensors /
     `pytorch_model.bin` weights."""
-    from varbench.engine.models.checkpoints import read_state_dict, require_file
+    from varbench.engine.checkpoints import read_state_dict, require_file
 
     p = require_file(folder, "HART transformer folder (hart-0.7b-1024px/llm)")
     cands = (["ema_model.bin"] if ema else []) + ["model.safetensors", "pytorch_model.bin"]

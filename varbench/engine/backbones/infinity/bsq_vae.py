@@ -40,7 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from varbench.core.errors import FixableError
-from varbench.engine.models.checkpoints import CheckpointMismatch, load_state_dict_strict
+from varbench.engine.checkpoints import CheckpointMismatch, load_state_dict_strict
 
 __all__ = [
     "VAEConfig",

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from varbench.engine.models.checkpoints import load_state_dict_strict
+from varbench.engine.checkpoints import load_state_dict_strict
 
 
 @dataclasses.dataclass
@@ -49,7 +49,7 @@ class T5TextEncoder(nn.Module):
         super().__init__()
         from transformers import AutoTokenizer, T5EncoderModel
 
-        from varbench.engine.models.checkpoints import require_file
+        from varbench.engine.checkpoints import require_file
 
         path = require_file(folder, "flan-t5-xl text encoder folder", setting="model.text_encoder.path")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), legacy=True)

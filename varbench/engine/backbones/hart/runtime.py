@@ -5,12 +5,12 @@ plans, hands it the same `ScaleSignals`, and returns the same `GenerationOutput`
     out = rt.generate(["a red circle"], seeds=[0], policy=Baseline(), cfg=4.5)
 
 What is shared with Infinity: the plan and signal types (`varbench.engine.plan`), the policy
-interface, the KV cache and its budget rule (`varbench.engine.state`), the pruned-branch cache
-fill (`varbench.engine.pruned.cached_branch`), the exact attention entropy, the timing marks, the
+interface, the KV cache and its budget rule (`varbench.engine.backbones.infinity.state`), the pruned-branch cache
+fill (`varbench.engine.backbones.infinity.pruned.cached_branch`), the exact attention entropy, the timing marks, the
 trace and FLOPs formats. What is HART's (this folder): stage 0 is the text context, tokens are
 categorical over a 4096-word codebook (token entropy = the entropy of the guided softmax), f_hat
 grows through the shared phi convs, and the last stage adds the residual diffusion head's sample
-(timed inside the AR loop and counted in its FLOPs, `varbench.engine.models.hart.flops`).
+(timed inside the AR loop and counted in its FLOPs, `varbench.engine.backbones.hart.flops`).
 
 The schedule a policy sees is HART's patch_nums as square grids ((1, 1), (2, 2), ..., (64, 64)
 for the 0.7B): HART is square-only at its trained resolution (1024², 64x64 tokens).
@@ -35,14 +35,14 @@ import torch
 from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
                                          scatter_per_scale, step_groups)
 from varbench.engine.effect import no_effect_reason
-from varbench.engine.models.hart.flops import hart_image_flops, hart_scale_flops, hart_text_flops
-from varbench.engine.models.hart.model import HART, HartQuantizer
-from varbench.engine.models.hart.sampling import DiffusionSchedule
-from varbench.engine.models.hart.state import HartState
-from varbench.engine.models.text import TextBatch
+from varbench.engine.backbones.hart.flops import hart_image_flops, hart_scale_flops, hart_text_flops
+from varbench.engine.backbones.hart.model import HART, HartQuantizer
+from varbench.engine.backbones.hart.sampling import DiffusionSchedule
+from varbench.engine.backbones.hart.state import HartState
+from varbench.engine.text import TextBatch
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.runtime import GenerationOutput, note_kv_bytes, policy_kv_capacity, per_scale_values, Timer
+from varbench.engine.backbones.infinity.runtime import GenerationOutput, note_kv_bytes, policy_kv_capacity, per_scale_values, Timer
 
 log = logging.getLogger("varbench.engine.hart")
 

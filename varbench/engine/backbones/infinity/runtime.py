@@ -8,10 +8,10 @@ cached-residual or pass-through fill); compute logits, temper, guide, sample bit
 accumulate codes with the VAE's trilinear interpolation; hand `ScaleSignals` to the policy.
 
 This module is the loop and what it hands back (`GenerationOutput`). One scale's work lives beside it:
-- `varbench.engine.state`: the generation state (KV cache, codes, residual caches, generators) and
+- `varbench.engine.backbones.infinity.state`: the generation state (KV cache, codes, residual caches, generators) and
   its scale step (`GenState.step`); a full block is `block_step`'s lean path (constants prepared once
   per generation, ~40 ops);
-- `varbench.engine.pruned`: a block under a plan (pruned, keeping residuals, asked for attention
+- `varbench.engine.backbones.infinity.pruned`: a block under a plan (pruned, keeping residuals, asked for attention
   entropy), computing its full sublayers with the same ops, so a neutral plan reproduces the
   baseline bit for bit;
 - `varbench.engine.attention`: the exact attention entropy (the fused kernel is `kernels/`);
@@ -37,18 +37,18 @@ import torch.nn.functional as F
 
 from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
                                          scatter_per_scale, step_groups)
-from varbench.engine.block_step import rope_qkv_table
+from varbench.engine.backbones.infinity.block_step import rope_qkv_table
 from varbench.engine.effect import no_effect_reason
 from varbench.engine.flops import image_flops, scale_flops, text_flops
 from varbench.engine.graphs import StepGraphs
-from varbench.engine.models.infinity import Infinity
-from varbench.engine.models.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
-from varbench.engine.models.text import TextBatch
+from varbench.engine.backbones.infinity.model import Infinity
+from varbench.engine.backbones.infinity.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
+from varbench.engine.text import TextBatch
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.state import GenState, kv_cache_bytes, kv_staging_capacity
+from varbench.engine.backbones.infinity.state import GenState, kv_cache_bytes, kv_staging_capacity
 
-log = logging.getLogger("varbench.engine.runtime")
+log = logging.getLogger("varbench.engine.backbones.infinity.runtime")
 
 
 @dataclasses.dataclass
@@ -106,7 +106,7 @@ class InfinityRuntime:
                  dtype: torch.dtype = torch.float32, ca_bf16: bool = True, cuda_graphs: Optional[bool] = None,
                  fused_entropy: bool = True):
         """`dtype=torch.bfloat16` casts the blocks to bf16 and computes as the released bf16 autocast
-        run does, with the casts written out (`varbench.engine.block_step`): word embedding and blocks in
+        run does, with the casts written out (`varbench.engine.backbones.infinity.block_step`): word embedding and blocks in
         bf16, LayerNorms, q/k normalisation, RoPE, the residual stream and the head in fp32.
         `ca_bf16` computes cross-attention as the released flash-attn call does (bf16 inputs, P and
         output) even in fp32 runs; False is exact fp32 attention (a reference, not the release).
@@ -317,7 +317,7 @@ def policy_kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Op
     """Per-block KV capacities between scales for this generation: the largest any (reset) policy
     asks for (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the
     baseline: every block holds the whole schedule and no staging buffer is allocated). The state
-    sizes its staging buffer from these (`varbench.engine.state.kv_staging_capacity`)."""
+    sizes its staging buffer from these (`varbench.engine.backbones.infinity.state.kv_staging_capacity`)."""
     full = sum(h * w for h, w in ctx.schedule)
     asked = [c for p in policies if (c := getattr(p, "kv_capacity", lambda: None)()) is not None]
     if not asked:

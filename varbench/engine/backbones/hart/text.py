@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 
 from varbench.core.errors import ConfigError
-from varbench.engine.models.text import TextBatch
+from varbench.engine.text import TextBatch
 
 #: the released `llm_system_prompt` (hart/utils/constants.py), byte for byte: the encoder's output depends on
 #: every token of it (tests/engine/test_hart_text.py checks its SHA-256 against the one upstream's generator recorded)
@@ -63,7 +63,7 @@ class HartTextEncoder(nn.Module):
         super().__init__()
         from transformers import AutoModel, AutoTokenizer
 
-        from varbench.engine.models.checkpoints import require_file
+        from varbench.engine.checkpoints import require_file
 
         path = require_file(folder, "HART text encoder folder (Qwen2, mit-han-lab/Qwen2-VL-1.5B-Instruct)",
                             setting="model.text_encoder_path")

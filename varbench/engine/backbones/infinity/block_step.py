@@ -7,7 +7,7 @@ attention kernel takes. A full block then dispatches about 40 aten ops (CPU, fp3
 `experiments/runtime_ops.py` counts them). On a GPU each op is a kernel launch or a host-side view,
 so this is what an eager scale step costs before any CUDA graph.
 
-Numerics are the released ones (`varbench/engine/models/infinity.py` documents them); the fused forms
+Numerics are the released ones (`varbench/engine/backbones/infinity/model.py` documents them); the fused forms
 below change results only in the last ulp (fused multiply-adds), which the upstream golden tests
 check at the level of sampled bits:
 - modulated LayerNorm: `addcmul(shift, LN(x), 1 + scale)`; residual: `addcmul(x, branch, gamma)`;
@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from varbench.engine.models.infinity import CrossAttnBlock, KeyRuns, varlen_attention
+from varbench.engine.backbones.infinity.model import CrossAttnBlock, KeyRuns, varlen_attention
 
 
 def _expand_t(weight: torch.Tensor, rows: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """HART's released sampling loop (`HARTForT2I.autoregressive_infer_cfg`) and residual diffusion sampler,
-on `varbench.engine.models.hart` modules. Reproduces the release bit for bit in tokens on the
+on `varbench.engine.backbones.hart` modules. Reproduces the release bit for bit in tokens on the
 `tests/fixtures/hart_golden` fixture; a foundation for the runtime seam (no Policy hooks yet).
 
 Released behaviour kept on purpose (each is visible in the fixture):
@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from varbench.engine.models.hart.model import HART, HartQuantizer, rope_1d, rope_2d, stage_positions
+from varbench.engine.backbones.hart.model import HART, HartQuantizer, rope_1d, rope_2d, stage_positions
 
 
 def sample_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:

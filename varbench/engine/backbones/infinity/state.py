@@ -9,9 +9,9 @@ entropies and trace, and the per-block constants of its rows (text, AdaLN). Its 
 scale: the blocks under the plan, the head, guidance, sampling per image, and the accumulation of
 the sampled codes; it returns the `ScaleSignals` the policy observes.
 
-Inside a step, a full block takes the lean path (`GenState.full_block`, `varbench.engine.block_step`);
+Inside a step, a full block takes the lean path (`GenState.full_block`, `varbench.engine.backbones.infinity.block_step`);
 a block under a plan (pruned, keeping residuals, asked for attention entropy) takes
-`varbench.engine.pruned.planned_block`, which computes its full sublayers with the same ops, so a
+`varbench.engine.backbones.infinity.pruned.planned_block`, which computes its full sublayers with the same ops, so a
 neutral plan reproduces the baseline bit for bit. In graph mode (`graphs` set, by the runtime) the
 device work of a step (`core`) is captured and replayed by `varbench.engine.graphs.StepGraphs`.
 
@@ -30,14 +30,14 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from varbench.engine import pruned
+from varbench.engine.backbones.infinity import pruned
 from varbench.engine.batch_split import group_rows_in_place, image_rows, part_rows, part_starts, split_residuals, take_rows
-from varbench.engine.block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, sa_out
-from varbench.engine.models.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
-from varbench.engine.models.infinity import CrossAttnBlock, key_runs
-from varbench.engine.models.text import TextBatch
+from varbench.engine.backbones.infinity.block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.backbones.infinity.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
+from varbench.engine.backbones.infinity.model import CrossAttnBlock, key_runs
+from varbench.engine.text import TextBatch
 from varbench.engine.plan import BlockPlan, GenerationContext, KVBudget, KVSelectContext, ScalePlan, ScaleSignals, is_neutral
-from varbench.engine.sampling import bit_entropy, guided_logits, sample_bits
+from varbench.engine.backbones.infinity.sampling import bit_entropy, guided_logits, sample_bits
 
 _FULL = BlockPlan()
 
@@ -274,7 +274,7 @@ class StepOut:
 
 def new_generator(device: torch.device, seed: int) -> torch.Generator:
     """The per-image sampling generator on `device`, seeded. One function so that the fake-CUDA dry
-    run (`varbench.engine.fake_cuda`), where no CUDA generator can exist without a driver, can stand one in."""
+    run (`varbench.testing.fake_cuda`), where no CUDA generator can exist without a driver, can stand one in."""
     g = torch.Generator(device=device)
     g.manual_seed(int(seed))
     return g
@@ -545,7 +545,7 @@ class GenState:
             self.summed_codes += codes
 
     def full_block(self, si: int, bi: int, x: torch.Tensor) -> torch.Tensor:
-        """The baseline block: every token, the fewest ops (see `varbench.engine.block_step`).
+        """The baseline block: every token, the fewest ops (see `varbench.engine.backbones.infinity.block_step`).
         Public as the hook that `experiments/runtime_ops.py` and the fake-CUDA dry run wrap."""
         bc = self.consts[bi]
         rot = qkv_rope(bc, modulated_norm(x, bc.scale1, bc.shift1, bc.eps), self.rope[si])   # (3, rows, H, n, c)

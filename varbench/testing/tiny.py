@@ -13,10 +13,10 @@ import os
 
 import torch
 
-from varbench.engine.models.bsq_vae import BSQVAE
-from varbench.engine.models.infinity import PRESETS, Infinity, InfinityConfig
-from varbench.engine.models.text import WordTextEncoder
-from varbench.engine.runtime import InfinityRuntime
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
+from varbench.engine.backbones.infinity.model import PRESETS, Infinity, InfinityConfig
+from varbench.engine.text import WordTextEncoder
+from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
 def perturb_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
     g = torch.Generator().manual_seed(seed)
@@ -39,8 +39,8 @@ def tiny_runtime(seed: int = 0, **overrides) -> InfinityRuntime:
 def tiny_hart_runtime(seed: int = 0, decoder: bool = True, **overrides):
     """A runtime with a tiny random HART ('hart_tiny'; `overrides` change HartConfig fields), its
     quantizer, a tiny random tokenizer decoder (`decoder=False`: none) and a word-level text encoder."""
-    from varbench.engine.models.hart.model import HART_PRESETS, build_hart, build_hart_quantizer
-    from varbench.engine.models.hart.runtime import HartRuntime
+    from varbench.engine.backbones.hart.model import HART_PRESETS, build_hart, build_hart_quantizer
+    from varbench.engine.backbones.hart.runtime import HartRuntime
 
     cfg = dataclasses.replace(HART_PRESETS["hart_tiny"], **overrides)
     torch.manual_seed(seed)
@@ -48,7 +48,7 @@ def tiny_hart_runtime(seed: int = 0, decoder: bool = True, **overrides):
     perturb_(model, seed + 1, std=0.1)   # q/v biases and scale_mul start constant
     dec = None
     if decoder:
-        from varbench.engine.models.hart.tokenizer import build_hart_tokenizer
+        from varbench.engine.backbones.hart.tokenizer import build_hart_tokenizer
 
         dec = build_hart_tokenizer("hart_tiny", cfg.patch_nums)[1]
         perturb_(dec, seed + 2)

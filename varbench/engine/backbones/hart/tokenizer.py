@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from varbench.core.errors import ConfigError
-from varbench.engine.models.hart.model import HartQuantizer, load_hart_state
+from varbench.engine.backbones.hart.model import HartQuantizer, load_hart_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +266,7 @@ def split_tokenizer_state(sd: dict[str, torch.Tensor], cfg: HartTokenizerConfig,
     """A released tokenizer state dict -> (`quantize.*` keys, decoder keys without `vae.`). Every dropped
     prefix must be present (else `CheckpointMismatch`: not a HART tokenizer file); other keys pass on to the
     strict loads, which name anything unexpected."""
-    from varbench.engine.models.checkpoints import CheckpointMismatch
+    from varbench.engine.checkpoints import CheckpointMismatch
 
     drop = dropped_prefixes(cfg)
     absent = [p for p in drop if not any(k.startswith(p) for k in sd)]
@@ -280,7 +280,7 @@ def split_tokenizer_state(sd: dict[str, torch.Tensor], cfg: HartTokenizerConfig,
 
 def load_tokenizer_state(quant: HartQuantizer, decoder: HartImageDecoder, sd: dict[str, torch.Tensor], source: str) -> None:
     """Strict loads of both parts; missing and unexpected keys named (`checkpoints.load_state_dict_strict`)."""
-    from varbench.engine.models.checkpoints import load_state_dict_strict
+    from varbench.engine.checkpoints import load_state_dict_strict
 
     q_sd, d_sd = split_tokenizer_state(sd, decoder.cfg, source)
     load_hart_state(quant, q_sd, source)
@@ -296,7 +296,7 @@ def load_hart_tokenizer(folder: str | os.PathLike, patch_nums: Optional[tuple[in
     """(quantizer, decoder) from a released `tokenizer/` folder (config.json + weights), loaded strictly,
     in eval mode without gradients. `patch_nums`: the transformer's scales (HartConfig.patch_nums), which
     the quantizer's next-scale inputs follow; default the tokenizer config's own `v_patch_nums`."""
-    from varbench.engine.models.checkpoints import read_state_dict, require_file
+    from varbench.engine.checkpoints import read_state_dict, require_file
 
     p = require_file(folder, "HART tokenizer folder (hart-0.7b-1024px/tokenizer)", setting="model.vae")
     cfg = hart_tokenizer_config_from_json(require_file(p / "config.json", "HART tokenizer config.json", setting="model.vae"))

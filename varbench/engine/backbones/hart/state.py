@@ -3,13 +3,13 @@
     state = HartState(rt, ctx, text, negative, seeds, kv_capacity, generators)
     signals = state.step(si, plan, cfg, tau, top_k, top_p, more_smooth)     # once per stage, in order
 
-What a stage does (the release's `autoregressive_infer_cfg`, `varbench.engine.models.hart.sampling`):
+What a stage does (the release's `autoregressive_infer_cfg`, `varbench.engine.backbones.hart.sampling`):
 the blocks over the stage's tokens (stage 0: the text context; stage si > 0: the word embedding of
 the area-downsampled f_hat), the head, guidance with the release's ramp t = cfg * si / (S - 1),
 top-k sampling, the codebook embedding (or the gumbel mixture with `more_smooth`), the shared phi
 convs into f_hat; at the last stage also the residual diffusion head.
 
-Under a plan, as on Infinity (`varbench.engine.pruned` holds the rules this module shares):
+Under a plan, as on Infinity (`varbench.engine.backbones.infinity.pruned` holds the rules this module shares):
 - a block "skip" is the identity (no K/V appended); "prune" runs each sublayer in `sublayers`
   ("sa", "ffn": HART has no cross-attention) on the kept tokens only, chosen by the plan's indices
   or selector on the live stream before each sublayer; `prune_kv` drops the pruned tokens from the
@@ -20,7 +20,7 @@ Under a plan, as on Infinity (`varbench.engine.pruned` holds the rules this modu
 - `attention_entropy_for` measures the per-query self-attention entropy exactly
   (`varbench.engine.attention`); at stage 0 the one query whose logits sample the 1x1 token (the
   last text position);
-- `kv` budgets evict with the shared rule (`varbench.engine.state.apply_kv_budget`);
+- `kv` budgets evict with the shared rule (`varbench.engine.backbones.infinity.state.apply_kv_budget`);
 - a skipped stage samples nothing and adds nothing to f_hat; the next stage reads f_hat as it is
   (area-downsampled); a skipped last stage also skips the diffusion head;
 - `drop_uncond` runs the conditional rows only from then on (no guidance).
@@ -44,13 +44,13 @@ import torch.nn.functional as F
 
 from varbench.engine.attention import attention_entropy
 from varbench.engine.batch_split import image_rows, split_residuals, take_rows
-from varbench.engine.models.hart.model import rope_1d, rope_2d, stage_positions
-from varbench.engine.models.hart.sampling import diffusion_sample, gumbel_mix, sample_top_k_top_p
-from varbench.engine.models.text import TextBatch
+from varbench.engine.backbones.hart.model import rope_1d, rope_2d, stage_positions
+from varbench.engine.backbones.hart.sampling import diffusion_sample, gumbel_mix, sample_top_k_top_p
+from varbench.engine.text import TextBatch
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick, is_neutral
-from varbench.engine.pruned import cached_branch
-from varbench.engine import state as engine_state
-from varbench.engine.state import KVCache, apply_kv_budget, kv_staging_capacity
+from varbench.engine.backbones.infinity.pruned import cached_branch
+from varbench.engine.backbones.infinity import state as engine_state
+from varbench.engine.backbones.infinity.state import KVCache, apply_kv_budget, kv_staging_capacity
 
 _FULL = BlockPlan()
 SUBLAYERS = ("sa", "ffn")

@@ -2,7 +2,7 @@
 
 Parameter names and shapes equal the released checkpoints (`tests/fixtures/keys/infinity_*.txt`),
 so `infinity_2b_reg.pth` and the 8B shards load unchanged. The modules hold weights and the
-per-sublayer math; the next-scale loop, KV cache, pruning and sampling live in `varbench.engine.runtime`.
+per-sublayer math; the next-scale loop, KV cache, pruning and sampling live in `varbench.engine.backbones.infinity.runtime`.
 
 Numerics follow the released inference path:
 - AdaLN modulation in fp32: (ada_gss + shared_ada_lin(cond)) -> gamma1, gamma2, scale1, scale2,

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from varbench.engine.attention import attention_entropy
-from varbench.engine.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
 from varbench.engine.plan import BlockPlan, SelectorContext, entropy_query_pick
 
 

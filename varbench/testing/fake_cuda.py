@@ -420,7 +420,7 @@ class _MemoFullBlock:
     blocks with that key are stood in by what a real block leaves behind (its K/V appended to the
     cache through the runtime's own `KVCache.append`, a new residual stream tensor) with the
     measured transient peak added to the ledger and the measured ops counted. Blocks under a plan
-    (`varbench.engine.pruned.planned_block`) always run for real."""
+    (`varbench.engine.backbones.infinity.pruned.planned_block`) always run for real."""
 
     def __init__(self, real, ledger: _Ledger):
         self.real, self.led = real, ledger
@@ -492,10 +492,10 @@ class FakeCuda:
         self._stack: Optional[contextlib.ExitStack] = None
 
     def __enter__(self) -> "FakeCuda":
-        from varbench.engine import state
+        from varbench.engine.backbones.infinity import state
         from varbench.engine.kernels import flash_entropy
-        from varbench.engine.models import schedules
-        from varbench.engine.models.hart.state import HartState
+        from varbench.engine.backbones.infinity import schedules
+        from varbench.engine.backbones.hart.state import HartState
 
         s = self._stack = contextlib.ExitStack()
         # a module-level cache of CPU tensors: real ones must not enter the fake mode, fake ones must
@@ -541,9 +541,9 @@ class FakeCuda:
         """Infinity (a PRESETS name or an InfinityConfig, optionally with `depth` blocks) + its VAE,
         built on meta and materialised as fake CUDA tensors, blocks cast to `dtype` before
         materialising (as `experiments.device_bench` builds them), cuda_graphs off."""
-        from varbench.engine.models.bsq_vae import BSQVAE
-        from varbench.engine.models.infinity import PRESETS, Infinity
-        from varbench.engine.runtime import InfinityRuntime
+        from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
+        from varbench.engine.backbones.infinity.model import PRESETS, Infinity
+        from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 
         cfg = PRESETS[preset] if isinstance(preset, str) else preset
         if depth is not None:
@@ -567,9 +567,9 @@ class FakeCuda:
         name), built on meta and materialised as fake CUDA tensors in fp32, as the release keeps its
         weights; `dtype` float16 (the release) / bfloat16 runs the loop under autocast. No text
         encoder: `generate` hands the runtime pre-encoded text."""
-        from varbench.engine.models.hart.model import HART_PRESETS, build_hart
-        from varbench.engine.models.hart.runtime import HartRuntime
-        from varbench.engine.models.hart.tokenizer import build_hart_tokenizer
+        from varbench.engine.backbones.hart.model import HART_PRESETS, build_hart
+        from varbench.engine.backbones.hart.runtime import HartRuntime
+        from varbench.engine.backbones.hart.tokenizer import build_hart_tokenizer
 
         name = preset if isinstance(preset, str) else None
         cfg = HART_PRESETS[preset] if isinstance(preset, str) else preset
@@ -589,7 +589,7 @@ class FakeCuda:
     def text(self, cfg, batch: int, length: int = 30):
         """Pre-encoded text as `experiments.device_bench` uses: `length` real tokens per prompt (an
         InfinityConfig's T5 width, or a HartConfig's Qwen2 width; HART pads it to its context)."""
-        from varbench.engine.models.text import TextBatch
+        from varbench.engine.text import TextBatch
 
         width, most = (cfg.context_dim, cfg.context_token) if hasattr(cfg, "context_dim") else (cfg.text_channels, cfg.text_maxlen)
         length = min(length, most)
