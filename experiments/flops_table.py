@@ -58,7 +58,7 @@ and `--check` (run by tests/engine/test_flops_docs.py) lists every place that no
 at batch 1 and 8, from the same plans: the buffers allocated and the most positions in use. KV-budget
 presets (ScaleKV and its compositions, `MEMORY_METHODS`) size each block's buffer to what it keeps
 between scales plus one shared staging buffer (the runtime's rule: `kv_plan_bytes(..., staging=)`
-equals `varbench.engine.backbones.infinity.runtime.analytic_kv_bytes`). ScaleKV's released budget files are not in the
+equals `varbench.engine.kv_cache.analytic_kv_bytes`). ScaleKV's released budget files are not in the
 repo: `--budgets DIR` reads them from DIR (2b_10%_budget.json, 8b_10%_budget.json, as released);
 without it a preset whose file is absent runs on `varbench.policies.scalekv.synthetic_budgets` of
 the released shape (OURS: drafter block 0, refiners at 10%), and the output says so per row.
@@ -76,10 +76,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from varbench.engine.flops import plan_trace, scale_flops, text_flops
-from varbench.engine.memory import kv_plan_bytes, weights_bytes
-from varbench.engine.backbones.infinity.state import kv_staging_capacity
-from varbench.engine.stage_flops import HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS, T5_MAX_LENGTH, preset_stage_flops
+from varbench.engine.backbones.infinity.flops import scale_flops, text_flops
+from varbench.engine.flops import plan_trace
+from varbench.engine.backbones.infinity.memory import weights_bytes
+from varbench.engine.memory import kv_plan_bytes
+from varbench.engine.kv_cache import kv_staging_capacity
+from varbench.engine.backbones import preset_stage_flops
+from varbench.engine.backbones.hart.stage_flops import HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS
+from varbench.engine.stage_flops import T5_MAX_LENGTH
 from varbench.engine.backbones.hart.flops import hart_plan_trace, hart_scale_flops, hart_text_flops
 from varbench.engine.backbones.hart.model import HART_PRESETS
 from varbench.engine.backbones.infinity.model import PRESETS
@@ -401,7 +405,7 @@ def render_table(methods=DEFAULT_METHODS) -> str:
              f"not real prompts. 1024² ({SCENARIO['pn']}), h/w {SCENARIO['h_div_w']}, batch {SCENARIO['batch']}, "
              f"CFG on, {SCENARIO['text_len']} text tokens.", "",
              "\"x fewer\" = baseline FLOPs / the config's FLOPs per image. *Transformer*: the transformer alone",
-             "(varbench/engine/flops.py), the part methods change. *End to end*: plus the flan-t5-xl encoder over its",
+             "(varbench/engine/backbones/infinity/flops.py), the part methods change. *End to end*: plus the flan-t5-xl encoder over its",
              f"{SCENARIO['t5_tokens']} padded tokens and one VAE decode at 1024² (varbench/engine/stage_flops.py), which every",
              "method runs unchanged. Baseline per image, TFLOPs:", ""]
     lines += ["| model | transformer | T5 encoder | VAE decode | end to end |", "|---|---:|---:|---:|---:|"]

@@ -148,7 +148,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 out = fc.generate(rt, make_policy(preset, rt.cfg.depth), batch)
                 checks = _checks
             ran = [t for t in out.trace if t["ran"]]
-            # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.backbones.infinity.state.KVCache`;
+            # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.kv_cache.KVCache`;
             # bf16 on Infinity; on HART the autocast dtype, fp16 (HartState.kv_dtype: SDPA reads K/V in it))
             kv = out.kv_bytes[-1]["allocated"]   # per-block capacities (smaller under a KV budget) + its staging buffer
             row.update(

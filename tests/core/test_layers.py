@@ -1,6 +1,8 @@
 """The package's shape, checked from the source: layers import only layers below them, no import
 circle (function-local imports count: a lazy import of a higher layer is still a circle), no private
 name crosses a module boundary, and `varbench/` holds only packages beside `__init__`/`__main__`.
+Inside `engine`, the backbone-agnostic seam imports no backbone (`engine.backbones.*`) and a backbone
+imports the seam and its own folder only, never another backbone.
 
 Every ``import``/``from ... import`` in the package is read with `ast` (no module is imported), so
 the test also covers modules whose optional dependencies are not installed here."""
@@ -120,6 +122,65 @@ def _testing_imports(edges: dict) -> list[str]:
     return [f"{path.relative_to(ROOT)}:{line} {name} -> {dep}" for name, deps in edges.items()
             for dep, (path, line) in deps.items()
             if _layer(dep) == "testing" and _layer(name) not in TESTING_USERS]
+
+
+BACKBONES = "varbench.engine.backbones"
+
+
+def _backbone(name: str) -> str | None:
+    """`varbench.engine.backbones.<family>...` -> family; None for the seam (and the backbones' index)."""
+    parts = name.split(".")
+    return parts[3] if name.startswith(BACKBONES + ".") and len(parts) > 3 else None
+
+
+def _backbone_imports(edges: dict) -> list[str]:
+    """Engine imports that cross the seam the wrong way: the seam (every `engine` module outside
+    `engine/backbones/`) into a backbone or the backbones' index, or one backbone into another (or
+    into the index, which names every backbone)."""
+    wrong = []
+    for name, deps in edges.items():
+        if _layer(name) != "engine" or name == BACKBONES:   # the index may name every backbone
+            continue
+        here = _backbone(name)
+        for dep, (path, line) in deps.items():
+            if dep != BACKBONES and not dep.startswith(BACKBONES + "."):
+                continue
+            there = _backbone(dep)
+            if here is None:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} seam {name} -> backbone {dep}")
+            elif there != here:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} backbone {here} ({name}) -> {dep}")
+    return wrong
+
+
+def test_the_engine_seam_imports_no_backbone_and_no_backbone_another():
+    """A new backbone is a new folder: the seam (plan, policy, KV cache, pruned-residual fill, batch
+    splitting, graphs, memory, FLOPs helpers, text encoders, generation output) knows none, and
+    no backbone leans on another."""
+    modules, edges = _graph()
+    assert any(_backbone(m) == "infinity" for m in modules) and any(_backbone(m) == "hart" for m in modules)
+    wrong = _backbone_imports(edges)
+    assert wrong == [], "engine imports across the backbone seam:\n" + "\n".join(wrong)
+
+
+def test_the_backbone_check_finds_a_crossing():
+    """The check above can fail: a seam module importing a backbone, a backbone importing another or
+    the index, each found; the seam, a backbone's own folder and the index itself pass."""
+    at = (PKG / "engine" / "plan.py", 1)
+    edges = {
+        "varbench.engine.plan": {"varbench.engine.backbones.hart.model": at, "varbench.core.errors": at},
+        "varbench.engine.stage_flops": {BACKBONES: at},
+        "varbench.engine.backbones.hart.state": {"varbench.engine.backbones.infinity.state": at,
+                                                "varbench.engine.backbones.hart.model": at, "varbench.engine.plan": at},
+        "varbench.engine.backbones.infinity.runtime": {BACKBONES: at, "varbench.engine.kv_cache": at},
+        BACKBONES: {"varbench.engine.backbones.hart.model": at},
+    }
+    assert [w.split(" ", 1)[1] for w in _backbone_imports(edges)] == [
+        "seam varbench.engine.plan -> backbone varbench.engine.backbones.hart.model",
+        "seam varbench.engine.stage_flops -> backbone varbench.engine.backbones",
+        "backbone hart (varbench.engine.backbones.hart.state) -> varbench.engine.backbones.infinity.state",
+        "backbone infinity (varbench.engine.backbones.infinity.runtime) -> varbench.engine.backbones",
+    ]
 
 
 def _cycles(edges: dict) -> list[list[str]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, VAEConfig, load_vae_state_dict
-from varbench.engine.checkpoints import load_strict
+from varbench.engine.backbones.infinity.checkpoints import load_strict
 from varbench.engine.backbones.infinity.model import Infinity, InfinityConfig
 from varbench.engine.text import TextBatch
 from varbench.engine.backbones.infinity.runtime import InfinityRuntime

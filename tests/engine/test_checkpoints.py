@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound, load_infinity_weights, read_state_dict
+from varbench.engine.backbones.infinity.checkpoints import load_infinity_weights
+from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound, read_state_dict
 from varbench.engine.backbones.infinity.model import build_infinity
 
 

@@ -161,7 +161,7 @@ def test_scalekv_preset_runs_at_real_shapes_and_allocates_less():
     from varbench.engine.backbones.infinity.model import PRESETS
     from varbench.engine.backbones.infinity.schedules import scale_schedule
     from varbench.engine.plan import GenerationContext
-    from varbench.engine.backbones.infinity.runtime import analytic_kv_bytes
+    from varbench.engine.kv_cache import analytic_kv_bytes
 
     base = gpu_dryrun.run_one("infinity_2b", "baseline", 2, depth=2)
     row = gpu_dryrun.run_one("infinity_2b", "scalekv", 2, depth=2)

@@ -12,7 +12,7 @@ from varbench.engine.flops import plan_trace
 from varbench.engine.plan import KVBudget, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.engine.backbones.infinity.schedules import scale_schedule
-from varbench.engine.backbones.infinity.state import KVCache, kv_cache_bytes, kv_staging_capacity
+from varbench.engine.kv_cache import kv_cache_bytes, kv_staging_capacity, KVCache
 from varbench.policies import build_policy
 from varbench.policies.scalekv import ScaleKV, synthetic_budgets, window_offsets, window_positions
 
@@ -262,7 +262,7 @@ def test_analytic_kv_bytes_equal_the_allocated_bytes(tiny_rt, method):
     """The analytic count (no run) is what the runtime allocates, byte for byte, with and without the
     staging buffer (the baseline has none)."""
     from varbench.engine.plan import GenerationContext
-    from varbench.engine.backbones.infinity.runtime import analytic_kv_bytes
+    from varbench.engine.kv_cache import analytic_kv_bytes
 
     sk = {"name": "scalekv", "knobs": ScaleKV.ACTIVE}
     nova = {"name": "nova", "knobs": {"t_min_tokens": 16, "min_tokens_to_prune": 16, "t_force": -3}}

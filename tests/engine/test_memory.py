@@ -15,8 +15,9 @@ import torch
 
 from varbench.engine.backbones.infinity import state as state_mod
 from varbench.engine.flops import plan_trace
+from varbench.engine.backbones.infinity.memory import weights_bytes
 from varbench.engine.memory import (PEAK_RSS, PEAK_RSS_LIFETIME, image_memory, kv_plan_bytes, kv_position_bytes,
-                                    measure_peak, memory_summary, module_bytes, weights_bytes)
+                                    measure_peak, memory_summary, module_bytes)
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.testing.tiny import tiny_runtime
@@ -277,7 +278,7 @@ def test_kv_plan_bytes_with_the_staging_buffer_equal_a_scalekv_run_scale_by_scal
     `kv_staging_capacity`, the budgets from the plans) gives the runtime's allocated and used bytes
     after every scale, exactly (the last scale's staged K/V dropped unread)."""
     from varbench.engine.plan import GenerationContext
-    from varbench.engine.backbones.infinity.state import kv_staging_capacity
+    from varbench.engine.kv_cache import kv_staging_capacity
     from varbench.policies import build_policy
     from varbench.policies.scalekv import ScaleKV
 
@@ -311,7 +312,7 @@ def test_flops_table_memory_rows_equal_the_runtimes_analytic_count(preset, model
     released shape, said in the row) allocate what `runtime.analytic_kv_bytes` says for the same
     policy: per-block capacities + the staging buffer, far below the baseline's cache."""
     from experiments import flops_table
-    from varbench.engine.backbones.infinity.runtime import analytic_kv_bytes
+    from varbench.engine.kv_cache import analytic_kv_bytes
     from varbench.policies import build_policy
 
     for bs in (1, 8):

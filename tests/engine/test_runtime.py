@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from varbench.engine.flops import plan_trace, scale_flops, text_flops
+from varbench.engine.backbones.infinity.flops import scale_flops, text_flops
+from varbench.engine.flops import plan_trace
 from varbench.engine.backbones.infinity.model import PRESETS
 from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import BlockPlan, ScalePlan

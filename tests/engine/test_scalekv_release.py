@@ -32,7 +32,7 @@ import torch
 
 from golden_parity import CaseRun, compare_bits, decide, load_golden, text_batch
 from varbench.engine.backbones.infinity.runtime import InfinityRuntime
-from varbench.engine.backbones.infinity.state import kv_cache_bytes, kv_staging_capacity
+from varbench.engine.kv_cache import kv_cache_bytes, kv_staging_capacity
 from varbench.policies.scalekv import ScaleKV
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "scalekv_release" / "scalekv_release_tiny.pt"

@@ -17,9 +17,12 @@ from varbench.engine.text import WordTextEncoder
 from varbench.engine.backbones.hart.text import HartTextEncoder
 from varbench.engine.backbones.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
 from varbench.engine.policy import NeutralPolicy
-from varbench.engine.stage_flops import (FLAN_T5_XL, HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS, QWEN2_1P5B, decoder_flops, hart_decoder_flops,
-                                  hart_text_tokens, preset_stage_flops, qwen2_text_flops, t5_encoder_flops,
-                                  text_encoder_flops, vae_decode_flops, word_encoder_flops)
+from varbench.engine.backbones import preset_stage_flops
+from varbench.engine.backbones.hart.stage_flops import (hart_decoder_flops, HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS,
+                                                        hart_text_tokens, QWEN2_1P5B, qwen2_text_flops)
+from varbench.engine.backbones.infinity.stage_flops import decoder_flops
+from varbench.engine.stage_flops import (FLAN_T5_XL, t5_encoder_flops, text_encoder_flops, vae_decode_flops,
+                                         word_encoder_flops)
 
 
 def counted(fn) -> int:

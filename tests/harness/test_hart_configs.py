@@ -120,6 +120,19 @@ def test_the_schedule_and_resolution_are_fixed():
         validate_config(_compose("model=hart_0p7b", "generation.h_div_w=0.5"))
 
 
+def test_every_backbone_folder_has_a_builder_and_its_presets():
+    """A model config's family picks its builder; a backbone folder without one (or a builder without a
+    folder) would build nothing, and `preset_family` finds each released preset in its own folder."""
+    from varbench.engine.backbones import FAMILIES, preset_family
+    from varbench.harness.build import BUILDERS
+
+    assert set(BUILDERS) == set(FAMILIES) == {"infinity", "hart"}
+    assert [preset_family(p) for p in ("infinity_2b", "infinity_8b", "tiny", "hart_0p7b", "hart_tiny")] == \
+        ["infinity"] * 3 + ["hart"] * 2
+    with pytest.raises(KeyError, match="hart_0p7b"):      # an unknown preset names the known ones
+        preset_family("hart_7b")
+
+
 def test_dtype_auto_is_the_releases_per_family():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_dtype("auto", cuda, "hart") == torch.float16        # sample.py: fp16 autocast

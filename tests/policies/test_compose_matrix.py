@@ -79,7 +79,7 @@ def test_skipvar_and_scalekv_combine_the_budget_applies_to_the_cond_rows(tiny_rt
     the cache allocated is what the analytic count says for ScaleKV alone (skipping and dropping rows
     never shrink preallocated buffers)."""
     from varbench.engine.plan import GenerationContext
-    from varbench.engine.backbones.infinity.runtime import analytic_kv_bytes
+    from varbench.engine.kv_cache import analytic_kv_bytes
 
     sk = {"name": "scalekv", "knobs": ScaleKV.ACTIVE}
     sv = {"name": "skipvar_fixed", "knobs": {"skip_last": 1, "uncond_from": -3}}

@@ -30,7 +30,9 @@ MOVED = {
     "varbench.errors": "varbench.core.errors", "varbench.registry": "varbench.core.registry",
     "varbench.seeds": "varbench.core.seeds", "varbench.locks": "varbench.core.locks",
     "varbench.interrupt": "varbench.core.interrupt", "varbench.resources": "varbench.core.resources",
-    "varbench.plan": "varbench.engine.plan", "varbench.runtime": "varbench.engine.backbones.infinity.runtime",
+    "varbench.plan": "varbench.engine.plan",
+    "varbench.runtime": ("varbench.engine.backbones.infinity.runtime", "varbench.engine.generation",
+                         "varbench.engine.kv_cache"),
     "varbench.sampling": "varbench.engine.backbones.infinity.sampling", "varbench.flops": "varbench.engine.flops",
     "varbench.stage_flops": "varbench.engine.stage_flops", "varbench.models": "varbench.engine.backbones",
     "varbench.models.infinity": "varbench.engine.backbones.infinity.model",
@@ -65,10 +67,13 @@ MOVED = {
     "varbench.engine.models.hart.flops": "varbench.engine.backbones.hart.flops",
     "varbench.engine.models.hart.text": "varbench.engine.backbones.hart.text",
     "varbench.engine.models.hart.tokenizer": "varbench.engine.backbones.hart.tokenizer",
-    "varbench.engine.runtime": "varbench.engine.backbones.infinity.runtime",
-    "varbench.engine.state": "varbench.engine.backbones.infinity.state",
+    # split: Infinity's loop and state went to its folder, what every backbone shares to the seam
+    "varbench.engine.runtime": ("varbench.engine.backbones.infinity.runtime", "varbench.engine.generation",
+                                "varbench.engine.kv_cache"),
+    "varbench.engine.state": ("varbench.engine.backbones.infinity.state", "varbench.engine.kv_cache",
+                              "varbench.engine.generation"),
     "varbench.engine.block_step": "varbench.engine.backbones.infinity.block_step",
-    "varbench.engine.pruned": "varbench.engine.backbones.infinity.pruned",
+    "varbench.engine.pruned": ("varbench.engine.backbones.infinity.pruned", "varbench.engine.residuals"),
     "varbench.engine.sampling": "varbench.engine.backbones.infinity.sampling",
     # dev tools out of the mechanism
     "varbench.engine.fake_cuda": "varbench.testing.fake_cuda",
@@ -76,6 +81,36 @@ MOVED = {
     "varbench.harness.testing": "varbench.testing.jobs",
 }
 
+
+#: names that left a module still at its path (the backbone-specific part of a seam module): module ->
+#: {name: the module it lives in now}. The module reads them through `moved_names` (its `__getattr__`),
+#: with a DeprecationWarning, so ``from varbench.engine.flops import scale_flops`` keeps working.
+_INF, _HART = "varbench.engine.backbones.infinity", "varbench.engine.backbones.hart"
+MOVED_NAMES = {
+    "varbench.engine.flops": {n: f"{_INF}.flops" for n in ("scale_flops", "text_flops", "image_flops")},
+    "varbench.engine.stage_flops": {
+        "decoder_flops": f"{_INF}.stage_flops", "preset_stage_flops": "varbench.engine.backbones",
+        **{n: f"{_HART}.stage_flops" for n in ("QWEN2_1P5B", "HART_MAX_LENGTH", "HART_SYSTEM_PROMPT_TOKENS",
+                                               "hart_decoder_flops", "qwen2_text_flops", "hart_text_tokens")}},
+    "varbench.engine.memory": {"weights_bytes": f"{_INF}.memory"},
+    "varbench.engine.checkpoints": {"load_strict": f"{_INF}.checkpoints", "load_infinity_weights": f"{_INF}.checkpoints"},
+}
+
+
+def moved_names(module: str):
+    """The `__getattr__` of `module` (a module still at its path) for the names `MOVED_NAMES` lists:
+    each read from its new module, with a DeprecationWarning naming it (the import is by name, at
+    first use, so a seam module names a backbone's module without importing it)."""
+    moved = MOVED_NAMES.get(module, {})
+
+    def lookup(name: str):
+        target = moved.get(name)
+        if target is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(f"{module}.{name} moved to {target}; import it from there", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(target), name)
+
+    return lookup
 
 class _Alias(importlib.abc.Loader):
     def __init__(self, target: str | tuple[str, ...], deprecated: bool):
@@ -98,6 +133,10 @@ class _Alias(importlib.abc.Loader):
             raise AttributeError(f"{module.__name__} (now {', '.join(self.targets)}) has no attribute {name!r}")
 
         module.__dict__["__getattr__"] = lookup
+        # a package to the import system, whose submodules are only the aliases `MOVED` lists: without
+        # it, `import <old>.<sub>` would read the target's __path__ (through `lookup`) and load a second
+        # copy of whatever file sits there under the old name
+        module.__dict__["__path__"] = []
         module.__dict__["__doc__"] = targets[0].__doc__
         module.__dict__["__all__"] = [n for t in targets for n in vars(t) if not n.startswith("_")]
 

@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn as nn
 
+from varbench.core.aliases import moved_names
 from varbench.core.errors import FixableError
 
 PUBLISHED_AT = {
@@ -33,11 +34,6 @@ PUBLISHED_AT = {
     "hart-0.7b-1024px/tokenizer": "https://huggingface.co/mit-han-lab/hart-0.7b-1024px (folder tokenizer/)",
     "Qwen2-VL-1.5B-Instruct": "https://huggingface.co/mit-han-lab/Qwen2-VL-1.5B-Instruct (download the folder)",
 }
-
-#: buffers the released training model registered that inference does not use (dropped on load,
-#: as the released `Infinity.load_state_dict` does)
-_IGNORED_KEYS = ("lvl_1L", "attn_bias_for_masking", "Infinity_visible_kvlen", "Infinity_invisible_qlen")
-
 
 class CheckpointMismatch(FixableError, RuntimeError):
     """A checkpoint whose keys or shapes do not fit the model; the message names the file and every key."""
@@ -149,16 +145,5 @@ def load_state_dict_strict(module: nn.Module, state: Mapping[str, torch.Tensor],
     module.load_state_dict(state, strict=not (may_miss and any(k not in state for k in own)))
 
 
-def load_strict(module: nn.Module, sd: Mapping[str, torch.Tensor], source: str) -> None:
-    """Load an Infinity checkpoint: drop the `module.` prefix and the released training-only buffers
-    (`_IGNORED_KEYS`), then `load_state_dict_strict`."""
-    sd = {k.removeprefix("module."): v for k, v in sd.items() if k not in _IGNORED_KEYS}
-    load_state_dict_strict(module, sd, source=f"checkpoint {source}",
-                           hint="check that the model preset matches the file (e.g. infinity_2b with infinity_2b_reg.pth).")
-
-
-def load_infinity_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    p = require_file(path, "Infinity transformer weights")
-    size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
-    print(f"[varbench] loading Infinity weights {p.name} ({size / 2**30:.1f} GiB)", flush=True)   # a minute for 8B
-    load_strict(model, read_state_dict(p), str(p))
+#: names that moved into a backbone's folder, still read from here (with a DeprecationWarning)
+__getattr__ = moved_names(__name__)

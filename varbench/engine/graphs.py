@@ -2,7 +2,9 @@
 
 On a GPU an eager scale step is ~40 kernel launches per block; replayed from a CUDA graph it is one
 launch per scale. `StepGraphs` keeps the graphs of one generation state (`GenState.graphs`, set by
-the runtime on the whole-batch states it keeps alive between calls in graph mode):
+the runtime on the whole-batch states it keeps alive between calls in graph mode). A state is any
+backbone's whose step is `state.core(si, plan, cfg, tau, top_k, top_p)` with static shapes (today
+Infinity's `GenState`; its output is a `StepOut` of static tensors):
 
 - a step is keyed by everything a graph bakes in (`key`): scale, plan shape, KV lengths, the
   addresses of the residuals it may read, sampling settings. A key's first sighting runs eagerly
@@ -20,18 +22,18 @@ Every captured step of a runtime allocates from one memory pool (`InfinityRuntim
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from varbench.engine.plan import ScalePlan
-from varbench.engine.backbones.infinity.state import GenState, StepOut
 
 
 @dataclasses.dataclass
 class _CapturedStep:
     graph: "torch.cuda.CUDAGraph"
-    out: StepOut                         # static tensors: every replay overwrites them
+    out: Any                             # the state's step output (Infinity: `StepOut`), static tensors:
+                                         # every replay overwrites them
     kv_len: list                         # KV lengths after the step (host state the replay must restore)
 
 
@@ -46,7 +48,7 @@ class StepGraphs:
         self.keep_buffers: dict = {}           # static copies of plans' kept indices, read by graphs
         self.static_ptrs: set = set()          # residual tensors that are captured steps' outputs
 
-    def run(self, state: GenState, si: int, plan: ScalePlan, cfg, tau, top_k, top_p) -> StepOut:
+    def run(self, state, si: int, plan: ScalePlan, cfg, tau, top_k, top_p):
         """`state.core(...)` for scale si, eager or through a CUDA graph: first sighting of a key
         eager, second captured, then replayed. Returns the step's `StepOut` (bits and entropy
         copied out of a replay's static tensors)."""
@@ -79,7 +81,7 @@ class StepGraphs:
         out = step.out  # static tensors: overwritten by the next replay, so keep copies of what outlives it
         return dataclasses.replace(out, bits=out.bits.clone(), entropy=out.entropy.clone())
 
-    def capture(self, state: GenState, fn):
+    def capture(self, state, fn):
         """Capture `fn` (one scale step of `state`) as a CUDA graph, then replay it once (capture
         runs nothing). The tests stand in for it to run graph mode's bookkeeping on the CPU."""
         if self.rt.graph_pool is None:
@@ -92,7 +94,7 @@ class StepGraphs:
         graph.replay()
         return graph, out
 
-    def key(self, state: GenState, si: int, plan: ScalePlan, cfg, tau, top_k, top_p) -> Optional[tuple]:
+    def key(self, state, si: int, plan: ScalePlan, cfg, tau, top_k, top_p) -> Optional[tuple]:
         """Everything a captured step bakes in: the plan's shape (not its kept indices, which are
         copied into static buffers), its KV budgets (with the KV lengths they decide whether a block
         evicts), the KV lengths, and the addresses of the residuals it may read.

@@ -5,7 +5,7 @@
     weights_bytes(cfg, torch.bfloat16)                    # {"transformer", "vae"}, built on meta
     with measure_peak(device) as peak: rt.generate(...)   # peak["bytes"], peak["kind"]
 
-**The KV cache** (`varbench.engine.backbones.infinity.state.KVCache`) holds, per block, one buffer
+**The KV cache** (`varbench.engine.kv_cache.KVCache`) holds, per block, one buffer
 (2, rows, heads, capacity, head_dim) for K and V, allocated at the block's first append and kept
 for the whole generation; `capacity` is every token of the schedule (static shapes for CUDA
 graphs). A cached position of one row in one block costs 2 * embed_dim * element size bytes
@@ -45,6 +45,8 @@ import sys
 from typing import Iterator, Mapping, Optional, Sequence
 
 import torch
+
+from varbench.core.aliases import moved_names
 
 #: the peak's kinds, as records name them
 PEAK_CUDA = "cuda_max_memory_allocated"
@@ -97,12 +99,12 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
     `budget`: {(scale, block): positions} the block keeps after that scale (the rest evicted for
     good; absent = keep all). Without `budget` the positions equal the trace's ``kv`` counts.
     `staging`: positions of the runtime's one staging buffer shared by all blocks
-    (`varbench.engine.backbones.infinity.state.kv_staging_capacity` of the capacities; 0: none, the baseline). It is
+    (`varbench.engine.kv_cache.kv_staging_capacity` of the capacities; 0: none, the baseline). It is
     allocated with the first block's buffer (that block's rows) and counted in `allocated`, never in
     used (`KVCache.nbytes`); during a scale a block may hold up to it, after the scale at most its
     own capacity, except at the last scale, where the runtime drops the staged K/V unread (the
     block keeps what it held before). With the plans' budgets, capacities and this, `allocated`
-    equals `varbench.engine.backbones.infinity.runtime.analytic_kv_bytes` (tested)."""
+    equals `varbench.engine.kv_cache.analytic_kv_bytes` (tested)."""
     depth = max((len(tr["blocks"]) for tr in trace if tr["ran"]), default=0)
     cap = [sum(tr["tokens"] for tr in trace)] * depth if capacity is None else (
         [int(capacity)] * depth if isinstance(capacity, int) else [int(c) for c in capacity])
@@ -149,21 +151,6 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
 def module_bytes(module: torch.nn.Module) -> int:
     """Bytes of a module's parameters and buffers as held (their dtypes)."""
     return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
-
-
-def weights_bytes(cfg, dtype: torch.dtype) -> dict[str, int]:
-    """{"transformer", "vae"}: the bytes the runtime holds for `cfg`'s weights in a `dtype` run
-    (`InfinityRuntime` casts the blocks to `dtype`, keeps the rest fp32), built on meta: no weights
-    read, no memory used."""
-    from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
-    from varbench.engine.backbones.infinity.model import Infinity
-
-    with torch.device("meta"):
-        model, vae = Infinity(cfg), BSQVAE(cfg.vae)
-        if dtype != torch.float32:
-            for b in model.blocks:
-                b.to(dtype)
-    return {"transformer": module_bytes(model), "vae": module_bytes(vae)}
 
 
 # ----------------------------------------------------------------------------- measured peak
@@ -248,3 +235,7 @@ def memory_summary(rows: Sequence[Mapping], batch: int, weights: Optional[Mappin
             "peak_measured": "generation",
             "weights_bytes": dict(weights) if weights else None,
             "analytic_peak_bytes": None if kv is None or wt is None else int(wt + kv * batch)}
+
+
+#: names that moved into a backbone's folder, still read from here (with a DeprecationWarning)
+__getattr__ = moved_names(__name__)

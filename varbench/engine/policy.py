@@ -81,7 +81,7 @@ class Policy(abc.ABC):
         evictions; read after `reset`), when the policy's plans carry KV budgets (`ScalePlan.kv`):
         the runtime then allocates each block's own cache at that size, plus one staging buffer
         shared by the blocks for the scales whose kept positions and new tokens overflow it
-        (`varbench.engine.backbones.infinity.state.KVCache`), so the budget saves memory that is never allocated.
+        (`varbench.engine.kv_cache.KVCache`), so the budget saves memory that is never allocated.
         None (the default): every block holds the whole schedule, no staging buffer."""
         return None
 

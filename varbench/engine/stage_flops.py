@@ -7,6 +7,13 @@ and as ``torch.utils.flop_counter.FlopCounterMode``: a multiply-add counts 2; co
 matrix products only (norms, activations, residual adds, upsampling copies, softmax and biases
 are O(elements), not counted). The tests check each count against FlopCounterMode exactly.
 
+Where each count lives: this module has the convention's pieces (`conv_flops`, `resblock_flops`),
+the text encoders of the seam (T5, the word encoder) and the per-generation dispatch (`stage_flops`:
+an encoder's ``encode_flops``, a VAE config's ``decode_flops``); a backbone's own stages are in its
+folder (`backbones/infinity/stage_flops.py`: the BSQ-VAE decoder; `backbones/hart/stage_flops.py`:
+HART's decoder and Qwen2), and a released preset's counts without building anything are
+`varbench.engine.backbones.preset_stage_flops`.
+
 What runs, and so what is counted:
   VAE decoder   once per image, on the final latent grid, whatever the method did: a skipped scale
                 only adds no codes, the summed codes (and the decode) stay at the full grid
@@ -47,90 +54,24 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
+from varbench.core.aliases import moved_names
+
 #: google/flan-t5-xl's encoder as published (config.json): what the released models condition on.
 FLAN_T5_XL = {"d_model": 2048, "d_ff": 5120, "d_kv": 64, "num_heads": 32, "num_layers": 24, "gated": True}
 #: the tokenizer's padded length in the released pipeline (and :class:`varbench.engine.text.T5TextEncoder`)
 T5_MAX_LENGTH = 512
-#: the text model of HART's released encoder folder (mit-han-lab/Qwen2-VL-1.5B-Instruct): Qwen2-1.5B's published
-#: config.json (hidden 1536 = HART's context_dim). Not transformers' defaults: Qwen2VLTextConfig() defaults to the
-#: 72B (hidden 8192, 80 layers), Qwen2Config() to a 7B-like shape, so the numbers are written out here.
-QWEN2_1P5B = {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12,
-              "num_key_value_heads": 2}
-#: HART's padded prompt length (released --max_token_length; the transformer's context_token)
-HART_MAX_LENGTH = 300
-#: the released system prompt's length under Qwen2's tokenizer, a lower bound: its pre-tokenizer splits it into
-#: 131 pieces, each one token or more (the tokenizer is not in this repo; some 131-140, +2.77 GFLOPs per
-#: further token). What an analytic count without the tokenizer uses (`preset_stage_flops`); a record counts
-#: the loaded tokenizer's own (`hart_text_tokens`).
-HART_SYSTEM_PROMPT_TOKENS = 131
 
 
-# -- VAE decoder ------------------------------------------------------------------------------
-def _conv(c_in: int, c_out: int, k: int, h: int, w: int) -> int:
+# -- convolution counts (every decoder's walk is built from these) ----------------------------
+def conv_flops(c_in: int, c_out: int, k: int, h: int, w: int) -> int:
+    """A k x k convolution from c_in to c_out channels over an h x w grid (no bias)."""
     return 2 * c_in * c_out * k * k * h * w
 
 
-def _resblock(c_in: int, c_out: int, h: int, w: int) -> int:
-    f = _conv(c_in, c_out, 3, h, w) + _conv(c_out, c_out, 3, h, w)
-    return f + (_conv(c_in, c_out, 1, h, w) if c_in != c_out else 0)
-
-
-def decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
-    """FLOPs of one image's decode: :class:`~varbench.engine.backbones.infinity.bsq_vae.Decoder` built from
-    :class:`~varbench.engine.backbones.infinity.bsq_vae.VAEConfig` ``cfg`` on a (h, w) latent grid (the VAE's grid:
-    for the 8B patchify VAE twice the transformer's last grid). Mirrors the decoder's layer walk."""
-    h, w = (int(v) for v in latent_hw)
-    if h < 1 or w < 1:
-        raise ValueError(f"decoder_flops: latent grid {tuple(latent_hw)} must be positive (h, w)")
-    ch, mult, n = cfg.base_ch, tuple(cfg.ch_mult), len(cfg.ch_mult)
-    c = ch * mult[-1]
-    total = _conv(cfg.codebook_dim, c, 3, h, w) + 2 * _resblock(c, c, h, w)   # conv_in, mid
-    for level in reversed(range(n)):                   # coarsest level first, as Decoder.forward
-        c_out = ch * mult[level]
-        for _ in range(cfg.num_res_blocks + 1):
-            total += _resblock(c, c_out, h, w)
-            c = c_out
-        if 1 <= level <= cfg.num_down:                 # nearest 2x, then a 3x3 conv at the new size
-            h, w = 2 * h, 2 * w
-            total += _conv(c, c, 3, h, w)
-    return float(total + _conv(c, cfg.in_channels, 3, h, w))   # conv_out
-
-
-def hart_decoder_flops(cfg, latent_hw: Sequence[int]) -> float:
-    """FLOPs of one image's decode by HART's tokenizer decoder
-    (:class:`~varbench.engine.backbones.hart.tokenizer.HartImageDecoder` built from
-    :class:`~varbench.engine.backbones.hart.tokenizer.HartTokenizerConfig` ``cfg``) on a (h, w) latent grid
-    (the AR loop's f_hat: 64x64 for hart_0p7b at 1024²). Mirrors ``fhat_to_img``'s layer walk:
-    post_quant_conv, conv_in, mid (ResNet, attention, ResNet), then per level from the lowest resolution
-    up ``num_res_blocks + 1`` ResNets (each followed by an attention block at the lowest level), a 2x
-    upsample + 3x3 conv on every level but the full-resolution one, conv_out.
-
-    Attention (single head over the h*w positions, width C): the 1x1 qkv and proj_out convs
-    (2*hw*C*3C + 2*hw*C*C) and the two bmm products, scores q^T k and the weighted sum v attn^T
-    (2 * 2*(hw)^2*C). Its scale multiply and softmax are O((hw)^2) elementwise work and are not
-    counted, as FlopCounterMode does not count them (nor the GroupNorms, SiLUs, residual adds, the
-    nearest upsample copy, the final clamp, or conv biases)."""
-    h, w = (int(v) for v in latent_hw)
-    if h < 1 or w < 1:
-        raise ValueError(f"hart_decoder_flops: latent grid {tuple(latent_hw)} must be positive (h, w)")
-
-    def attn(c: int, h: int, w: int) -> int:
-        n = h * w
-        return _conv(c, 3 * c, 1, h, w) + _conv(c, c, 1, h, w) + 2 * 2 * n * n * c
-
-    chs = [cfg.ch * m for m in cfg.ch_mult]
-    top = len(chs) - 1
-    c = chs[top]
-    total = _conv(cfg.z_channels, cfg.z_channels, cfg.quant_conv_ks, h, w)          # post_quant_conv
-    total += _conv(cfg.z_channels, c, 3, h, w) + 2 * _resblock(c, c, h, w) + attn(c, h, w)   # conv_in, mid
-    for level in reversed(range(len(chs))):            # lowest resolution first, as HartDecoder.forward
-        for _ in range(cfg.num_res_blocks + 1):
-            total += _resblock(c, chs[level], h, w) + (attn(chs[level], h, w) if level == top else 0)
-            c = chs[level]
-        if level != 0:                                 # nearest 2x, then a 3x3 conv at the new size
-            h, w = 2 * h, 2 * w
-            total += _conv(c, c, 3, h, w)
-    return float(total + _conv(c, 3, 3, h, w))         # conv_out
+def resblock_flops(c_in: int, c_out: int, h: int, w: int) -> int:
+    """A ResNet block's two 3x3 convolutions, plus its 1x1 shortcut when the width changes."""
+    f = conv_flops(c_in, c_out, 3, h, w) + conv_flops(c_out, c_out, 3, h, w)
+    return f + (conv_flops(c_in, c_out, 1, h, w) if c_in != c_out else 0)
 
 
 # -- text encoders ----------------------------------------------------------------------------
@@ -148,38 +89,6 @@ def t5_encoder_flops(config: Mapping[str, Any] | Any, tokens: int) -> float:
     return float(layers * per_layer)
 
 
-def qwen2_text_flops(text_config: Mapping[str, Any] | Any, n_tokens: int) -> float:
-    """FLOPs of one Qwen2 language-model pass over one sequence of ``n_tokens`` positions. ``text_config``:
-    a mapping like :data:`QWEN2_1P5B` or a Hugging Face ``Qwen2Config`` / ``Qwen2VLTextConfig``
-    (``config.get_text_config()``; ``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
-    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` when set, else hidden / heads).
-
-    Per layer: q (heads * head_dim wide), k and v (``num_key_value_heads * head_dim`` wide: GQA), o back to
-    hidden; scores q k^T and the weighted sum over all n x n pairs for every query head (the KV heads are
-    shared, not computed again, but every query head does its own products); the MLP's gate, up and
-    down. The causal mask is not discounted: the model passes an explicit mask (pads) and the kernel
-    computes the whole square, which is also what FlopCounterMode's SDPA formula counts. Not counted
-    (O(elements), as FlopCounterMode): RMSNorms, SiLU and the gate product, RoPE (its angle table is a
-    broadcast multiply), softmax and its scale, the q/k/v biases, residual adds, the final norm. The
-    embedding is a lookup; AutoModel has no LM head."""
-    get = text_config.get if isinstance(text_config, Mapping) else (lambda k, d=None: getattr(text_config, k, d))
-    d, ff, layers = get("hidden_size"), get("intermediate_size"), get("num_hidden_layers")
-    heads, kv = get("num_attention_heads"), get("num_key_value_heads") or get("num_attention_heads")
-    hd = get("head_dim") or d // heads
-    n = int(n_tokens)
-    proj = 2 * n * d * (heads * hd + 2 * kv * hd) + 2 * n * heads * hd * d     # q, k, v; o
-    attn = 2 * 2 * n * n * heads * hd                                          # scores, weighted sum
-    mlp = 3 * 2 * n * d * ff                                                   # gate, up, down
-    return float(layers * (proj + attn + mlp))
-
-
-def hart_text_tokens(encoder) -> int:
-    """Positions one prompt sends through :class:`~varbench.engine.backbones.hart.text.HartTextEncoder`'s model:
-    the system prompt's tokens (unpadded, as tokenized at construction) when ``use_system_prompt``, plus
-    the prompt padded to ``max_length`` (every prompt, whatever its length)."""
-    return (len(encoder.system_ids) if encoder.use_system_prompt else 0) + encoder.max_length
-
-
 def word_encoder_flops(dim: int, layers: int, ffn: int, tokens: int) -> float:
     """FLOPs of :class:`~varbench.engine.text.WordTextEncoder`'s ``layers`` transformer layers over
     ``tokens`` positions (fused q/k/v and output projections, scores and weighted sum, FFN)."""
@@ -188,50 +97,31 @@ def word_encoder_flops(dim: int, layers: int, ffn: int, tokens: int) -> float:
     return float(layers * per_layer)
 
 
+def per_image_shares(own: Sequence[float], negative: float) -> list[float]:
+    """Each image's text-encoder FLOPs: its own prompt's encode (`own`) plus an equal share of the
+    negative prompt's (`negative`; 0 without one), which the runtime encodes once per generation."""
+    return [f + negative / len(own) for f in own]
+
+
 def text_encoder_flops(encoder, prompts: Sequence[str], negative_prompt: Optional[str] = None) -> Optional[list[float]]:
     """Each image's share of the text encoder's FLOPs for one generation of ``prompts`` (its own
     prompt, plus an equal share of the negative prompt's encode when one is given: the runtime
-    encodes it once per generation, even with CFG off). None for an encoder this module does not
-    know (the end-to-end count is then None rather than wrong)."""
-    from varbench.engine.backbones.hart.text import HartTextEncoder
-    from varbench.engine.text import T5TextEncoder, WordTextEncoder
-
+    encodes it once per generation, even with CFG off), as the encoder counts it
+    (``encoder.encode_flops(prompts, negative_prompt)``: T5 and the word encoder here, HART's Qwen2 in
+    its folder). None for an encoder that counts nothing (the end-to-end count is then None rather
+    than wrong)."""
     if encoder is None:                 # pre-encoded text: no encoder ran
         return [0.0] * len(prompts)
-    if isinstance(encoder, T5TextEncoder):
-        one = t5_encoder_flops(encoder.encoder.config, encoder.max_length)
-        own = [one] * len(prompts)
-        neg = one if negative_prompt else 0.0
-    elif isinstance(encoder, HartTextEncoder):    # a fixed-length pass per prompt, batch-independent
-        one = qwen2_text_flops(encoder.model.config.get_text_config(), hart_text_tokens(encoder))
-        own = [one] * len(prompts)
-        neg = one if negative_prompt else 0.0      # HART's unconditional rows (no negative) encode nothing
-    elif isinstance(encoder, WordTextEncoder):
-        if not encoder.context:
-            return [0.0] * len(prompts)
-        lay = encoder.context[0]
-        cost = lambda n: word_encoder_flops(encoder.embed.embedding_dim, len(encoder.context),  # noqa: E731
-                                            lay.linear1.out_features, n)
-        lmax = max(len(encoder.ids(p)) for p in prompts)      # the batch is padded to its longest prompt
-        own = [cost(lmax)] * len(prompts)
-        neg = cost(len(encoder.ids(negative_prompt))) if negative_prompt else 0.0
-    else:
-        return None
-    return [f + neg / len(prompts) for f in own]
+    count = getattr(encoder, "encode_flops", None)
+    return count(prompts, negative_prompt) if callable(count) else None
 
 
 def vae_decode_flops(vae, latent_hw: Sequence[int]) -> Optional[float]:
-    """One image's decode on ``latent_hw`` with the runtime's VAE, dispatched on its ``cfg``: the
-    BSQ-VAE decoder (Infinity) or HART's tokenizer decoder; None for any other (not guessed)."""
-    from varbench.engine.backbones.infinity.bsq_vae import VAEConfig
-    from varbench.engine.backbones.hart.tokenizer import HartTokenizerConfig
-
-    cfg = getattr(vae, "cfg", None)
-    if isinstance(cfg, VAEConfig):
-        return decoder_flops(cfg, latent_hw)
-    if isinstance(cfg, HartTokenizerConfig):
-        return hart_decoder_flops(cfg, latent_hw)
-    return None
+    """One image's decode on ``latent_hw`` with the runtime's VAE, as its config counts it
+    (``vae.cfg.decode_flops``: the BSQ-VAE decoder for Infinity, the tokenizer decoder for HART);
+    None for a VAE whose config states nothing (not guessed)."""
+    count = getattr(getattr(vae, "cfg", None), "decode_flops", None)
+    return count(latent_hw) if callable(count) else None
 
 
 def stage_flops(rt, prompts: Sequence[str], latent_hw: Sequence[int],
@@ -244,25 +134,5 @@ def stage_flops(rt, prompts: Sequence[str], latent_hw: Sequence[int],
     return [{"text_encoder": None if text is None else text[i], "vae_decode": dec} for i in range(len(prompts))]
 
 
-def preset_stage_flops(model_preset: str, text_tokens: Optional[int] = None) -> dict:
-    """For a released model preset at its schedule's last grid, without building anything:
-    ``{"text_encoder": FLOPs of one prompt's encode, "vae_decode": callable(token_grid) -> FLOPs}``.
-    Infinity: flan-t5-xl over ``text_tokens`` (default its padded 512), the BSQ-VAE decoder. HART
-    (``hart_0p7b``): the released Qwen2 text model (:data:`QWEN2_1P5B`) over ``text_tokens`` (default
-    :data:`HART_SYSTEM_PROMPT_TOKENS` + :data:`HART_MAX_LENGTH`, the lower bound of the release's count),
-    the tokenizer decoder on f_hat (the token grid: HART's latent is its last stage's grid).
-    Used by experiments/flops_table.py."""
-    from varbench.engine.backbones.infinity.bsq_vae import VAE_PRESETS
-    from varbench.engine.backbones.hart.model import HART_PRESETS
-    from varbench.engine.backbones.hart.tokenizer import HART_TOKENIZER_PRESETS
-    from varbench.engine.backbones.infinity.model import PRESETS
-
-    if model_preset in HART_PRESETS:
-        tok = HART_TOKENIZER_PRESETS[model_preset]
-        n = HART_SYSTEM_PROMPT_TOKENS + HART_MAX_LENGTH if text_tokens is None else text_tokens
-        return {"text_encoder": qwen2_text_flops(QWEN2_1P5B, n), "vae_decode": lambda grid: hart_decoder_flops(tok, grid)}
-    cfg = PRESETS[model_preset]
-    vae = VAE_PRESETS[cfg.vae]
-    p = 2 if cfg.patchify else 1
-    return {"text_encoder": t5_encoder_flops(FLAN_T5_XL, T5_MAX_LENGTH if text_tokens is None else text_tokens),
-            "vae_decode": lambda grid: decoder_flops(vae, (grid[0] * p, grid[1] * p))}
+#: names that moved into a backbone's folder, still read from here (with a DeprecationWarning)
+__getattr__ = moved_names(__name__)

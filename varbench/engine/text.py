@@ -10,11 +10,13 @@ import dataclasses
 import hashlib
 import re
 from pathlib import Path
+from typing import Optional, Sequence
 
 import torch
 import torch.nn as nn
 
 from varbench.engine.checkpoints import load_state_dict_strict
+from varbench.engine.stage_flops import per_image_shares, t5_encoder_flops, word_encoder_flops
 
 
 @dataclasses.dataclass
@@ -55,6 +57,13 @@ class T5TextEncoder(nn.Module):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), legacy=True)
         self.encoder = T5EncoderModel.from_pretrained(str(path), torch_dtype=dtype).eval()
         self.max_length = max_length
+
+    def encode_flops(self, prompts: Sequence[str], negative_prompt: Optional[str] = None) -> list[float]:
+        """Each image's share of one generation's encodes (`stage_flops.text_encoder_flops`): every prompt
+        is padded to `max_length` and every position computes, so each costs the same
+        (`stage_flops.t5_encoder_flops`)."""
+        one = t5_encoder_flops(self.encoder.config, self.max_length)
+        return per_image_shares([one] * len(prompts), one if negative_prompt else 0.0)
 
     @torch.no_grad()
     def forward(self, prompts: list[str]) -> TextBatch:
@@ -105,6 +114,19 @@ class WordTextEncoder(nn.Module):
             else:
                 out.append(len(self.vocab) + int(hashlib.sha1(w.encode()).hexdigest(), 16) % self.n_hash)
         return out
+
+    def encode_flops(self, prompts: Sequence[str], negative_prompt: Optional[str] = None) -> list[float]:
+        """Each image's share of one generation's encodes (`stage_flops.text_encoder_flops`): the layers
+        over the batch's padded length (its longest prompt; `stage_flops.word_encoder_flops`), the
+        negative prompt over its own; 0 with no layers (the embedding is a lookup)."""
+        if not self.context:
+            return [0.0] * len(prompts)
+        lay = self.context[0]
+        cost = lambda n: word_encoder_flops(self.embed.embedding_dim, len(self.context),  # noqa: E731
+                                            lay.linear1.out_features, n)
+        lmax = max(len(self.ids(p)) for p in prompts)      # the batch is padded to its longest prompt
+        return per_image_shares([cost(lmax)] * len(prompts),
+                                cost(len(self.ids(negative_prompt))) if negative_prompt else 0.0)
 
     def forward(self, prompts: list[str]) -> TextBatch:
         dev = self.embed.weight.device

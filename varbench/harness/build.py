@@ -12,10 +12,11 @@ from typing import Any
 import torch
 
 from varbench.core.filehash import weight_hashes
-
-from varbench.engine.checkpoints import load_infinity_weights, require_file
+from varbench.engine.backbones import FAMILIES as BACKBONE_FAMILIES
+from varbench.engine.backbones.infinity.checkpoints import load_infinity_weights
 from varbench.engine.backbones.infinity.model import PRESETS, Infinity
 from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from varbench.engine.checkpoints import require_file
 
 
 def resolve_device(name: str) -> torch.device:
@@ -46,8 +47,9 @@ def resolve_dtype(name: str, device: torch.device, family: str = "infinity") -> 
     return table[name]
 
 
-#: model families (``model.family``; absent = infinity): which runtime a model config builds
-FAMILIES = ("infinity", "hart")
+#: model families (``model.family``; absent = infinity): one per backbone folder
+#: (`varbench.engine.backbones.FAMILIES`), each built by its entry in `BUILDERS`
+FAMILIES = tuple(BACKBONE_FAMILIES)
 
 
 def model_family(model_cfg: Any) -> str:
@@ -72,8 +74,12 @@ def build_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype):
         from varbench.toy.load import load_toy_runtime
 
         return load_toy_runtime(device=str(device))
-    if model_family(model_cfg) == "hart":
-        return build_hart_runtime(model_cfg, device, dtype)
+    return BUILDERS[model_family(model_cfg)](model_cfg, device, dtype)
+
+
+def build_infinity_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype):
+    """An Infinity runtime: random init from the presets (``model.random_weights``), or the released
+    transformer, VAE and text encoder files."""
     from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, load_vae
     from varbench.engine.text import T5TextEncoder, WordTextEncoder
 
@@ -139,6 +145,10 @@ def build_hart_runtime(model_cfg: Any, device: torch.device, dtype: torch.dtype)
     else:
         raise ValueError(f"model.text_encoder={model_cfg.text_encoder!r} on HART; use qwen2 (released) or word (random)")
     return HartRuntime(model, quant, decoder, text, device=device, dtype=dtype)
+
+
+#: family -> the function that builds its runtime from a model config (a new backbone adds its line)
+BUILDERS = {"infinity": build_infinity_runtime, "hart": build_hart_runtime}
 
 
 def configure_runtime(rt, runtime_cfg: Any):

@@ -26,7 +26,7 @@ class TraceCountError(FixableError):
 def trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = None, peak: dict | None = None) -> dict:
     """Image b's trace row: per scale what its (sub-)batch ran, whether its plan was neutral, its
     entropy, and its own FLOPs and policy stats (per-image decisions give every image its own);
-    ``out``: the batch's :class:`varbench.engine.backbones.infinity.runtime.GenerationOutput`; ``p``, ``s``: the
+    ``out``: the batch's :class:`varbench.engine.generation.GenerationOutput`; ``p``, ``s``: the
     image's prompt and sample index; ``stages``: its text-encoder and VAE-decode FLOPs
     (:func:`varbench.engine.stage_flops.stage_flops`) for the end-to-end count;
     ``no_effect_reason``: why its policy changed nothing, when every plan was neutral

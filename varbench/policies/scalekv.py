@@ -58,9 +58,9 @@ Reconstructed / ours (each stated where it applies):
 Memory (ours: the release keeps `torch.cat` results, whose memory is whatever the allocator holds):
 each block's own cache holds the most positions it keeps BETWEEN scales under these budgets
 (`kv_capacity`), and one staging buffer shared by all blocks holds a block's kept positions plus the
-current scale's tokens while it attends and selects (`varbench.engine.backbones.infinity.state.KVCache`; blocks run one
+current scale's tokens while it attends and selects (`varbench.engine.kv_cache.KVCache`; blocks run one
 after another, so one buffer serves them all). `KVCache.nbytes()["allocated"]` (own buffers + the
-staging buffer; `varbench.engine.backbones.infinity.runtime.analytic_kv_bytes` without a run) is then, at 1024^2 with
+staging buffer; `varbench.engine.kv_cache.analytic_kv_bytes` without a run) is then, at 1024^2 with
 CFG, 11.9% of the full cache on 2B with the released 10% file (the block that drafts at the 48x48
 scale keeps 6,385, the one drafting until 32x32 keeps 4,100, the 30 refiners the 632 of the 20x20
 scale; staging 6,385 + 4,096 = 10,481) and 12.4% on 8B (3 drafters keep 6,200, 37 refiners 629;
@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from varbench.core.errors import ConfigError
 from varbench.engine.plan import GenerationContext, KVBudget, KVSelectContext, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.backbones.infinity.state import kv_staging_capacity
+from varbench.engine.kv_cache import kv_staging_capacity
 from varbench.policies.knobs import MethodKnobs, knob
 
 # The released rule (mobiushy/SpecuKV @ f515bb6)
@@ -385,7 +385,7 @@ class ScaleKV(Policy):
 
     def kv_capacity(self) -> Optional[list[int]]:
         """Per block the most positions it keeps between scales (the runtime stages the scales that
-        overflow it, `varbench.engine.backbones.infinity.state.KVCache`); None when nothing is ever evicted (the
+        overflow it, `varbench.engine.kv_cache.KVCache`); None when nothing is ever evicted (the
         baseline's cache, bit for bit)."""
         return list(self._capacity) if self.keeps else None
 

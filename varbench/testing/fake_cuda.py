@@ -492,6 +492,7 @@ class FakeCuda:
         self._stack: Optional[contextlib.ExitStack] = None
 
     def __enter__(self) -> "FakeCuda":
+        from varbench.engine import generation
         from varbench.engine.backbones.infinity import state
         from varbench.engine.kernels import flash_entropy
         from varbench.engine.backbones.infinity import schedules
@@ -504,7 +505,7 @@ class FakeCuda:
         s.callback(schedules.freqs_grid.cache_clear)
         s.enter_context(mock.patch.object(torch.cuda, "Event", _NoEvent))
         s.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
-        s.enter_context(mock.patch.object(state, "new_generator", _tagged_generator))
+        s.enter_context(mock.patch.object(generation, "new_generator", _tagged_generator))
         s.enter_context(mock.patch.object(flash_entropy, "kernel", _StandInKernel(self.ledger)))
         # autocast("cuda") turns itself off without a driver: let it on (see the module docstring)
         s.enter_context(mock.patch.object(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False))

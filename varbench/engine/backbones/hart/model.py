@@ -106,6 +106,8 @@ HART_PRESETS: dict[str, HartConfig] = {
                               patch_nums=(1, 2, 3, 4, 5, 6, 8, 10, 13, 16), vocab_size=640, cvae=8, diff_width=32,
                               diff_depth=2, disable_aln=True, shared_aln=False),
 }
+#: the family's presets under the name every backbone gives them (`varbench.engine.backbones.preset_family`)
+PRESETS = HART_PRESETS
 
 #: released config.json keys -> HartConfig fields (the tokenizer's vocab/Cvae come from tokenizer/config.json)
 _JSON_FIELDS = ("depth", "embed_dim", "num_heads", "context_token", "context_dim", "patch_nums", "mlp_ratio", "norm_eps",

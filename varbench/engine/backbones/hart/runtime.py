@@ -5,9 +5,9 @@ plans, hands it the same `ScaleSignals`, and returns the same `GenerationOutput`
     out = rt.generate(["a red circle"], seeds=[0], policy=Baseline(), cfg=4.5)
 
 What is shared with Infinity: the plan and signal types (`varbench.engine.plan`), the policy
-interface, the KV cache and its budget rule (`varbench.engine.backbones.infinity.state`), the pruned-branch cache
-fill (`varbench.engine.backbones.infinity.pruned.cached_branch`), the exact attention entropy, the timing marks, the
-trace and FLOPs formats. What is HART's (this folder): stage 0 is the text context, tokens are
+interface, the KV cache and its budget rule (`varbench.engine.kv_cache`), the pruned-branch cache
+fill (`varbench.engine.residuals.cached_branch`), the exact attention entropy, the generation output and
+timing marks (`varbench.engine.generation`), the trace and FLOPs formats. What is HART's (this folder): stage 0 is the text context, tokens are
 categorical over a 4096-word codebook (token entropy = the entropy of the guided softmax), f_hat
 grows through the shared phi convs, and the last stage adds the residual diffusion head's sample
 (timed inside the AR loop and counted in its FLOPs, `varbench.engine.backbones.hart.flops`).
@@ -32,17 +32,18 @@ from typing import Optional, Sequence
 
 import torch
 
-from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
-                                         scatter_per_scale, step_groups)
-from varbench.engine.effect import no_effect_reason
 from varbench.engine.backbones.hart.flops import hart_image_flops, hart_scale_flops, hart_text_flops
 from varbench.engine.backbones.hart.model import HART, HartQuantizer
 from varbench.engine.backbones.hart.sampling import DiffusionSchedule
 from varbench.engine.backbones.hart.state import HartState
-from varbench.engine.text import TextBatch
+from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
+                                         scatter_per_scale, step_groups)
+from varbench.engine.effect import no_effect_reason
+from varbench.engine.generation import GenerationOutput, Timer, per_scale_values
+from varbench.engine.kv_cache import note_kv_bytes, policy_kv_capacity
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.backbones.infinity.runtime import GenerationOutput, note_kv_bytes, policy_kv_capacity, per_scale_values, Timer
+from varbench.engine.text import TextBatch
 
 log = logging.getLogger("varbench.engine.hart")
 

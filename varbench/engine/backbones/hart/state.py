@@ -9,7 +9,7 @@ the area-downsampled f_hat), the head, guidance with the release's ramp t = cfg 
 top-k sampling, the codebook embedding (or the gumbel mixture with `more_smooth`), the shared phi
 convs into f_hat; at the last stage also the residual diffusion head.
 
-Under a plan, as on Infinity (`varbench.engine.backbones.infinity.pruned` holds the rules this module shares):
+Under a plan, as on Infinity (`varbench.engine.backbones.infinity.pruned`; the shared rules live in the seam):
 - a block "skip" is the identity (no K/V appended); "prune" runs each sublayer in `sublayers`
   ("sa", "ffn": HART has no cross-attention) on the kept tokens only, chosen by the plan's indices
   or selector on the live stream before each sublayer; `prune_kv` drops the pruned tokens from the
@@ -20,7 +20,7 @@ Under a plan, as on Infinity (`varbench.engine.backbones.infinity.pruned` holds 
 - `attention_entropy_for` measures the per-query self-attention entropy exactly
   (`varbench.engine.attention`); at stage 0 the one query whose logits sample the 1x1 token (the
   last text position);
-- `kv` budgets evict with the shared rule (`varbench.engine.backbones.infinity.state.apply_kv_budget`);
+- `kv` budgets evict with the shared rule (`varbench.engine.kv_cache.apply_kv_budget`);
 - a skipped stage samples nothing and adds nothing to f_hat; the next stage reads f_hat as it is
   (area-downsampled); a skipped last stage also skips the diffusion head;
 - `drop_uncond` runs the conditional rows only from then on (no guidance).
@@ -42,15 +42,15 @@ from typing import Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from varbench.engine import generation
 from varbench.engine.attention import attention_entropy
-from varbench.engine.batch_split import image_rows, split_residuals, take_rows
 from varbench.engine.backbones.hart.model import rope_1d, rope_2d, stage_positions
 from varbench.engine.backbones.hart.sampling import diffusion_sample, gumbel_mix, sample_top_k_top_p
-from varbench.engine.text import TextBatch
+from varbench.engine.batch_split import image_rows, split_residuals, take_rows
+from varbench.engine.kv_cache import KVCache, apply_kv_budget, kv_staging_capacity
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, SelectorContext, entropy_query_pick, is_neutral
-from varbench.engine.backbones.infinity.pruned import cached_branch
-from varbench.engine.backbones.infinity import state as engine_state
-from varbench.engine.backbones.infinity.state import KVCache, apply_kv_budget, kv_staging_capacity
+from varbench.engine.residuals import cached_branch
+from varbench.engine.text import TextBatch
 
 _FULL = BlockPlan()
 SUBLAYERS = ("sa", "ffn")
@@ -128,9 +128,9 @@ class HartState:
         if self.shared:
             self.token_gen, self.diff_gen = generators
         else:
-            # through engine_state.new_generator: the one seam the fake-CUDA dry run stands generators in at
-            self.token_gens = [engine_state.new_generator(dev, s) for s in seeds]
-            self.diff_gens = [engine_state.new_generator(dev, s) for s in seeds]
+            # through generation.new_generator: the one seam the fake-CUDA dry run stands generators in at
+            self.token_gens = [generation.new_generator(dev, s) for s in seeds]
+            self.diff_gens = [generation.new_generator(dev, s) for s in seeds]
         self.residuals: dict[int, dict] = {}
         self.tokens: list[Optional[torch.Tensor]] = []
         self.entropies: list[Optional[torch.Tensor]] = []

@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 
 from varbench.core.errors import ConfigError
+from varbench.engine.backbones.hart.stage_flops import hart_text_tokens, qwen2_text_flops
+from varbench.engine.stage_flops import per_image_shares
 from varbench.engine.text import TextBatch
 
 #: the released `llm_system_prompt` (hart/utils/constants.py), byte for byte: the encoder's output depends on
@@ -49,7 +51,7 @@ class HartTextEncoder(nn.Module):
     - `use_system_prompt`: the released default (True) conditions every prompt's states on the system prompt
       (its S tokens more through the text model per prompt: some 131-140 with Qwen2's tokenizer, whose
       pre-tokenizer alone makes 131 pieces; 251 with the tiny test tokenizer; cost in
-      `varbench.engine.stage_flops.qwen2_text_flops`); False encodes the prompt alone (other features,
+      `varbench.engine.backbones.hart.stage_flops.qwen2_text_flops`); False encodes the prompt alone (other features,
       other images).
     - `dtype`: the weights' dtype. float32 is what `AutoModel.from_pretrained` gave under the release's
       transformers; bfloat16/float16 halve the memory (1.5B: ~6 GB -> 3 GB) and round differently.
@@ -81,6 +83,14 @@ class HartTextEncoder(nn.Module):
         # one prompt per call, as released (tokenize_fn); the system prompt is padded to its own length
         kw = dict(padding="max_length") if pad else {}
         return self.tokenizer(text, max_length=self.max_length, truncation=True, **kw).input_ids
+
+    def encode_flops(self, prompts: Sequence[str], negative_prompt: Optional[str] = None) -> list[float]:
+        """Each image's share of one generation's encodes (`varbench.engine.stage_flops.text_encoder_flops`):
+        one fixed-length pass per prompt, the system prompt and the prompt padded to `max_length`
+        (`stage_flops.qwen2_text_flops` over `stage_flops.hart_text_tokens`), batch-independent; the
+        unconditional rows, with no negative prompt, encode nothing."""
+        one = qwen2_text_flops(self.model.config.get_text_config(), hart_text_tokens(self))
+        return per_image_shares([one] * len(prompts), one if negative_prompt else 0.0)
 
     @torch.no_grad()
     def forward(self, prompts: Sequence[str]) -> TextBatch:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from varbench.core.errors import ConfigError
 from varbench.engine.backbones.hart.model import HartQuantizer, load_hart_state
+from varbench.engine.backbones.hart.stage_flops import hart_decoder_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,11 @@ class HartTokenizerConfig:
     @property
     def downsample(self) -> int:
         return 2 ** (len(self.ch_mult) - 1)
+
+    def decode_flops(self, latent_hw) -> float:
+        """One image's decode on a (h, w) latent grid (`stage_flops.hart_decoder_flops`; read by
+        `varbench.engine.stage_flops.vae_decode_flops`)."""
+        return hart_decoder_flops(self, latent_hw)
 
     def __post_init__(self):
         bad = [self.ch * m for m in self.ch_mult if (self.ch * m) % 32]

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from varbench.core.errors import FixableError
+from varbench.engine.backbones.infinity.stage_flops import decoder_flops
 from varbench.engine.checkpoints import CheckpointMismatch, load_state_dict_strict
 
 __all__ = [
@@ -123,6 +124,11 @@ class VAEConfig:
             raise ValueError(f"VAEConfig sizes must be positive, got {self}.")
         for width in sorted({self.base_ch} | {self.base_ch * m for m in self.ch_mult}):
             _group_count(width)  # raises with the fix if the width is not normalisable
+
+    def decode_flops(self, latent_hw) -> float:
+        """One image's decode on a (h, w) latent grid (`stage_flops.decoder_flops`; read by
+        `varbench.engine.stage_flops.vae_decode_flops`)."""
+        return decoder_flops(self, latent_hw)
 
     @property
     def num_down(self) -> int:

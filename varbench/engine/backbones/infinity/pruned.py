@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from varbench.engine.attention import attention_entropy
 from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
 from varbench.engine.plan import BlockPlan, SelectorContext, entropy_query_pick
+from varbench.engine.residuals import cached_branch
 
 
 def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -130,22 +131,3 @@ def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, resid
     return x + full
 
 
-def cached_branch(state, si, bi, sub, rows, cache_from) -> torch.Tensor:
-    """The branch output cached at `cache_from` (default: the nearest earlier scale that kept
-    residuals), area-resized to this scale's grid."""
-    src = cache_from
-    if src is None:
-        src = next((c for c in sorted(state.residuals, reverse=True) if c < si and (bi, sub) in state.residuals[c]), None)
-    return _resize_cached(state, si, bi, sub, rows, src)
-
-
-def _resize_cached(state, si, bi, sub, rows, src) -> torch.Tensor:
-    if src is None or (bi, sub) not in state.residuals.get(src, {}):
-        raise ValueError(f"scale {si} block {bi}: fill='cache' needs an earlier scale run with keep_residuals=True "
-                         f"(none found for sublayer {sub}); set keep_residuals on the cache scale or use fill='pass'")
-    cached = state.residuals[src][(bi, sub)][:rows]
-    hs, ws = state.sched[src]
-    h, w = state.sched[si]
-    c = cached.shape[-1]
-    grid = cached.transpose(1, 2).reshape(rows, c, hs, ws)
-    return F.interpolate(grid, size=(h, w), mode="area").reshape(rows, c, h * w).transpose(1, 2)

@@ -7,16 +7,17 @@ Per scale: ask the policy for a `ScalePlan`; run the blocks under it (full / ski
 cached-residual or pass-through fill); compute logits, temper, guide, sample bits per image;
 accumulate codes with the VAE's trilinear interpolation; hand `ScaleSignals` to the policy.
 
-This module is the loop and what it hands back (`GenerationOutput`). One scale's work lives beside it:
-- `varbench.engine.backbones.infinity.state`: the generation state (KV cache, codes, residual caches, generators) and
-  its scale step (`GenState.step`); a full block is `block_step`'s lean path (constants prepared once
-  per generation, ~40 ops);
-- `varbench.engine.backbones.infinity.pruned`: a block under a plan (pruned, keeping residuals, asked for attention
-  entropy), computing its full sublayers with the same ops, so a neutral plan reproduces the
-  baseline bit for bit;
-- `varbench.engine.attention`: the exact attention entropy (the fused kernel is `kernels/`);
-- `varbench.engine.graphs`: CUDA-graph capture and replay of scale steps, and its eager fallback;
-- `varbench.engine.batch_split`: per-image decisions, sub-batches that share a plan.
+This module is the loop; what it hands back (`GenerationOutput`) is the seam's
+(`varbench.engine.generation`, the same for every backbone). One scale's work lives beside it in this
+folder:
+- `state`: the generation state (codes, residual caches, generators, its `KVCache` from
+  `varbench.engine.kv_cache`) and its scale step (`GenState.step`); a full block is `block_step`'s lean
+  path (constants prepared once per generation, ~40 ops);
+- `pruned`: a block under a plan (pruned, keeping residuals, asked for attention entropy), computing
+  its full sublayers with the same ops, so a neutral plan reproduces the baseline bit for bit;
+and in the seam: `varbench.engine.attention` (the exact attention entropy; the fused kernel is
+`kernels/`), `varbench.engine.graphs` (CUDA-graph capture and replay of scale steps, and its eager
+fallback), `varbench.engine.batch_split` (per-image decisions, sub-batches that share a plan).
 
 Design rules (CUDA graphs): nothing inside a scale step (`GenState.core`) reads GPU values on the
 host; every shape inside a step follows from the schedule and the plan (`n_keep` is static). Host
@@ -26,77 +27,35 @@ replayed; everything it reads lives in a generation state reused in place across
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import time
 from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
-                                         scatter_per_scale, step_groups)
 from varbench.engine.backbones.infinity.block_step import rope_qkv_table
-from varbench.engine.effect import no_effect_reason
-from varbench.engine.flops import image_flops, scale_flops, text_flops
-from varbench.engine.graphs import StepGraphs
+from varbench.engine.backbones.infinity.flops import image_flops, scale_flops, text_flops
 from varbench.engine.backbones.infinity.model import Infinity
 from varbench.engine.backbones.infinity.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
-from varbench.engine.text import TextBatch
+from varbench.engine.backbones.infinity.state import GenState
+from varbench.engine.batch_split import (batch_kv_bytes, image_policies, image_traces, part_entries, scatter_images,
+                                         scatter_per_scale, step_groups)
+from varbench.engine.effect import no_effect_reason
+from varbench.engine.generation import GenerationOutput, Timer, per_scale_values
+from varbench.engine.graphs import StepGraphs
+from varbench.engine.kv_cache import note_kv_bytes, policy_kv_capacity
 from varbench.engine.plan import GenerationContext
 from varbench.engine.policy import NeutralPolicy, Policy
-from varbench.engine.backbones.infinity.state import GenState, kv_cache_bytes, kv_staging_capacity
+from varbench.engine.text import TextBatch
 
 log = logging.getLogger("varbench.engine.backbones.infinity.runtime")
 
 
-@dataclasses.dataclass
-class GenerationOutput:
-    images: Optional[torch.Tensor]          # (B, H, W, 3) uint8 RGB, None if decode=False
-    summed_codes: torch.Tensor              # (B, d_vae, 1, H_lat, W_lat) before decode
-    bits: list[Optional[torch.Tensor]]      # per scale (B, h, w, d) int64 on the transformer grid; None if no
-                                            # image ran it, -1 in the rows of images that skipped it
-    schedule: list[tuple[int, int]]
-    trace: list[dict]                       # per scale: ran, executed tokens, keep fractions, entropy, ms, KV
-                                            # bytes held and in use (of image 0's sub-batch; `image_traces`
-                                            # has every image's)
-    flops: dict                             # the batch's {"total", "text", "per_scale": [...]}
-    timings_ms: dict                        # {"text", "ar", "decode", "per_scale": [...]}
-    policy_stats: dict                      # the policy's stats; per-image decisions at batch > 1: {"per_image": [...]}
-    token_entropy: list[Optional[torch.Tensor]]  # per scale (B, h*w) predictive entropy (NaN: that image skipped it)
-    image_traces: list[list[dict]] = dataclasses.field(default_factory=list)  # per image: the trace of its sub-batch
-    image_flops: list[dict] = dataclasses.field(default_factory=list)         # per image: its share of `flops`
-    image_stats: list[dict] = dataclasses.field(default_factory=list)         # per image: its policy's stats
-    no_effect_reasons: list[Optional[str]] = dataclasses.field(default_factory=list)  # per image: why its
-                                            # policy changed nothing (every plan neutral), else None
-    kv_bytes: list[dict] = dataclasses.field(default_factory=list)  # per scale, after it ran: the batch's KV
                                             # cache {"allocated", "used"} bytes (`KVCache.nbytes`, summed
                                             # over sub-batches; allocated includes the staging buffer of
                                             # KV budgets); "allocated" is the same at every scale once each
                                             # block has appended (buffers are preallocated)
-
-
-class Timer:
-    """Wall-clock marks; CUDA events on GPU so nothing synchronises inside the loop."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.marks: list = []
-
-    def mark(self):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append(ev)
-        else:
-            self.marks.append(time.perf_counter())
-
-    def intervals_ms(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
-        return [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
 
 
 class InfinityRuntime:
@@ -313,49 +272,3 @@ class InfinityRuntime:
         return img.permute(0, 2, 3, 1).mul_(255).to(torch.uint8)
 
 
-def policy_kv_capacity(policies: Sequence[Policy], ctx: GenerationContext) -> Optional[list[int]]:
-    """Per-block KV capacities between scales for this generation: the largest any (reset) policy
-    asks for (`Policy.kv_capacity`), never more than the whole schedule; None when none asks (the
-    baseline: every block holds the whole schedule and no staging buffer is allocated). The state
-    sizes its staging buffer from these (`varbench.engine.backbones.infinity.state.kv_staging_capacity`)."""
-    full = sum(h * w for h, w in ctx.schedule)
-    asked = [c for p in policies if (c := getattr(p, "kv_capacity", lambda: None)()) is not None]
-    if not asked:
-        return None
-    for c in asked:
-        if len(c) != ctx.depth:
-            raise ValueError(f"a policy's kv_capacity() gave {len(c)} capacities for a {ctx.depth}-block model")
-    return [min(full, max(int(c[bi]) for c in asked)) for bi in range(ctx.depth)]
-
-
-def analytic_kv_bytes(policy: Optional[Policy], ctx: GenerationContext, itemsize: int = 2) -> int:
-    """The KV-cache bytes a generation of `ctx` under `policy` (reset here for ctx; None: the
-    baseline) allocates, without running it: the per-block capacities the runtime would take
-    (`policy_kv_capacity`), the staging buffer they need (`kv_staging_capacity`), `kv_cache_bytes`.
-    A run's `GenerationOutput.kv_bytes[-1]["allocated"]` equals it (one policy for the batch, rows
-    as at scale 0; tested on the tiny model). itemsize 2: bf16 K/V (a bf16 run), 4: an fp32 run."""
-    policies = []
-    if policy is not None:
-        policy.reset(ctx)
-        policies.append(policy)
-    caps = policy_kv_capacity(policies, ctx)
-    full = sum(h * w for h, w in ctx.schedule)
-    return kv_cache_bytes([full] * ctx.depth if caps is None else caps, ctx.rows, ctx.num_heads,
-                          ctx.embed_dim // ctx.num_heads, itemsize, kv_staging_capacity(caps, ctx.schedule))
-
-
-def note_kv_bytes(state) -> None:
-    """The KV cache's bytes after this scale, in its trace entry (`varbench.engine.memory`): the
-    (sub-)batch's buffers as held and the positions in use. From tensor shapes: no device read.
-    Any state with `kv` (a `KVCache`) and `trace` (Infinity's `GenState`, HART's `HartState`)."""
-    held = state.kv.nbytes()
-    state.trace[-1].update(kv_bytes_allocated=held["allocated"], kv_bytes_used=held["used"])
-
-
-def per_scale_values(v, n: int, name: str) -> list[float]:
-    if isinstance(v, (int, float)):
-        return [float(v)] * n
-    v = [float(x) for x in v]
-    if len(v) < n:
-        raise ValueError(f"{name} has {len(v)} values but the schedule has {n} scales; give one per scale or a single number")
-    return v[:n]
