@@ -109,3 +109,29 @@ def test_a_job_whose_scorer_cannot_run_fails_before_generating_anything(tmp_path
     assert type(info.value).__name__ == error and names_its_fix(info.value)
     assert not list((tmp_path / "store").rglob("*.png")), "images were generated before the check"
     assert not list((tmp_path / "store").rglob("record.json"))
+
+
+def test_what_the_command_line_chose_comes_in_through_the_job_context(tmp_path):
+    """The job reads no Hydra state: the CLI passes the method preset chosen, the overrides and the job
+    number in (`JobContext`); a programmatic run passes none and the config names the preset."""
+    from varbench.cli.context import hydra_context
+    from varbench.harness.job import JobContext, prepare_job
+
+    cfg = _cfg(tmp_path, "method=skip_last_2")
+    assert hydra_context() is None                                   # no Hydra app around a test
+    plain = prepare_job(cfg)
+    assert plain.context == JobContext() and plain.preset == "skip_last"   # the policy's name: no preset key
+    chosen = prepare_job(cfg, JobContext(method_choice="skip_last_2", overrides=("method=skip_last_2",), job_num=4))
+    assert chosen.preset == "skip_last_2"                            # the preset file chosen, as tables show it
+    assert chosen.context.overrides == ("method=skip_last_2",) and chosen.context.job_num == 4
+    assert chosen.entry.dir == plain.entry.dir                       # the context names, it hashes nothing
+
+
+@pytest.mark.integration
+def test_the_record_carries_the_job_context(tmp_path):
+    from varbench.harness.job import JobContext
+
+    entry = run_job(_cfg(tmp_path), context=JobContext(overrides=("+experiment=smoke", "benchmark.limit=3"), job_num=2))
+    rec = json.loads((entry / "record.json").read_text())
+    assert rec["experiment"]["overrides"] == ["+experiment=smoke", "benchmark.limit=3"]
+    assert rec["experiment"]["job_num"] == 2

@@ -117,11 +117,12 @@ class JobLine:
 def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
     """The dry run's line for one job: entry, status and estimate (a config or file problem is
     the status: the job would fail on it)."""
+    from varbench.cli.context import hydra_context
     from varbench.harness.job import prepare_job
     from varbench.harness.provenance import device_label
 
     try:
-        job = prepare_job(cfg)
+        job = prepare_job(cfg, hydra_context())
     except ConfigError as e:
         return JobLine("", "-", f"config error: {e}", None, "")
     except FixableError as e:

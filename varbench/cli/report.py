@@ -151,6 +151,6 @@ def _eta(wall_s: float, skipped: bool) -> str:
 
 
 def _job_num() -> int | None:
-    from varbench.harness.job import hydra_job_num
+    from varbench.cli.context import hydra_job_num
 
     return hydra_job_num()

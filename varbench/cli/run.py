@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from varbench.cli.context import hydra_context
 from varbench.harness.events import JobObserver
 from varbench.harness.job import prepare_job, run_prepared_job
 
@@ -40,6 +41,8 @@ def job_observers(cfg: DictConfig) -> list[JobObserver]:
 def run(cfg: DictConfig) -> Path:
     """Run (or skip, or resume) the job for ``cfg`` with its observers; returns the entry folder.
     The config is validated first (a bad setting fails before the logger is looked at), then a
-    bad ``logger.mode`` fails, both before any compute."""
-    job = prepare_job(cfg)
+    bad ``logger.mode`` fails, both before any compute. What the command line chose (the method
+    preset, the overrides, the sweep's job number) goes in from the running Hydra app
+    (:func:`varbench.cli.context.hydra_context`; none outside one)."""
+    job = prepare_job(cfg, hydra_context())
     return run_prepared_job(job, job_observers(job.cfg))

@@ -94,6 +94,7 @@ MOVED_NAMES = {
                                                "hart_decoder_flops", "qwen2_text_flops", "hart_text_tokens")}},
     "varbench.engine.memory": {"weights_bytes": f"{_INF}.memory"},
     "varbench.engine.checkpoints": {"load_strict": f"{_INF}.checkpoints", "load_infinity_weights": f"{_INF}.checkpoints"},
+    "varbench.harness.job": {"hydra_job_num": "varbench.cli.context"},   # Hydra's state is read by the CLI only
 }
 
 

@@ -41,6 +41,7 @@ from typing import Sequence
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from varbench.core.aliases import moved_names
 from varbench.core.errors import FixableError
 from varbench.core.hashing import entry_hash, generation_hash
 from varbench.core.interrupt import GracefulStop, uninterruptible
@@ -69,6 +70,17 @@ __all__ = ["run_job", "run_prepared_job", "prepare_job", "image_seed", "SEED_RUL
 
 
 # -- the job's shared state ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class JobContext:
+    """What the command line chose, beyond the composed config: passed in by the CLI layer
+    (:func:`varbench.cli.context.hydra_context`, from the running Hydra app), never read here from
+    Hydra's global state. A programmatic run (tests, scripts) passes none and gets the defaults."""
+
+    method_choice: str | None = None      # the method preset chosen (``method=nova_fast`` -> ``nova_fast``)
+    overrides: tuple[str, ...] = ()      # the command line's task overrides, as typed (recorded)
+    job_num: int | None = None           # Hydra's 0-based number of this job in a sweep (recorded)
+
+
 @dataclasses.dataclass
 class Job:
     """Everything the stages share, decided before any compute (see :func:`prepare_job`)."""
@@ -86,6 +98,7 @@ class Job:
     t0: float
     method_files: dict = dataclasses.field(default_factory=dict)   # {name: sha256} of the files the method loads
     observers: list = dataclasses.field(default_factory=list)      # JobObserver hooks (varbench.harness.events)
+    context: JobContext = dataclasses.field(default_factory=JobContext)   # what the command line chose
     started: bool = False      # job_started was announced (so job_finished / job_failed follow)
 
     @property
@@ -138,8 +151,9 @@ class Job:
         notify(self.observers, hook, self, *args)
 
 
-def prepare_job(cfg: DictConfig) -> Job:
-    """Stage 1: everything decided by the config and the files, before any model is built."""
+def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
+    """Stage 1: everything decided by the config and the files, before any model is built.
+    ``context``: what the command line chose (:class:`JobContext`; None: a programmatic run)."""
     from varbench.harness.config import validate_config
 
     t0 = time.perf_counter()
@@ -155,8 +169,9 @@ def prepare_job(cfg: DictConfig) -> Job:
     entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
                                                                        method_files=mfiles))
     store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
+    context = context or JobContext()
     return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
-               method_preset(cfg), t0, method_files=mfiles)
+               method_preset(cfg, context), t0, method_files=mfiles, context=context)
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -332,8 +347,8 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
     return {
         "schema_version": SCHEMA_VERSION, "entry_id": job.entry.entry_hash, "generation_id": job.store.generation_hash,
         "created": utc_now(), "status": "ok",
-        "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": _overrides(),
-                       "job_num": hydra_job_num(), "shards": job.shard.count},
+        "experiment": {"name": str(cfg.experiment_name), "tags": list(cfg.tags), "overrides": list(job.context.overrides),
+                       "job_num": job.context.job_num, "shards": job.shard.count},
         "config": {**job.resolved, "shard": None},   # the whole job's record, whichever shard assembled it
         "model": {"name": cfg.model.name, "preset": cfg.model.preset, "resolution": resolution,
                   "h_div_w": float(cfg.generation.h_div_w), "dtype": str(job.dtype).replace("torch.", ""),
@@ -361,7 +376,8 @@ def _memory(job: Job, rt, traces: list[dict]) -> dict | None:
     """The record's ``memory`` block (:class:`varbench.harness.schema.Memory`): the trace rows' KV bytes
     and measured peaks, the weights as the runtime holds them (analytic for the model preset when
     the record is assembled without a runtime), and the analytic lower bound of the peak."""
-    from varbench.engine.memory import kv_cache_dtype, memory_summary, module_bytes, weights_bytes
+    from varbench.engine.backbones.infinity.memory import weights_bytes
+    from varbench.engine.memory import kv_cache_dtype, memory_summary, module_bytes
     from varbench.engine.backbones.infinity.model import PRESETS
 
     preset = str(job.cfg.model.preset)
@@ -395,14 +411,15 @@ def _method_effect(job: Job, traces: list[dict], score_dirs: list[Path]) -> dict
 
 
 # -- the job ---------------------------------------------------------------------------------
-def run_job(cfg: DictConfig, observers: Sequence[JobObserver] = ()) -> Path:
+def run_job(cfg: DictConfig, observers: Sequence[JobObserver] = (), context: JobContext | None = None) -> Path:
     """Run (or skip, or resume) the job for ``cfg``; returns the entry folder.
 
     ``observers`` (:class:`varbench.harness.events.JobObserver`) hear what happens; the command line
     wires them from the config (``logger=wandb``, its result line: :func:`varbench.cli.run.run`),
     a caller of this function passes its own (none: nothing is mirrored, nothing more is printed).
+    ``context``: what the command line chose (:class:`JobContext`; None: a programmatic run).
     Same as :func:`run_prepared_job` on :func:`prepare_job`'s job."""
-    return run_prepared_job(prepare_job(cfg), observers)
+    return run_prepared_job(prepare_job(cfg, context), observers)
 
 
 def run_prepared_job(job: Job, observers: Sequence[JobObserver] = ()) -> Path:
@@ -569,16 +586,11 @@ def ready_sharded_entries(path: str | Path) -> list[Path]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def method_preset(cfg: DictConfig) -> str | None:
-    """The method preset chosen on the command line (``method=nova_fast`` -> ``nova_fast``)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        choice = HydraConfig.get().runtime.choices.get("method")
-        if choice:
-            return str(choice)
-    except Exception:  # noqa: BLE001 - outside a Hydra app (tests, scripts)
-        pass
+def method_preset(cfg: DictConfig, context: JobContext | None = None) -> str | None:
+    """The method preset chosen on the command line (``method=nova_fast`` -> ``nova_fast``, from
+    ``context``), else the config's own ``method.preset`` or ``method.name`` (a programmatic run)."""
+    if context is not None and context.method_choice:
+        return str(context.method_choice)
     return cfg.method.get("preset") or cfg.method.get("name")
 
 
@@ -634,20 +646,5 @@ def _device_name(device: torch.device) -> str:
     return device_label(str(device))
 
 
-def _overrides() -> list[str]:
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return list(HydraConfig.get().overrides.task)
-    except Exception:
-        return []
-
-
-def hydra_job_num() -> int | None:
-    """Hydra's 0-based number of this job in a sweep (None outside a sweep or outside Hydra)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return HydraConfig.get().job.get("num")
-    except Exception:
-        return None
+#: names that moved out (`varbench.core.aliases.MOVED_NAMES`), still read from here with a DeprecationWarning
+__getattr__ = moved_names(__name__)
