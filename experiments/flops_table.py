@@ -76,20 +76,20 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from varbench.engine.backbones.infinity.flops import scale_flops, text_flops
-from varbench.engine.flops import plan_trace
-from varbench.engine.backbones.infinity.memory import weights_bytes
-from varbench.engine.memory import kv_plan_bytes
-from varbench.engine.kv_cache import kv_staging_capacity
 from varbench.engine.backbones import preset_stage_flops
-from varbench.engine.backbones.hart.stage_flops import HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS
-from varbench.engine.stage_flops import T5_MAX_LENGTH
 from varbench.engine.backbones.hart.flops import hart_plan_trace, hart_scale_flops, hart_text_flops
 from varbench.engine.backbones.hart.model import HART_PRESETS
+from varbench.engine.backbones.hart.stage_flops import HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS
+from varbench.engine.backbones.infinity.flops import scale_flops, text_flops
+from varbench.engine.backbones.infinity.memory import weights_bytes
 from varbench.engine.backbones.infinity.model import PRESETS
-from varbench.harness.config import preset_refusal
 from varbench.engine.backbones.infinity.schedules import scale_schedule
+from varbench.engine.flops import plan_trace
+from varbench.engine.kv_cache import kv_staging_capacity
+from varbench.engine.memory import kv_plan_bytes
 from varbench.engine.plan import GenerationContext, ScaleSignals
+from varbench.engine.stage_flops import T5_MAX_LENGTH
+from varbench.harness.config import preset_refusal
 from varbench.policies import build_policy
 from varbench.policies.knobs import register as register_method_schemas
 from varbench.policies.scalekv import synthetic_budgets

@@ -67,9 +67,9 @@ def test_garbled_state_files_are_fixable_and_name_the_file(tmp_path, capsys):
 def test_a_read_only_store_is_one_store_write_error_that_is_still_an_oserror(tmp_path, monkeypatch, capsys):
     import tempfile
 
-    from varbench.harness.records import RunEntry
     from varbench.core.jsonio import append_jsonl
     from varbench.core.jsonio import atomic_write_bytes
+    from varbench.harness.records import RunEntry
 
     def read_only(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system", str(k.get("dir")))
@@ -121,15 +121,15 @@ def test_held_lock_broken_seal_and_checkpoint_mismatch_are_fixable(tmp_path, cap
 
 def test_every_error_that_names_its_fix_derives_from_the_one_base():
     from varbench.analysis.aggregate import AggregationError
-    from varbench.evaluators.weights import WeightsNotFoundError, WrongWeightsError
+    from varbench.core.errors import names_its_fix
+    from varbench.core.errors import ConfigError
     from varbench.engine.backbones.infinity.bsq_vae import CheckpointMismatchError, VAEWeightsNotFoundError
     from varbench.engine.checkpoints import WeightsNotFound
-    from varbench.policies.skipvar_features import DecisionModelError
+    from varbench.evaluators.weights import WeightsNotFoundError, WrongWeightsError
     from varbench.harness.prompts import PromptSetError
     from varbench.harness.records import EntryFinishedError, EntryLockedError, LegacySealError
     from varbench.harness.store import ImageHashError
-    from varbench.core.errors import names_its_fix
-    from varbench.core.errors import ConfigError
+    from varbench.policies.skipvar_features import DecisionModelError
 
     for cls in (AggregationError, WeightsNotFoundError, WrongWeightsError, CheckpointMismatchError,
                 VAEWeightsNotFoundError, WeightsNotFound, DecisionModelError, PromptSetError, EntryFinishedError,

@@ -91,8 +91,8 @@ def test_position_rule_scores_and_relations_agree_with_the_toy_world():
 
 def test_lazy_registry_imports_on_first_load_and_lists_known_names_for_an_unknown_one():
     from varbench import evaluators, policies
-    from varbench.harness import prompts
     from varbench.core.registry import LazyRegistry, UnknownName, resolve
+    from varbench.harness import prompts
 
     reg = LazyRegistry("widget", {"ordered_dict": "collections:OrderedDict", "plain": dict})
     reg.register("counter", "collections:Counter")

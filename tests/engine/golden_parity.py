@@ -20,9 +20,9 @@ import torch
 from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, VAEConfig, load_vae_state_dict
 from varbench.engine.backbones.infinity.checkpoints import load_strict
 from varbench.engine.backbones.infinity.model import Infinity, InfinityConfig
-from varbench.engine.text import TextBatch
 from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 from varbench.engine.backbones.infinity.sampling import filter_top_k_top_p_
+from varbench.engine.text import TextBatch
 from varbench.testing.tiny import strict_parity  # noqa: F401  (re-exported for the parity tests)
 
 GOLD_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "upstream_golden"

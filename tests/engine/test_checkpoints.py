@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import save_file
 
 from varbench.engine.backbones.infinity.checkpoints import load_infinity_weights
-from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound, read_state_dict
 from varbench.engine.backbones.infinity.model import build_infinity
+from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound, read_state_dict
 
 
 def _tiny_sd(seed=0):

@@ -15,11 +15,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from varbench.engine.backbones.infinity.schedules import scale_schedule
-from varbench.engine.plan import BlockPlan, ScalePlan
-from varbench.policies import build_policy
-from varbench.engine.policy import Policy
-from varbench.engine.graphs import StepGraphs
 from varbench.engine.backbones.infinity.state import GenState
+from varbench.engine.graphs import StepGraphs
+from varbench.engine.plan import BlockPlan, ScalePlan
+from varbench.engine.policy import Policy
+from varbench.policies import build_policy
 from varbench.testing.tiny import tiny_runtime
 
 PN = "0.25M"

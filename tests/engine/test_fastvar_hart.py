@@ -47,8 +47,8 @@ from varbench.engine.text import TextBatch
 from varbench.policies import selectors
 from varbench.policies.baseline import Baseline
 from varbench.policies.fastvar import FastVAR
-from varbench.testing.tiny import strict_parity
 from varbench.policies.selectors import PivotalSelector
+from varbench.testing.tiny import strict_parity
 
 from tests.engine.test_hart import ATOL, FASTVAR_RUNS, RTOL, check_against_record, load_fastvar_golden
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from experiments import gpu_dryrun
-from varbench.testing.fake_cuda import FakeCuda, HostReadInStep, cuda_sdpa_backend
 from varbench.engine.backbones.infinity.model import PRESETS
-from varbench.policies import build_policy
 from varbench.engine.graphs import StepGraphs
+from varbench.policies import build_policy
+from varbench.testing.fake_cuda import FakeCuda, HostReadInStep, cuda_sdpa_backend
 from varbench.testing.tiny import tiny_runtime
 
 
@@ -160,8 +160,8 @@ def test_scalekv_preset_runs_at_real_shapes_and_allocates_less():
 
     from varbench.engine.backbones.infinity.model import PRESETS
     from varbench.engine.backbones.infinity.schedules import scale_schedule
-    from varbench.engine.plan import GenerationContext
     from varbench.engine.kv_cache import analytic_kv_bytes
+    from varbench.engine.plan import GenerationContext
 
     base = gpu_dryrun.run_one("infinity_2b", "baseline", 2, depth=2)
     row = gpu_dryrun.run_one("infinity_2b", "scalekv", 2, depth=2)

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from varbench.core.errors import ConfigError
-from varbench.engine.checkpoints import CheckpointMismatch
 from varbench.engine.backbones.hart.model import (HART_IGNORED_KEYS, HART_PRESETS, QUANT_IGNORED_KEYS, build_hart,
                                          build_hart_quantizer, hart_config_from_json, load_hart_state)
 from varbench.engine.backbones.hart.sampling import DiffusionSchedule, sample_hart
+from varbench.engine.checkpoints import CheckpointMismatch
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIX / "hart_golden" / "tiny_hart_golden.pt"

@@ -19,14 +19,14 @@ from varbench.engine.backbones.hart.flops import diffusion_flops, hart_scale_flo
 from varbench.engine.backbones.hart.model import build_hart, build_hart_quantizer, load_hart_state
 from varbench.engine.backbones.hart.runtime import HartRuntime
 from varbench.engine.backbones.hart.sampling import DiffusionSchedule, sample_hart
-from varbench.engine.text import TextBatch
 from varbench.engine.plan import BlockPlan, KVBudget, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.testing.tiny import tiny_hart_runtime
+from varbench.engine.text import TextBatch
 from varbench.policies import build_policy
 from varbench.policies.nova import NOVA
 from varbench.policies.selectors import PivotalSelector
 from varbench.policies.toprovar import ToProVAR
+from varbench.testing.tiny import tiny_hart_runtime
 
 from tests.engine.test_hart import ATOL, GOLDEN, RTOL, case_config
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from varbench.core.errors import ConfigError
-from varbench.engine.checkpoints import WeightsNotFound
 from varbench.engine.backbones.hart.text import HART_SYSTEM_PROMPT, HartTextEncoder
+from varbench.engine.checkpoints import WeightsNotFound
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "hart_tokenizer"
 FOLDER = FIX / "qwen2_tiny"

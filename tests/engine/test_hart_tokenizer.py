@@ -18,11 +18,11 @@ import torch
 
 from tests.engine.test_hart import read_keys
 from varbench.core.errors import ConfigError
-from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound
 from varbench.engine.backbones.hart.model import HART_PRESETS, QUANT_IGNORED_KEYS
 from varbench.engine.backbones.hart.tokenizer import (HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer,
                                                    dropped_prefixes, hart_tokenizer_config_from_json,
                                                    load_hart_tokenizer, load_tokenizer_state)
+from varbench.engine.checkpoints import CheckpointMismatch, WeightsNotFound
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 PARITY = FIX / "hart_tokenizer" / "tiny_tokenizer_parity.pt"

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from varbench.core.errors import ConfigError
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.flops import plan_trace
+from varbench.engine.kv_cache import kv_cache_bytes, kv_staging_capacity, KVCache
 from varbench.engine.plan import KVBudget, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.backbones.infinity.schedules import scale_schedule
-from varbench.engine.kv_cache import kv_cache_bytes, kv_staging_capacity, KVCache
 from varbench.policies import build_policy
 from varbench.policies.scalekv import ScaleKV, synthetic_budgets, window_offsets, window_positions
 
@@ -261,8 +261,8 @@ def test_graph_key_carries_the_kv_budget(tiny_rt):
 def test_analytic_kv_bytes_equal_the_allocated_bytes(tiny_rt, method):
     """The analytic count (no run) is what the runtime allocates, byte for byte, with and without the
     staging buffer (the baseline has none)."""
-    from varbench.engine.plan import GenerationContext
     from varbench.engine.kv_cache import analytic_kv_bytes
+    from varbench.engine.plan import GenerationContext
 
     sk = {"name": "scalekv", "knobs": ScaleKV.ACTIVE}
     nova = {"name": "nova", "knobs": {"t_min_tokens": 16, "min_tokens_to_prune": 16, "t_force": -3}}

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from varbench.engine.backbones.infinity import state as state_mod
-from varbench.engine.flops import plan_trace
 from varbench.engine.backbones.infinity.memory import weights_bytes
+from varbench.engine.flops import plan_trace
 from varbench.engine.memory import (PEAK_RSS, PEAK_RSS_LIFETIME, image_memory, kv_plan_bytes, kv_position_bytes,
                                     measure_peak, memory_summary, module_bytes)
 from varbench.engine.plan import BlockPlan, ScalePlan
@@ -277,8 +277,8 @@ def test_kv_plan_bytes_with_the_staging_buffer_equal_a_scalekv_run_scale_by_scal
     evictions. The plan-only count (capacities from `kv_capacity`, the staging buffer from
     `kv_staging_capacity`, the budgets from the plans) gives the runtime's allocated and used bytes
     after every scale, exactly (the last scale's staged K/V dropped unread)."""
-    from varbench.engine.plan import GenerationContext
     from varbench.engine.kv_cache import kv_staging_capacity
+    from varbench.engine.plan import GenerationContext
     from varbench.policies import build_policy
     from varbench.policies.scalekv import ScaleKV
 

@@ -4,13 +4,13 @@ import math
 import pytest
 import torch
 
+from varbench.engine.attention import attention_entropy
 from varbench.engine.backbones.infinity.flops import scale_flops, text_flops
-from varbench.engine.flops import plan_trace
 from varbench.engine.backbones.infinity.model import PRESETS
 from varbench.engine.backbones.infinity.schedules import scale_schedule
+from varbench.engine.flops import plan_trace
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.attention import attention_entropy
 
 PN = "0.25M"
 

@@ -12,17 +12,17 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, VAE_PRESETS, VAEConfig
-from varbench.engine.text import WordTextEncoder
-from varbench.engine.backbones.hart.text import HartTextEncoder
-from varbench.engine.backbones.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
-from varbench.engine.policy import NeutralPolicy
 from varbench.engine.backbones import preset_stage_flops
 from varbench.engine.backbones.hart.stage_flops import (hart_decoder_flops, HART_MAX_LENGTH, HART_SYSTEM_PROMPT_TOKENS,
                                                         hart_text_tokens, QWEN2_1P5B, qwen2_text_flops)
+from varbench.engine.backbones.hart.text import HartTextEncoder
+from varbench.engine.backbones.hart.tokenizer import HART_TOKENIZER_PRESETS, HartTokenizerConfig, build_hart_tokenizer
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, VAE_PRESETS, VAEConfig
 from varbench.engine.backbones.infinity.stage_flops import decoder_flops
+from varbench.engine.policy import NeutralPolicy
 from varbench.engine.stage_flops import (FLAN_T5_XL, t5_encoder_flops, text_encoder_flops, vae_decode_flops,
                                          word_encoder_flops)
+from varbench.engine.text import WordTextEncoder
 
 
 def counted(fn) -> int:
@@ -219,9 +219,9 @@ def test_hart_preset_stages_use_the_released_parts():
 def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skipped():
     """The runtime's summed codes (what it decodes) keep the final grid under skip_last, and the job's
     trace rows carry the same decode count for the baseline and the skipping method."""
+    from varbench.engine.stage_flops import stage_flops
     from varbench.harness.traces import trace_row
     from varbench.policies import build_policy
-    from varbench.engine.stage_flops import stage_flops
     from varbench.testing.tiny import tiny_runtime
 
     rt = tiny_runtime()
@@ -377,8 +377,8 @@ def test_hart_runtime_stage_counts_what_its_qwen2_encoder_ran(policy, negative):
     runtime actually sent through the model (its prompts, plus the negative prompt once per generation on either
     path; the unconditional rows encode nothing), and the end-to-end count is filled in."""
     from varbench.engine.stage_flops import stage_flops
-    from varbench.testing.tiny import tiny_hart_runtime
     from varbench.harness.traces import trace_row
+    from varbench.testing.tiny import tiny_hart_runtime
 
     enc = HartTextEncoder(QWEN2_TINY)
     rt = tiny_hart_runtime(seed=0, context_dim=enc.hidden_size, context_token=enc.max_length)

@@ -99,9 +99,9 @@ def test_smoke_record_carries_every_weight_free_scorer(tmp_path):
 def test_a_job_whose_scorer_cannot_run_fails_before_generating_anything(tmp_path, evaluator, error):
     """Checked before the model is built: without it the whole generation ran first (minutes to
     hours of GPU time on a real benchmark), then scoring failed."""
-    from varbench.evaluators.weights import WeightsNotFoundError
     from varbench.core.errors import names_its_fix
     from varbench.core.errors import ConfigError
+    from varbench.evaluators.weights import WeightsNotFoundError
 
     cfg = _cfg(tmp_path, f"evaluator=[{evaluator}]", f"paths.weights_dir={tmp_path}/none")  # smoke prompts: not toy-world
     with pytest.raises((WeightsNotFoundError, ConfigError)) as info:

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from varbench.analysis.frame import record_to_row, records_to_frame
-from varbench.engine.flops import plan_trace
 from varbench.engine.backbones.infinity.memory import weights_bytes
-from varbench.engine.memory import PEAK_RSS, PEAK_RSS_LIFETIME, kv_plan_bytes
 from varbench.engine.backbones.infinity.model import PRESETS
 from varbench.engine.backbones.infinity.schedules import scale_schedule
+from varbench.engine.flops import plan_trace
+from varbench.engine.memory import PEAK_RSS, PEAK_RSS_LIFETIME, kv_plan_bytes
 from varbench.engine.plan import ScalePlan
 from varbench.harness.job import run_job
 from varbench.harness.schema import TraceRow, check_record

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from varbench.cli.assemble import assemble_entry
+from varbench.core.seeds import image_seed
 from varbench.harness.job import run_job
 from varbench.harness.schema import TraceRow, check_record
-from varbench.core.seeds import image_seed
 from varbench.testing.jobs import job_config
 
 

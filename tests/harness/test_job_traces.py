@@ -9,9 +9,9 @@ import json
 
 import pytest
 
+from varbench.core.jsonio import read_jsonl
 from varbench.harness.job import run_job
 from varbench.harness.traces import TraceCountError
-from varbench.core.jsonio import read_jsonl
 from varbench.testing.jobs import job_config
 
 

@@ -11,8 +11,8 @@ from PIL import Image
 
 from varbench.analysis.frame import records_to_frame
 from varbench.cli.records import main as records_main
-from varbench.harness.records import LegacySealError, RunEntry, SealError
 from varbench.core.jsonio import append_jsonl, read_jsonl
+from varbench.harness.records import LegacySealError, RunEntry, SealError
 from varbench.harness.store import ImageHashError, ImageStore
 
 

@@ -17,8 +17,8 @@ pytest.importorskip("wandb")
 from varbench.loggers.offline import check, read_log, records, references, run_file, write_log  # noqa: E402
 from varbench.loggers.publish import MARKER, SWEEP_MARKER, JobRun, main, republish, tables_digest  # noqa: E402
 
-from varbench.testing.jobs import job_config  # noqa: E402
 from varbench.core.errors import ConfigError  # noqa: E402
+from varbench.testing.jobs import job_config  # noqa: E402
 
 #: the results folder of the toy model's records (varbench.analysis.layout.group_dir_name("toy", "64x64"))
 TOY = "toy-64px"

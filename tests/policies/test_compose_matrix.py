@@ -78,8 +78,8 @@ def test_skipvar_and_scalekv_combine_the_budget_applies_to_the_cond_rows(tiny_rt
     6, which never runs). The evicting blocks keep exactly their budget on the rows still in use, and
     the cache allocated is what the analytic count says for ScaleKV alone (skipping and dropping rows
     never shrink preallocated buffers)."""
-    from varbench.engine.plan import GenerationContext
     from varbench.engine.kv_cache import analytic_kv_bytes
+    from varbench.engine.plan import GenerationContext
 
     sk = {"name": "scalekv", "knobs": ScaleKV.ACTIVE}
     sv = {"name": "skipvar_fixed", "knobs": {"skip_last": 1, "uncond_from": -3}}

@@ -8,13 +8,13 @@ import math
 
 import pytest
 
+from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.effect import IDENTICAL_REASON, image_unchanged, method_effect
 from varbench.engine.effect import NEUTRAL_REASON
-from varbench.harness.job import run_job
-from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext
-from varbench.policies import build_policy
+from varbench.harness.job import run_job
 from varbench.harness.schema import check_record
+from varbench.policies import build_policy
 from varbench.testing.jobs import job_config
 
 

@@ -10,8 +10,8 @@ import torch
 from experiments.flops_table import load_method, method_flops
 from varbench.engine.backbones.infinity.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
-from varbench.policies import build_policy
 from varbench.engine.policy import Policy
+from varbench.policies import build_policy
 
 SQ_1M = tuple(scale_schedule(1.0, "1M"))
 UNSTATED = {"prune_kv": True, "protect_first": 0, "protect_last": 0, "sublayers": ["sa", "ca", "ffn"],
@@ -127,8 +127,8 @@ def test_q_sub_sampling_knob(tiny_rt):
     """q_sub queries: evenly spaced by default (unchanged behaviour), or a fixed pseudo-random subset
     per scale; the runtime measures exactly the queries the rule names, and each value is that
     query's entropy over all queries (so the subset changes which queries are read, not their values)."""
-    from varbench.policies.nova import NOVAKnobs
     from varbench.engine.plan import ScalePlan, entropy_query_pick
+    from varbench.policies.nova import NOVAKnobs
 
     assert NOVAKnobs().q_sub_sampling == "even" and build_policy("nova").describe()["q_sub_sampling"] == "even"
     even = entropy_query_pick(100, 7, 3, "even", "cpu")

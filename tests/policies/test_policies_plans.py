@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from varbench.engine.flops import plan_trace
 from varbench.engine.backbones.infinity.schedules import scale_schedule
+from varbench.engine.flops import plan_trace
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals, SelectorContext
+from varbench.engine.plan import is_neutral
 from varbench.policies import REGISTRY, build_policy
 from varbench.policies.common import block_range
-from varbench.engine.plan import is_neutral
 from varbench.policies.compose import Compose
 from varbench.policies.selectors import PivotalSelector, complete_map, upsample_map
 

@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from varbench.policies import REGISTRY, build_policy
 from varbench.engine.policy import Policy
+from varbench.policies import REGISTRY, build_policy
 from varbench.policies.selectors import binary_entropy_from_logits
 from varbench.testing.tiny import tiny_runtime
 

@@ -78,9 +78,9 @@ def test_trust_loads_it_anyway(tmp_path, monkeypatch, how):
 
 
 def test_the_trust_knob_validates_and_is_not_composed_into_presets(tmp_path):
-    from varbench.testing.jobs import job_config
-    from varbench.harness.config import validate_config
     from varbench.core.errors import ConfigError
+    from varbench.harness.config import validate_config
+    from varbench.testing.jobs import job_config
 
     validate_config(job_config(tmp_path, "method=skipvar_toy", "+method.knobs.trust_decision_models=true"))
     with pytest.raises(ConfigError, match="trust_decision_models"):
@@ -93,8 +93,8 @@ def test_pickles_with_the_pinned_release_bytes_load_without_trust(tmp_path, monk
     in the table as if released."""
     import joblib
 
-    from varbench.policies import skipvar_release
     from varbench.core.filehash import sha256_file
+    from varbench.policies import skipvar_release
 
     monkeypatch.delenv(TRUST_ENV, raising=False)
     d = tmp_path / "decision_model_ssim_84"
@@ -153,8 +153,8 @@ def test_a_skops_file_with_an_untrusted_type_is_refused(tmp_path, monkeypatch):
 def test_replacing_the_decision_models_changes_the_generation_and_entry_keys(tmp_path):
     """`experiments.skipvar_train --out <same folder>` retrains in place: the old images and record
     must not be reused."""
-    from varbench.harness.job import prepare_job
     from varbench.core.hashing import generation_hash
+    from varbench.harness.job import prepare_job
     from varbench.testing.jobs import job_config
 
     d = tmp_path / "dm"

@@ -6,6 +6,11 @@ their module in its new place, silently: they are still the documented spelling.
 old path (``import varbench.records``) works too, with a DeprecationWarning naming the new one, so a
 notebook written against 0.1 keeps running while it is updated. An alias is a view of the new
 module: reading names works, but a monkeypatch must target the new path.
+
+Modules moved whole are in `MOVED` (a module split in two or three names every part: the first that
+has a name gives it). Names that left a module still at its path (the backbone-specific parts of a
+seam module, e.g. ``varbench.engine.flops.scale_flops``) are in `MOVED_NAMES`, read through that
+module's ``__getattr__`` (`moved_names`), with the same warning.
 """
 from __future__ import annotations
 

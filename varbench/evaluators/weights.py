@@ -12,9 +12,9 @@ from typing import Optional
 import torch
 
 from varbench.core.errors import FixableError
+from varbench.core.filehash import sha256_file
 from varbench.core.missing import MissingFile, note
 from varbench.engine.checkpoints import load_state_dict_strict
-from varbench.core.filehash import sha256_file
 
 
 

@@ -206,8 +206,8 @@ def validate_config(cfg: Any):
     """Raise ConfigError for anything wrong that the config alone decides; return the built policy."""
     from omegaconf import OmegaConf
 
-    from varbench.policies import REGISTRY
     from varbench.core.registry import resolve
+    from varbench.policies import REGISTRY
 
     try:
         for section in ("runtime", "timing", "generation", "benchmark", "method"):

@@ -282,8 +282,8 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     tcfg = cfg.timing
     if not tcfg.enabled:
         return None
-    from varbench.policies.baseline import Baseline
     from varbench.harness.timing import protocol_kwargs, timed_pass, timing_sample, wait_for_steady_load
+    from varbench.policies.baseline import Baseline
 
     kw = generation_kwargs(cfg, rt)
     adaptive = bool(getattr(policy, "adaptive", False))
@@ -377,8 +377,8 @@ def _memory(job: Job, rt, traces: list[dict]) -> dict | None:
     and measured peaks, the weights as the runtime holds them (analytic for the model preset when
     the record is assembled without a runtime), and the analytic lower bound of the peak."""
     from varbench.engine.backbones.infinity.memory import weights_bytes
-    from varbench.engine.memory import kv_cache_dtype, memory_summary, module_bytes
     from varbench.engine.backbones.infinity.model import PRESETS
+    from varbench.engine.memory import kv_cache_dtype, memory_summary, module_bytes
 
     preset = str(job.cfg.model.preset)
     # without a runtime: the job's dtype, but the toy model runs fp32 whatever runtime.dtype says (build_runtime)

@@ -85,9 +85,9 @@ import torch
 import torch.nn.functional as F
 
 from varbench.core.errors import ConfigError
+from varbench.engine.kv_cache import kv_staging_capacity
 from varbench.engine.plan import GenerationContext, KVBudget, KVSelectContext, ScalePlan
 from varbench.engine.policy import Policy
-from varbench.engine.kv_cache import kv_staging_capacity
 from varbench.policies.knobs import MethodKnobs, knob
 
 # The released rule (mobiushy/SpecuKV @ f515bb6)

@@ -493,10 +493,10 @@ class FakeCuda:
 
     def __enter__(self) -> "FakeCuda":
         from varbench.engine import generation
-        from varbench.engine.backbones.infinity import state
-        from varbench.engine.kernels import flash_entropy
-        from varbench.engine.backbones.infinity import schedules
         from varbench.engine.backbones.hart.state import HartState
+        from varbench.engine.backbones.infinity import state
+        from varbench.engine.backbones.infinity import schedules
+        from varbench.engine.kernels import flash_entropy
 
         s = self._stack = contextlib.ExitStack()
         # a module-level cache of CPU tensors: real ones must not enter the fake mode, fake ones must

@@ -15,8 +15,8 @@ import torch
 
 from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
 from varbench.engine.backbones.infinity.model import PRESETS, Infinity, InfinityConfig
-from varbench.engine.text import WordTextEncoder
 from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from varbench.engine.text import WordTextEncoder
 
 def perturb_(module: torch.nn.Module, seed: int, std: float = 0.02) -> None:
     g = torch.Generator().manual_seed(seed)

@@ -17,11 +17,11 @@ from typing import Optional
 import torch
 
 from varbench.core.errors import FixableError
-from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, load_vae_state_dict
-from varbench.engine.checkpoints import load_state_dict_strict
-from varbench.engine.backbones.infinity.model import PRESETS, Infinity
-from varbench.engine.text import WordTextEncoder
 from varbench.core.filehash import sha256_file as sha256
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE, load_vae_state_dict
+from varbench.engine.backbones.infinity.model import PRESETS, Infinity
+from varbench.engine.checkpoints import load_state_dict_strict
+from varbench.engine.text import WordTextEncoder
 from varbench.toy import world
 
 #: Token grids of the toy model, coarse to fine: 9 scales ending at the VAE's 16x16 latent of a

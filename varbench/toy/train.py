@@ -39,10 +39,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
-from varbench.engine.checkpoints import load_state_dict_strict
 from varbench.core.jsonio import atomic_write_bytes
+from varbench.engine.backbones.infinity.bsq_vae import BSQVAE
 from varbench.engine.backbones.infinity.model import PRESETS, Infinity
+from varbench.engine.checkpoints import load_state_dict_strict
 from varbench.toy import world
 from varbench.toy.forward import bit_targets, per_token_bit_ce, teacher_forced_logits
 from varbench.toy.load import (FILES, MANIFEST, TOY_H_DIV_W, TOY_IMAGE_SIZE, TOY_MODEL_PRESET, TOY_SCHEDULE, TOY_VAE_PRESET,

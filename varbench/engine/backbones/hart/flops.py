@@ -20,8 +20,8 @@ whose shapes do not depend on signals, so a HART configuration's FLOPs are count
 """
 from __future__ import annotations
 
-from varbench.engine.flops import plan_trace, self_attention_flops
 from varbench.engine.backbones.hart.sampling import DiffusionSchedule
+from varbench.engine.flops import plan_trace, self_attention_flops
 
 
 def diffusion_flops(cfg, vectors: int) -> float:
