@@ -3,7 +3,9 @@
 A backbone imports only the backbone-agnostic seam in `varbench.engine` (plan, policy, KV cache and
 budgets, batch splitting, graphs, memory, FLOPs helpers, text encoders, generation output) and never
 another backbone; the seam never imports a backbone (`tests/core/test_layers.py` checks both). A third
-backbone is a new folder here plus one line in `FAMILIES`.
+backbone is a new folder here (with `model.PRESETS`, `presets.preset_stage_flops`, a runtime returning
+`varbench.engine.generation.GenerationOutput`), one line in `FAMILIES` and its builder in
+`varbench.harness.build.BUILDERS`.
 """
 from __future__ import annotations
 

@@ -6,9 +6,11 @@
   the released `tokenizer/` folder (the quantizer half is `model.HartQuantizer`);
 - `text`: the Qwen2 text encoder from a local folder, as the release encodes prompts;
 - `state` + `runtime`: `HartRuntime`, the next-stage loop on the shared seams (plans, signals, traces);
-- `flops`: analytic FLOPs of what the runtime executed, the diffusion head included.
+- `flops`: analytic FLOPs of what the runtime executed, the diffusion head included;
+- `stage_flops` + `presets`: the tokenizer decoder's and the Qwen2 encoder's FLOPs, and the released
+  preset's stages counted without building anything.
 
-What is shared with Infinity lives outside this folder (`varbench.engine.plan`, `policy`, `flops`
-style, timing); what differs (2-D RoPE over a text-context stage, categorical tokens, the residual
+What is shared with Infinity lives in the seam, outside this folder (`varbench.engine.plan`, `policy`,
+`kv_cache`, `residuals`, `batch_split`, `generation`, `flops`, `attention`); what differs (2-D RoPE over a text-context stage, categorical tokens, the residual
 diffusion head, the multi-scale residual tokenizer) lives here.
 """

@@ -7,7 +7,8 @@
 - `block_step` + `pruned`: one block at one scale, the lean full path and the path under a plan;
 - `sampling`: bitwise guided sampling and the per-bit entropy;
 - `state` + `runtime`: `InfinityRuntime`, the next-scale loop on the shared seams (plans, signals, traces);
-- `flops`, `stage_flops`, `memory`: the analytic counts of what the runtime executed and holds.
+- `flops`, `stage_flops`, `memory`: the analytic counts of what the runtime executed and holds;
+- `presets`: the released presets' stages counted without building anything.
 
 What is shared with other backbones lives in `varbench.engine` (plan, policy, KV cache and budgets,
 batch splitting, graphs, memory, FLOPs helpers, text encoders, generation output); a backbone imports
