@@ -75,9 +75,10 @@ class MethodCard:
 
 @dataclasses.dataclass(frozen=True)
 class DocRow:
-    """One row of docs/methods.md's method table: ``method`` is its first cell as written
-    (``"`fastvar_generalised`"``). ``flops`` holds the two FLOPs cells (transformer only, end to end) as written in the docs, with
-    ``{flops:KEY}`` where `experiments.flops_table` keeps a number (``<!--flops:KEY-->N<!--/flops-->``)."""
+    """One row of docs/methods.md's method table (`varbench.cli.method_docs` writes it): ``method`` is
+    its first cell as written (``"`fastvar_generalised`"``), ``flops`` its two FLOPs cells (transformer
+    only, end to end). A cell writes ``{flops:KEY}`` where `experiments.flops_table` keeps a number
+    (``<!--flops:KEY-->N<!--/flops-->`` in the doc)."""
 
     method: str
     source: str = "–"
