@@ -78,7 +78,8 @@ def card_lines(family: str) -> list[str]:
     facts = [f"paper: {card.paper}" if card.paper else "", f"code: {card.code}" if card.code else ""]
     head = f"  {family}: {card.display_name}" + "".join(f"; {f}" for f in facts if f)
     doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip()
-    return [head] + ([f"      {first_sentence(doc.split(chr(10) * 2)[0])}"] if doc else [])
+    first_paragraph = doc.split("\n\n")[0]
+    return [head] + ([f"      {first_sentence(first_paragraph)}"] if doc else [])
 
 
 def method_node(option: str, options: dict[str, Path]):
