@@ -18,8 +18,9 @@ given), must:
 
 Usage::
 
+    from varbench.engine.testing import tiny_runtime
     from varbench.policies.conformance import run_checks
-    for check in run_checks(MyPolicy):           # or neutral={...}, active={...}
+    for check in run_checks(MyPolicy, tiny_runtime(seed=0)):   # or neutral={...}, active={...}
         print(check.line())                      # "PASS neutral == baseline: ..."
 
 Bits at batch > 1 are not compared: batched matmuls round differently with other batch companions
@@ -185,17 +186,14 @@ def check_batch(rt, make_policy, prompts: Sequence[str] = BATCH_PROMPTS, seeds: 
     return Check("batch > 1 decisions", not bad, detail + (f": {'; '.join(bad)}" if bad else ", each as alone"))
 
 
-def run_checks(cls: type, neutral: Optional[Mapping[str, Any]] = None, active: Optional[Mapping[str, Any]] = None,
-               rt=None, name: Optional[str] = None) -> list[Check]:
-    """Every check of the module docstring for the policy class `cls`; `neutral` / `active`: its
-    knobs for the two settings (default: the class's `NEUTRAL` / `ACTIVE`, `MissingSetting` when it
-    declares none); `rt`: a runtime (default: the tiny random one, built here)."""
+def run_checks(cls: type, rt, neutral: Optional[Mapping[str, Any]] = None, active: Optional[Mapping[str, Any]] = None,
+               name: Optional[str] = None) -> list[Check]:
+    """Every check of the module docstring for the policy class `cls` on the runtime `rt` (the tiny
+    random one: ``varbench.engine.testing.tiny_runtime(seed=0)``, built by the caller so that this
+    module needs no dev tool); `neutral` / `active`: its knobs for the two settings (default: the
+    class's `NEUTRAL` / `ACTIVE`, `MissingSetting` when it declares none)."""
     neutral = dict(declared(cls, "NEUTRAL", name) if neutral is None else neutral)
     active = declared(cls, "ACTIVE", name) if active is None else active
-    if rt is None:
-        from varbench.engine.testing import tiny_runtime
-
-        rt = tiny_runtime(seed=0)
     baseline = generate(rt)
     checks = [check_neutral(rt, cls(**neutral), baseline)]
     if active is None:
