@@ -251,16 +251,20 @@ def _points(fig):
 
 
 def test_a_family_has_one_colour_in_every_figure_and_an_outside_family_a_stable_one(tmp_path, monkeypatch):
-    from varbench.analysis.colours import FAMILY_COLOURS, family_colour
+    from varbench.analysis.colours import family_colour
     from varbench.analysis.cost_figures import speedup_vs_flops_figure
     from varbench.analysis.plots import entropy_curves
+    from varbench.policies import REGISTRY
+    from varbench.policies.cards import EXTRA_COLOURS
+
+    packaged_colours = {REGISTRY.load(n).method_card(n).colour for n in REGISTRY.packaged()}
 
     f = frame(ROWS).assign(flops_x=[1.0, 2.0, 3.0, 1.8, 3.5, 1.3])
     scatter = _points(speed_quality_figure(f, "hpsv2/score"))
     flops = _points(speedup_vs_flops_figure(f))
     for name in ("fastvar(r=0.4)", "skip_last_2", "nova"):
         assert scatter[name].get_color() == flops[name].get_color()
-    assert scatter["fastvar(r=0.4)"].get_color() == scatter["fastvar(r=0.6)"].get_color() == FAMILY_COLOURS["fastvar"]
+    assert scatter["fastvar(r=0.4)"].get_color() == scatter["fastvar(r=0.6)"].get_color() == "#0072B2"   # FastVAR's card
     assert scatter["nova"].get_color() != scatter["skip_last_2"].get_color()
     # presets of one family: same colour, other marker
     assert scatter["fastvar(r=0.4)"].get_marker() != scatter["fastvar(r=0.6)"].get_marker()
@@ -283,7 +287,8 @@ def test_a_family_has_one_colour_in_every_figure_and_an_outside_family_a_stable_
     import sys
     out = subprocess.run([sys.executable, "-c", "from varbench.analysis.colours import family_colour; "
                           "print(family_colour('my_plugin'))"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == family_colour("my_plugin") and family_colour("my_plugin") not in FAMILY_COLOURS.values()
+    assert out.stdout.strip() == family_colour("my_plugin") and family_colour("my_plugin") not in packaged_colours
+    assert family_colour("my_plugin") in EXTRA_COLOURS
 
 
 def test_a_hollow_point_is_never_on_the_front():

@@ -23,7 +23,9 @@ def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
     assert "NOVA fast (reconstructed)" in row and re.search(r"\snova\s", row)
     composed = next(line for line in out.splitlines() if line.startswith("nova_on_fastvar "))
     assert " compose " in composed                                          # a composed method's family
-    assert "  fastvar: `fastvar`: cached token pruning" in out                                 # the card's first sentence
+    # each family's card (display name, paper, code), then its docstring's first sentence
+    assert ("  fastvar: FastVAR; paper: FastVAR: Linear Visual Autoregressive Modeling via Cached Token Pruning "
+            "(Guo et al., ICCV 2025); code: csguoh/FastVAR @ 34cdd651\n      `fastvar`: cached token pruning") in out
     # models: where the knobs validate; FastVAR's released widths (40, 48, 64) are not on tiny's schedule
     assert "  hart_0p7b, hart_tiny, infinity_2b, infinity_8b, tiny, toy  " in next(line for line in out.splitlines() if line.startswith("baseline "))
     # a method that does not apply to a backbone is not listed there, whatever files it needs
@@ -55,3 +57,32 @@ def test_evaluators_name_their_weight_files_and_a_users_config_dir_adds_options(
     out = _run(capsys, "evaluators", "--config-dir", str(tmp_path))
     assert "evaluator=hpsv2  (hpsv2)" in out and "filename: HPS_v2.1_compressed.pt" in out
     assert "evaluator=mine  (my_pkg.m:Metric)  My metric." in out and "checkpoint: mine.pt" in out
+
+
+PLUGIN = """
+from varbench.engine.plan import ScalePlan
+from varbench.engine.policy import MethodCard, Policy
+
+
+class Halve(Policy):
+    \"\"\"An outside method for the listing.\"\"\"
+    name = "halve"
+    card = MethodCard(display_name="Halving (outside)", paper="Someone et al., arXiv 0000.00000")
+
+    def plan(self, si):
+        return ScalePlan()
+"""
+
+
+def test_a_plugin_method_is_listed_by_its_card(capsys, tmp_path, monkeypatch):
+    """A user's `method=` option naming an outside class (module:Class) lists its family with the
+    class's card, as a packaged one; a class that does not import says so instead of failing."""
+    (tmp_path / "ls_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "method").mkdir()
+    (tmp_path / "method" / "halve.yaml").write_text("# Halving, from outside.\nname: ls_plugin:Halve\nlabel: Halve\n")
+    (tmp_path / "method" / "gone.yaml").write_text("name: ls_gone:Nothing\n")
+    out = _run(capsys, "methods", "--config-dir", str(tmp_path))
+    assert "  ls_plugin:Halve: Halving (outside); paper: Someone et al., arXiv 0000.00000\n" \
+           "      An outside method for the listing." in out
+    assert "  ls_gone:Nothing: (its policy does not import here)" in out

@@ -59,3 +59,45 @@ def test_a_methods_release_files_are_named_too(tmp_path):
     assert whats == ["method skipvar: SkipVAR decision models"]
     assert job_files_missing(job_config(tmp_path, "model=toy", "method=scalekv_toy")) == []
     assert job_files_missing(job_config(tmp_path, "model=toy", "method=skipvar_toy")) == []
+
+
+PLUGIN = '''
+from varbench.engine.plan import ScalePlan
+from varbench.engine.policy import Policy, RequiredFile
+
+
+class TableDriven(Policy):
+    """An outside method that reads a lookup table named by its knob `table`."""
+    name = "table_driven"
+
+    def __init__(self, table=None):
+        self.table = table
+
+    @classmethod
+    def required_files(cls, knobs):
+        return [RequiredFile("lookup table", str(knobs["table"]), "https://example.org/tables", knob="table")]
+
+    def plan(self, si):
+        return ScalePlan()
+'''
+
+
+def test_a_plugin_methods_declared_file_is_named(tmp_path, monkeypatch):
+    """The preflight knows no knob names: it asks the method's class (here an outside one, given as
+    module:Class), and names the file it declares with the setting that points at it, also inside a
+    composition (the member's name and its `policies[i]` setting)."""
+    (tmp_path / "pf_plugin.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    table = tmp_path / "absent.tbl"
+    cfg = job_config(tmp_path, "method.name=pf_plugin:TableDriven", f"+method.knobs.table={table}")
+    [m] = job_files_missing(cfg)
+    assert (m.what, m.path, m.published) == ("method pf_plugin:TableDriven: lookup table", str(table),
+                                             "https://example.org/tables")
+    assert m.fix == "put it there, or set method.knobs.table to its path"
+    composed = job_config(tmp_path, "method=nova_on_fastvar",
+                          f"method.knobs.policies=[{{name: fastvar}}, {{name: 'pf_plugin:TableDriven', knobs: {{table: '{table}'}}}}]")
+    [m] = job_files_missing(composed)
+    assert m.what == "method pf_plugin:TableDriven: lookup table"
+    assert m.fix == "put it there, or set method.knobs.policies[1].knobs.table to its path"
+    table.write_text("1 2 3\n")                           # present: nothing to name
+    assert job_files_missing(cfg) == []

@@ -1,6 +1,8 @@
 """Conformance over the policy REGISTRY (issue #12 item 18): every registered method must have a
 neutral knob setting that reproduces the baseline bit for bit, and an active one that changes
-FLOPs or bits, on the tiny runtime. Each method declares both beside its knobs, as class attributes
+FLOPs or bits (and counts its FLOPs and KV memory), on the tiny runtime. The checks are
+`varbench.policies.conformance`'s, the same that `python -m varbench.check_method` runs on a method
+from outside the package. Each method declares both beside its knobs, as class attributes
 of its policy (`NEUTRAL`, `ACTIVE`; `varbench/engine/policy.py`); this test finds them through the
 registry, so a method added to the registry without them fails here with its name and what to add.
 
@@ -17,31 +19,21 @@ import torch
 
 import varbench
 from varbench.policies import REGISTRY, build_policy
-
-PN = "0.06M"
-_MISSING = object()
-
-#: what each attribute means, for the message that asks a method to declare it
-_HOW = {
-    "NEUTRAL": "NEUTRAL = {knob: value, ...} (constructor knobs under which its plans change nothing)",
-    "ACTIVE": ("ACTIVE = {knob: value, ...} (constructor knobs under which it changes FLOPs or bits on the tiny "
-               "runtime at pn '0.06M'), or ACTIVE = None if it has none (the baseline)"),
-}
+from varbench.policies import conformance as C
+from varbench.policies.conformance import same_bits
 
 
 def declared(name: str, what: str):
     """The `what` setting ("NEUTRAL" or "ACTIVE") that registered method `name` declares; fails naming
     the class and the attribute to add when it declares none."""
-    cls = REGISTRY.load(name)
-    value = getattr(cls, what, _MISSING)
-    if value is _MISSING:
-        pytest.fail(f"registered method {name!r} ({cls.__module__}.{cls.__qualname__}) declares no {what.lower()} "
-                    f"setting: add the class attribute {_HOW[what]} beside its Knobs")
-    return value
+    try:
+        return C.declared(REGISTRY.load(name), what, name)
+    except C.MissingSetting as e:
+        pytest.fail(str(e))
 
 
 def gen(rt, policy=None):
-    return rt.generate(["a red circle"], seeds=[0], policy=policy, cfg=3.0, tau=1.0, pn=PN)
+    return C.generate(rt, policy)
 
 
 @pytest.fixture(scope="module")
@@ -76,20 +68,10 @@ def test_a_method_without_settings_is_named():
         del REGISTRY["bare"]
 
 
-def same_bits(a, b) -> bool:
-    if len(a.bits) != len(b.bits):
-        return False
-    for x, y in zip(a.bits, b.bits):
-        if (x is None) != (y is None) or (x is not None and not torch.equal(x, y)):
-            return False
-    return torch.equal(a.summed_codes, b.summed_codes)
-
-
 @pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))
 def test_neutral_setting_reproduces_the_baseline(tiny_rt, baseline, name):
-    out = gen(tiny_rt, build_policy(name, **declared(name, "NEUTRAL")))
-    assert same_bits(out, baseline), f"{name}'s neutral setting changed the bits"
-    assert torch.equal(out.images, baseline.images)   # (FLOPs may differ: toprovar still measures entropy)
+    check = C.check_neutral(tiny_rt, build_policy(name, **declared(name, "NEUTRAL")), baseline)
+    assert check.ok, f"{name}: {check.line()}"   # (FLOPs may differ: toprovar still measures entropy)
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))
@@ -97,9 +79,24 @@ def test_active_setting_changes_flops_or_bits(tiny_rt, baseline, name):
     active = declared(name, "ACTIVE")
     if active is None:
         pytest.skip(f"{name}: no active setting (the reference)")
-    out = gen(tiny_rt, build_policy(name, **active))
-    assert out.flops["total"] != baseline.flops["total"] or not same_bits(out, baseline), \
-        f"{name}'s active setting changed neither FLOPs nor bits"
+    check, out = C.check_active(tiny_rt, build_policy(name, **active), baseline)
+    assert check.ok, f"{name}: {check.line()}"
+    counted = C.check_counted(out, baseline)
+    assert counted.ok, f"{name}: {counted.line()}"
+
+
+@pytest.mark.integration   # ~2 min on 2 cores: 5 generations per method
+@pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))
+def test_active_setting_decides_per_image_at_batch_4_as_at_batch_1(tiny_rt, name):
+    """Each image of a batch of 4 runs what it runs alone (a method with per-image decisions splits
+    the batch; a fixed plan is the same for every image); adaptive shared plans are skipped."""
+    active = declared(name, "ACTIVE")
+    if active is None:
+        pytest.skip(f"{name}: no active setting (the reference)")
+    check = C.check_batch(tiny_rt, lambda: build_policy(name, **active))
+    if check.ok is None:
+        pytest.skip(check.line())
+    assert check.ok, f"{name}: {check.line()}"
 
 
 def test_skipvar_with_the_shipped_toy_decision_models(tiny_rt, baseline):

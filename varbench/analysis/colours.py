@@ -9,55 +9,34 @@ Usage::
 
 A *family* is the policy (the frame's ``method`` column, the record's ``method.name``: ``nova``
 for ``nova``, ``nova_fast`` and ``nova_toy``); a *preset* is the config chosen (``method_preset``).
-The known families get fixed colours from the Okabe-Ito palette (distinguishable with the common
-colour-vision deficiencies, dark enough for text on white), the baseline black. A family varbench
-does not know (a plugin) gets a colour from a second colour-blind-safe list (Paul Tol's muted
-scheme) picked by a hash of its name, so it keeps its colour from run to run and machine to machine;
-two outside families may share one (the legend names each).
+A family's colour and legend words are its policy's card (`varbench.engine.policy.MethodCard`, read by
+`varbench.policies.cards.card_for`): the packaged methods' cards hold the Okabe-Ito palette
+(distinguishable with the common colour-vision deficiencies, dark enough for text on white), the
+baseline black. A family whose card names no colour (a plugin, or a method whose class does not
+import here) gets one from a second colour-blind-safe list (Paul Tol's muted scheme,
+`varbench.policies.cards.EXTRA_COLOURS`) picked by a hash of its name, so it keeps its colour from run
+to run and machine to machine; two such families may share one (the legend names each).
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Mapping
 
-#: the registered families (varbench/policies/__init__.py REGISTRY) -> colour
-FAMILY_COLOURS: dict[str, str] = {
-    "baseline": "#000000",
-    "fastvar": "#0072B2",        # blue
-    "nova": "#D55E00",           # vermillion
-    "toprovar": "#009E73",       # bluish green
-    "skipvar": "#CC79A7",        # reddish purple
-    "skipvar_fixed": "#E69F00",  # orange
-    "skip_last": "#56B4E9",      # sky blue
-    "compose": "#882255",        # wine (Tol): compositions such as nova_on_fastvar
-    "scalekv": "#332288",        # indigo (Tol): the memory method
-}
-#: colours for families not listed above, chosen by a hash of the name (from Tol's muted scheme,
-#: leaving out the tones close to a known family's: its teal, purple and light blue)
-EXTRA_COLOURS: tuple[str, ...] = ("#117733", "#999933", "#661100", "#888888")
-#: legend words for the known families
-FAMILY_NAMES: dict[str, str] = {
-    "baseline": "baseline", "fastvar": "FastVAR", "nova": "NOVA", "toprovar": "ToProVAR", "skipvar": "SkipVAR",
-    "skipvar_fixed": "SkipVAR fixed skip", "skip_last": "skip last scales", "compose": "composed methods",
-    "scalekv": "ScaleKV",
-}
 #: markers for the presets of one family, in order (filled shapes: a hollow one means "unreliable")
 PRESET_MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "h", "<", ">", "p", "8")
 
 
 def family_colour(family) -> str:
-    """The colour of a family (``method`` column value); a stable hash-picked one for unknown names."""
-    name = str(family)
-    if name in FAMILY_COLOURS:
-        return FAMILY_COLOURS[name]
-    # hashlib, not hash(): Python salts str hashes per process, the colour must not change between runs
-    k = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
-    return EXTRA_COLOURS[k % len(EXTRA_COLOURS)]
+    """The colour of a family (``method`` column value): its card's, else a stable hash-picked one."""
+    from varbench.policies.cards import method_colour   # here: reading a frame needs no policy module
+
+    return method_colour(str(family))
 
 
 def family_name(family) -> str:
-    """Legend words for a family (the policy name itself for one varbench does not know)."""
-    return FAMILY_NAMES.get(str(family), str(family))
+    """Legend words for a family: its card's display name (a method without a card: its name)."""
+    from varbench.policies.cards import method_name
+
+    return method_name(str(family))
 
 
 def preset_markers(frame) -> dict[tuple[str, str], str]:

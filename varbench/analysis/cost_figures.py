@@ -47,6 +47,7 @@ from varbench.analysis.frame import frame_directions, higher_is_better
 from varbench.analysis.groups import baseline_mask, groups, is_missing, slug, speed_values, speed_words
 from varbench.analysis.names import display_names
 from varbench.analysis.tables import metric_header, table_metrics
+from varbench.policies.cards import method_marker
 
 FLOPS_WORDS = "FLOPs reduction (×, transformer: baseline FLOPs / method FLOPs per image, analytic)"
 
@@ -169,13 +170,10 @@ def speedup_vs_flops_figure(frame, baseline: str = "baseline", speed_col: str | 
 # speed-up vs memory
 
 MEMORY_WORDS = "KV-cache reduction (×: baseline KV allocated / method KV allocated, per image)"
-#: one marker per family in the memory figure (colour is taken by the quality Δ there)
-FAMILY_MARKERS: dict[str, str] = {"baseline": "*", "fastvar": "s", "nova": "^", "skipvar": "D", "scalekv": "o",
-                                  "compose": "P", "toprovar": "v", "skipvar_fixed": "X", "skip_last": "h"}
-
-
 def family_marker(family) -> str:
-    return FAMILY_MARKERS.get(str(family), "p")
+    """A family's one marker in the memory figure (colour is taken by the quality Δ there): its card's
+    (`varbench.engine.policy.MethodCard.marker`), else the default for an unmarked method."""
+    return method_marker(str(family))
 
 
 def quality_delta_column(frame) -> str | None:

@@ -46,13 +46,24 @@ def says_more(label, preset) -> bool:
 
 def display_name(row: Mapping) -> str:
     """The label when it :func:`says_more` than the preset id, else the id (``method`` when the
-    row has no preset)."""
+    row has no preset); a ``module:Class`` method in it reads as its card's display name."""
     preset = row.get("method_preset")
     preset = preset if _present(preset) else row.get("method")
     label = row.get("method_label")
-    if says_more(label, preset):
-        return str(label)
-    return str(preset if _present(preset) else label)
+    name = str(label) if says_more(label, preset) else str(preset if _present(preset) else label)
+    return with_card_name(name, row.get("method"))
+
+
+def with_card_name(text: str, method) -> str:
+    """`text` with the ``module:Class`` name `method` replaced by its card's display name (a packaged
+    or registered name, or a text without it, unchanged)."""
+    from varbench.core.registry import is_import_path
+
+    if not is_import_path(method) or str(method) not in text:
+        return text
+    from varbench.policies.cards import method_name   # here: only a plugin's row needs a policy module
+
+    return text.replace(str(method), method_name(str(method)))
 
 
 def display_names(frame) -> list[str]:

@@ -1,7 +1,9 @@
 """``python -m varbench.list [methods|experiments|evaluators] [--config-dir DIR]``: what can be run.
 
 - methods: each ``method=`` option with its label, its family (the policy it configures) and the
-  first line of its YAML's comment, then one line per family from the policy's card;
+  first line of its YAML's comment, then per family its card (display name, paper, code:
+  `varbench.engine.policy.MethodCard`, packaged and plugin methods alike) and its docstring's first
+  sentence;
 - experiments: each ``+experiment=`` option with the jobs its sweep runs;
 - evaluators: each ``evaluator=`` option with the evaluator it builds and the weight file it reads.
 
@@ -64,15 +66,20 @@ def method_family(option: str, options: dict[str, Path], seen: Optional[set] = N
     return None
 
 
-def _card_line(family: str) -> str:
-    from varbench.policies import REGISTRY
+def card_lines(family: str) -> list[str]:
+    """A family's lines in the listing: its name, its card's display name, paper and code
+    (`varbench.policies.cards.card_for`), then the first sentence of its module's docstring."""
+    from varbench.policies.cards import card_for, policy_class
 
-    try:
-        cls = REGISTRY.load(family)
-    except Exception:  # noqa: BLE001 - a listing names what it cannot read instead of failing
-        return "(its policy does not import here)"
+    cls = policy_class(family)
+    if cls is None:   # a listing names what it cannot read instead of failing
+        return [f"  {family}: (its policy does not import here)"]
+    card = card_for(family)
+    facts = [f"paper: {card.paper}" if card.paper else "", f"code: {card.code}" if card.code else ""]
+    head = f"  {family}: {card.display_name}" + "".join(f"; {f}" for f in facts if f)
     doc = (sys.modules[cls.__module__].__doc__ or cls.__doc__ or "").strip()
-    return first_sentence(doc.split("\n\n")[0]) if doc else ""
+    first_paragraph = doc.split("\n\n")[0]
+    return [head] + ([f"      {first_sentence(first_paragraph)}"] if doc else [])
 
 
 def method_node(option: str, options: dict[str, Path]):
@@ -176,8 +183,9 @@ def list_methods(search: list[Path]) -> list[str]:
             + (" ([k]: with the note below: a warning of the check, where the method may change nothing, or a "
                "release file this machine lacks)" if notes else "")]
     out += [f"  {mark} {text}" for text, mark in notes.items()]
-    out += ["", "families (the policy's card, varbench/policies/<file>.py):"]
-    out += [f"  {fam}: {_card_line(fam)}" for fam in sorted(families)]
+    out += ["", "families (the policy's card and docstring, varbench/policies/<file>.py; check your own with "
+            "python -m varbench.check_method module:Class):"]
+    out += [line for fam in sorted(families) for line in card_lines(fam)]
     return out
 
 

@@ -1,7 +1,8 @@
 """Module paths from before the layered layout, kept working.
 
 The documented commands (``python -m varbench.aggregate``, ``python -m varbench.publish``,
-``python -m varbench.job assemble``, ``python -m varbench.evaluators.geneval_convert_mmdet``) run
+``python -m varbench.job assemble``, ``python -m varbench.list``, ``python -m varbench.check_method``,
+``python -m varbench.evaluators.geneval_convert_mmdet``) run
 their module in its new place, silently: they are still the documented spelling. Importing any other
 old path (``import varbench.records``) works too, with a DeprecationWarning naming the new one, so a
 notebook written against 0.1 keeps running while it is updated. An alias is a view of the new
@@ -27,6 +28,7 @@ COMMANDS = {
     "varbench.publish": "varbench.loggers.publish",
     "varbench.job": "varbench.cli.assemble",
     "varbench.list": "varbench.cli.listing",
+    "varbench.check_method": "varbench.cli.check_method",
     "varbench.evaluators.geneval_convert_mmdet": "varbench.evaluators.geneval.convert_mmdet",
 }
 

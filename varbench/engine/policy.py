@@ -22,15 +22,97 @@ it knows instead of testing its type: `check_schedule` (config validation), `sch
 `residual_reads_after` and `may_fill_after` (when `compose` may free a kept residual cache).
 A method also declares, beside its knobs: `Knobs` (its knob dataclass, varbench.policies.knobs),
 `NEUTRAL` (knobs under which its plans change nothing) and `ACTIVE` (knobs under which it acts on
-the tiny test runtime); the conformance test (tests/policies/test_policies_conformance.py) reads them.
+the tiny test runtime); the conformance check (`varbench.policies.conformance`, run by
+tests/policies/test_policies_conformance.py and `python -m varbench.check_method`) reads them.
+
+A method is one self-describing unit: its class carries its **card** (`card`, a `MethodCard`:
+the words, colour and marker figures, tables, `varbench.list` and docs/methods.md show for it, its
+paper and code, what is reconstructed) and declares the **files** it needs for given knobs
+(`required_files`, read by the preflight before any job starts). Read a card with
+``cls.method_card(name)``, which gives a default card (the method's name as its display name) to a
+class that declares none; `varbench.policies.cards.card_for(method_name)` does the same from a
+method name (packaged, an entry point or ``module:Class``) without ever raising.
 """
 from __future__ import annotations
 
 import abc
 import copy
-from typing import AbstractSet, Any, ClassVar, Mapping, Optional, Sequence
+import dataclasses
+from typing import AbstractSet, Any, ClassVar, Mapping, Optional, Sequence, Union
 
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodCard:
+    """Who a method is, for the reader of a figure, a table or the docs (one per policy class).
+
+    display_name   legend and table words (``"NOVA"``)
+    colour         its colour in every figure (``"#D55E00"``); None: a fixed colour picked by a hash of
+                   the method's name (`varbench.policies.cards.method_colour`), stable across runs
+    marker         its matplotlib marker where one marker stands for the method (the memory figure);
+                   None: the figures' default for an unmarked method
+    paper          the citation (title, authors, venue or arXiv id); None: none
+    code           the release it follows (``"owner/repo @ commit"``), ``"none public"``, or None
+    reconstructed  what is reconstructed or third-party rather than released, in short phrases
+    doc_rows       its rows in docs/methods.md's method table (`DocRow`: the presets that read as
+                   methods of their own there, with their FLOPs); none: one row from the fields above
+    """
+
+    display_name: str
+    colour: Optional[str] = None
+    marker: Optional[str] = None
+    paper: Optional[str] = None
+    code: Optional[str] = None
+    reconstructed: Union[str, tuple[str, ...]] = ()
+    doc_rows: tuple["DocRow", ...] = ()
+
+    def reconstructed_text(self) -> str:
+        """`reconstructed` as one phrase (``"–"`` when nothing is)."""
+        parts = (self.reconstructed,) if isinstance(self.reconstructed, str) else tuple(self.reconstructed)
+        return "; ".join(p for p in parts if p) or "–"
+
+
+@dataclasses.dataclass(frozen=True)
+class DocRow:
+    """One row of docs/methods.md's method table (`varbench.cli.method_docs` writes it): ``method`` is
+    its first cell as written (``"`fastvar_generalised`"``), ``flops`` its two FLOPs cells (transformer
+    only, end to end). A cell writes ``{flops:KEY}`` where `experiments.flops_table` keeps a number
+    (``<!--flops:KEY-->N<!--/flops-->`` in the doc)."""
+
+    method: str
+    source: str = "–"
+    changes: str = ""
+    reconstructed: str = "–"
+    flops: tuple[str, str] = ("–", "–")
+
+
+@dataclasses.dataclass(frozen=True)
+class RequiredFile:
+    """A file (or folder) a method needs for its knobs (`Policy.required_files`).
+
+    what       the file in words, naming its method (``"ScaleKV budget file 2b_10%_budget.json"``)
+    path       where it is looked for (resolved)
+    published  where to get it
+    knob       the knob that points at it (``"budget_file"``): the preflight's fix names the setting
+               ``method.knobs.<knob>`` (inside a composition, ``method.knobs.policies[i].knobs.<knob>``)
+    fix        how to put it in place; ``{setting}`` is replaced by that setting's full name
+    present    whether it is there; None: the preflight checks that `path` exists
+    owner      the method that needs it when that is not the one asked (a `compose` member's name)
+    """
+
+    what: str
+    path: str
+    published: str = ""
+    knob: str = ""
+    fix: str = "put it there, or set {setting} to its path"
+    present: Optional[bool] = None
+    owner: Optional[str] = None
+
+    def is_present(self) -> bool:
+        from pathlib import Path
+
+        return Path(self.path).exists() if self.present is None else bool(self.present)
 
 
 class Policy(abc.ABC):
@@ -56,6 +138,27 @@ class Policy(abc.ABC):
     #: constructor knobs under which the method changes FLOPs or bits on the tiny test runtime
     #: ('0.06M'); None for a method with no such setting (the baseline). Every registered method declares it.
     ACTIVE: ClassVar[Optional[Mapping[str, Any]]]
+
+    #: the method's card (see `MethodCard`); read it with `method_card`, which gives a class without
+    #: its own card (a subclass does not inherit its parent's: it is another method) a default one
+    card: ClassVar[Optional[MethodCard]] = None
+
+    @classmethod
+    def method_card(cls, name: Optional[str] = None) -> MethodCard:
+        """This class's own card, else a default one: `name` as given (a ``module:Class`` name reads
+        as its class name), or the class's registry `name`, or its class name, as the display name."""
+        own = cls.__dict__.get("card")
+        if own is not None:
+            return own
+        return MethodCard(display_name=default_display_name(name) if name else
+                          (cls.name if cls.name != Policy.name else cls.__name__))
+
+    @classmethod
+    def required_files(cls, knobs: Mapping[str, Any]) -> list[RequiredFile]:
+        """The files (or folders) this method needs under `knobs` (its config's ``method.knobs``, as
+        written), each with where it is published: the preflight names the missing ones before any
+        job starts. Default: none."""
+        return []
 
     def reset(self, ctx: GenerationContext) -> None:
         self.ctx = ctx
@@ -127,6 +230,13 @@ class Policy(abc.ABC):
         """Whether a plan of this policy after scale `si`, at a scale outside `not_run`, may still fill
         pruned tokens from a kept residual cache. Default True (assume it may)."""
         return True
+
+
+def default_display_name(name: str) -> str:
+    """The words a method without a card goes by: its name as given, or the class name of a
+    ``module:Class`` name (``my_pkg.mod:MyPolicy`` -> ``MyPolicy``)."""
+    name = str(name)
+    return name.rpartition(":")[2].rpartition(".")[2] if ":" in name else name
 
 
 class NeutralPolicy(Policy):

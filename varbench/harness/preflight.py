@@ -1,7 +1,8 @@
 """Every file a sweep needs, checked before any of its jobs starts.
 
 ``check_files(cfgs)`` looks, for each job's config, for the model's weight files (transformer, VAE,
-text encoder), the method's files (ScaleKV's budget file, SkipVAR's decision models), the benchmark's
+text encoder), the files the method declares (`Policy.required_files`: ScaleKV's budget file, SkipVAR's
+decision models, a plugin's own), the benchmark's
 prompt file(s) and each evaluator's checkpoints (its
 :meth:`~varbench.evaluators.base.Evaluator.preflight`, with :func:`varbench.core.missing.collecting`
 open so one evaluator names all of its files), and raises one :class:`MissingFilesError` listing
@@ -74,31 +75,23 @@ def evaluator_files_missing(cfg: DictConfig) -> list[MissingFile]:
 
 
 def method_files_missing(cfg: DictConfig) -> list[MissingFile]:
-    """The files a method's knobs name (a composed method's members too): ScaleKV's released budget
-    file (``budget_file``) and SkipVAR's decision-model folder (``decision_models``)."""
+    """The files the method declares for its knobs (`varbench.engine.policy.Policy.required_files`,
+    e.g. ScaleKV's budget file, SkipVAR's decision models; a composed method's members through
+    `compose`'s own declaration) that are not there. A packaged method and a plugin are asked alike;
+    a method whose class does not resolve is left to its job, which names it."""
     from omegaconf import OmegaConf
 
-    from varbench.policies.scalekv import RELEASE_URL
-    from varbench.policies.skipvar_features import PUBLISHED_AT, decision_model_paths, resolve_folder
+    from varbench.policies import REGISTRY
 
     method = OmegaConf.to_container(cfg.method, resolve=True) if OmegaConf.is_config(cfg.method) else dict(cfg.method)
-    members = [("", method)] + [(f"policies[{i}].knobs.", m)
-                                for i, m in enumerate((method.get("knobs") or {}).get("policies") or [])
-                                if isinstance(m, dict)]
-    out = []
-    for where, m in members:
-        knobs, name = m.get("knobs") or {}, m.get("name")
-        budget = knobs.get("budget_file")
-        if budget and not Path(str(budget)).expanduser().is_file():
-            out.append(MissingFile(f"method {name}: ScaleKV budget file {Path(str(budget)).name}",
-                                   str(Path(str(budget)).expanduser().resolve()), RELEASE_URL,
-                                   f"put it there, or set method.knobs.{where}budget_file to its path"))
-        folder = knobs.get("decision_models")
-        if folder not in (None, "", "None", "null") and not decision_model_paths(folder):
-            out.append(MissingFile(f"method {name}: SkipVAR decision models", str(resolve_folder(folder).resolve()),
-                                   PUBLISHED_AT, f"point method.knobs.{where}decision_models (env VARBENCH_WEIGHTS) "
-                                                 "at that folder, or train one: python -m experiments.skipvar_train"))
-    return out
+    name = method.get("name")
+    try:
+        files = REGISTRY.load(str(name)).required_files(dict(method.get("knobs") or {}))
+    except Exception:  # noqa: BLE001 - an unknown or broken method: the job reports it in its own words
+        return []
+    return [MissingFile(f"method {f.owner or name}: {f.what}", f.path, f.published,
+                        f.fix.replace("{setting}", f"method.knobs.{f.knob}"))
+            for f in files if not f.is_present()]
 
 
 def job_files_missing(cfg: DictConfig) -> list[MissingFile]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from varbench.engine.policy import NeutralPolicy
+from varbench.engine.policy import DocRow, MethodCard, NeutralPolicy
 from varbench.policies.knobs import MethodKnobs
 
 
@@ -18,6 +18,18 @@ class BaselineKnobs(MethodKnobs, method="baseline"):
 
 class Baseline(NeutralPolicy):
     name = "baseline"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='baseline', colour='#000000', marker='*',
+        paper=None,
+        code=None,
+        reconstructed=(),
+        doc_rows=(DocRow('`baseline`',
+                         source='Infinity',
+                         changes='nothing',
+                         reconstructed='–',
+                         flops=('1.00',
+                                '1.00')),))
     Knobs = BaselineKnobs
     #: no knobs: it is the baseline
     NEUTRAL = {}

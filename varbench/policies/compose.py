@@ -51,7 +51,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 from varbench.core.errors import ConfigError
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy, RequiredFile
 from varbench.policies.knobs import MethodKnobs, check_knobs, knob
 
 #: unordered pairs of registry names that must not be composed, with the reason shown to the user
@@ -103,6 +103,18 @@ class ComposeKnobs(MethodKnobs, method="compose"):
 
 class Compose(Policy):
     name = "compose"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='composed methods', colour='#882255', marker='P',
+        paper=None,
+        code=None,
+        reconstructed=(),
+        doc_rows=(DocRow('`compose` (`nova_on_fastvar`)',
+                         source='–',
+                         changes="NOVA's plan over FastVAR's cache and skipped scales",
+                         reconstructed='–',
+                         flops=('{flops:nova_on_fastvar}*',
+                                '{flops:e2e:nova_on_fastvar}*')),))
     Knobs = ComposeKnobs
     #: the members' own neutral settings (FastVAR.NEUTRAL, NOVA.NEUTRAL)
     NEUTRAL = {"policies": [{"name": "fastvar", "knobs": {"prune": {}, "skip": []}},
@@ -111,6 +123,25 @@ class Compose(Policy):
     ACTIVE = {"policies": [{"name": "fastvar"},
                            {"name": "nova", "knobs": {"t_min_tokens": 16, "min_tokens_to_prune": 16, "t_force": -3}}],
               "conflict": "last", "cache": "first"}
+
+    @classmethod
+    def required_files(cls, knobs: Mapping[str, Any]) -> list[RequiredFile]:
+        """Every member's files, each naming its member and its setting inside ``policies``; a member
+        that does not resolve declares none here (the job names it)."""
+        from varbench.policies import REGISTRY
+
+        out = []
+        for i, spec in enumerate((knobs or {}).get("policies") or []):
+            if not isinstance(spec, Mapping) or not spec.get("name"):
+                continue                     # a Policy object (a test's) or a malformed member: not a file
+            try:
+                member = REGISTRY.load(str(spec["name"]))
+                files = member.required_files(dict(spec.get("knobs") or {}))
+            except Exception:  # noqa: BLE001 - a bad member fails its job with its own error
+                continue
+            out += [dataclasses.replace(f, knob=f"policies[{i}].knobs.{f.knob}", owner=f.owner or str(spec["name"]))
+                    for f in files]
+        return out
 
     @property
     def adaptive(self) -> bool:   # adaptive when any member is

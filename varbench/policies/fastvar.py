@@ -78,7 +78,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from varbench.core.errors import ConfigError
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy
 from varbench.policies.common import block_range as depth_block_range, n_keep_from_ratio, resolve_scale, resolve_scale_map
 from varbench.policies.knobs import MethodKnobs, knob
 from varbench.policies.selectors import PivotalSelector
@@ -158,6 +158,48 @@ class FastVARKnobs(MethodKnobs, method="fastvar"):
 
 class FastVAR(Policy):
     name = "fastvar"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='FastVAR', colour='#0072B2', marker='s',
+        paper='FastVAR: Linear Visual Autoregressive Modeling via Cached Token Pruning (Guo et al., ICCV 2025)',
+        code='csguoh/FastVAR @ 34cdd651',
+        reconstructed=('the generalised rule of `fastvar_generalised` (ours)',
+                       'the 8B block range (extrapolated)'),
+        doc_rows=(DocRow('`fastvar`',
+                         source='csguoh/FastVAR @ 34cdd651 (code)',
+                         changes='the released rule, keyed on token-map **width** as in the release: prunes '
+                                 'widths 32/40 (0.4/0.5) in blocks 3..27 (absolute) with pivotal-token '
+                                 're-ranking per sublayer, fills from the 24×24 residual cache, skips widths '
+                                 '48/64',
+                         reconstructed='as released (every step; `tests/policies/test_fastvar_release_rule.py` '
+                                       'checks all 15 templates × 4 presets against a transcription). Acts '
+                                       'only on square schedules; a no-op at h/w 1.25, 0.8, 1.333, 0.571, 2.0, '
+                                       '0.5, 3.0, 0.333; refuses at 1.5, 1.75, 2.5, 0.4 (no 24² cache) and '
+                                       '0.75, 0.666 (mid-schedule skip), where the release crashes',
+                         flops=('{flops:fastvar} (8B: {flops:8b:fastvar}, blocks 3..27 of 40)',
+                                '{flops:e2e:fastvar} (8B: {flops:8b:e2e:fastvar})')),
+                  DocRow('`fastvar_generalised`',
+                         source='– (ours)',
+                         changes='the same recipe by schedule position from the end (cache -5, prune -4/-3, '
+                                 'skip -2/-1), block range 3/32..28/32 of depth',
+                         reconstructed='generalised: equals `fastvar` on the square 1M schedule only; fires on '
+                                       'every aspect ratio and model (8B: blocks 4..34, an extrapolation)',
+                         flops=('{flops:fastvar_generalised} (8B: {flops:8b:fastvar_generalised})',
+                                '{flops:e2e:fastvar_generalised} (8B: {flops:8b:e2e:fastvar_generalised})')),
+                  DocRow('`fastvar_2b_paper`',
+                         source='ToProVAR Table 8',
+                         changes='ratios 0.4/0.6, on the generalised rule',
+                         reconstructed='–',
+                         flops=('{flops:fastvar_2b_paper}',
+                                '{flops:e2e:fastvar_2b_paper}')),
+                  DocRow('`fastvar_8b_paper` (`_release_blocks`)',
+                         source='ToProVAR Table 8',
+                         changes='{10: 0.4, 11: 0.6, 12/13 skipped} on the generalised rule; blocks 4..34 of '
+                                 "40 (extrapolated; the alternative keeps the release's literal 3..27)",
+                         reconstructed='block range extrapolated',
+                         flops=('8B: {flops:8b:fastvar_8b_paper} ({flops:8b:fastvar_8b_paper_release_blocks})',
+                                '8B: {flops:8b:e2e:fastvar_8b_paper} '
+                                '({flops:8b:e2e:fastvar_8b_paper_release_blocks})'))))
     backbones = frozenset({"infinity", "hart"})   # FastVAR released a HART port (its HART/ folder): the same rule
     Knobs = FastVARKnobs
     #: nothing pruned, nothing skipped: the baseline's plans

@@ -92,7 +92,7 @@ from typing import AbstractSet, Any, Optional, Sequence
 import torch
 
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy
 from varbench.policies.common import cond_rows, expand_to_rows, n_keep_from_ratio, protected_blocks, resolve_scale
 from varbench.policies.knobs import MethodKnobs, knob
 from varbench.policies.selectors import binary_entropy_from_logits, complete_map, topk_indices, upsample_map
@@ -203,6 +203,30 @@ class NOVAKnobs(MethodKnobs, method="nova"):
 
 class NOVA(Policy):
     name = "nova"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='NOVA', colour='#D55E00', marker='^',
+        paper='NOVA: Adaptive Visual Autoregressive Acceleration via Dual-Linkage Entropy Analysis (Zhang et '
+              'al., arXiv 2602.01345)',
+        code='none public',
+        reconstructed=('the equations: from a secondary (AI-written) summary',
+                       'everything numeric and every choice no source states (knobs with reconstructed '
+                       'defaults)'),
+        doc_rows=(DocRow('`nova`',
+                         source='NOVA (abstract + secondary summary)',
+                         changes='online activation scale from predictive-entropy growth; scale- and '
+                                 'layer-linked ratios; keeps high-entropy tokens; previous-scale residual cache',
+                         reconstructed='almost everything numeric; and the choices no source states, each a '
+                                       "knob with a reconstructed default: pruned tokens' K/V dropped "
+                                       '(`prune_kv`; `nova_keep_kv` keeps them: {flops:nova_keep_kv}*), every '
+                                       'block and sublayer pruned (`protect_first/last`, `sublayers`), no '
+                                       'last-scale skipping (`skip_last_scales`; `nova_skip2`); inside the '
+                                       'published steps: the entropy (guided, τ-tempered, mean per bit), q_sub '
+                                       "queries evenly spaced (`q_sub_sampling: random` for the notes' random "
+                                       'subset), layer entropy from the cond rows only, the growth baseline b '
+                                       'frozen from the batch-mean curve, 0-based t in the ratio',
+                         flops=('{flops:nova}*',
+                                '{flops:e2e:nova}*')),))
     backbones = frozenset({"infinity", "hart"})   # per-bit entropy variants: Infinity only (backbone_refusal)
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
     Knobs = NOVAKnobs

@@ -87,7 +87,7 @@ import torch.nn.functional as F
 from varbench.core.errors import ConfigError
 from varbench.engine.kv_cache import kv_staging_capacity
 from varbench.engine.plan import GenerationContext, KVBudget, KVSelectContext, ScalePlan
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy, RequiredFile
 from varbench.policies.knobs import MethodKnobs, knob
 
 # The released rule (mobiushy/SpecuKV @ f515bb6)
@@ -297,6 +297,23 @@ def budget_key(si: int) -> int:
 
 class ScaleKV(Policy):
     name = "scalekv"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='ScaleKV', colour='#332288', marker='o',
+        paper='Memory-Efficient Visual Autoregressive Modeling with Scale-Aware KV Cache Compression (Li et '
+              'al., arXiv 2505.19602)',
+        code='mobiushy/SpecuKV @ f515bb6',
+        reconstructed=('the window grid on schedules other than square 1M',
+                       'strict budget loading',
+                       'the selection where a composed member pruned K/V'),
+        doc_rows=(DocRow('`scalekv`',
+                         source='mobiushy/SpecuKV @ f515bb6 (code; the budget files are not shipped)',
+                         changes='per scale and block, keeps a drafter or refiner budget of cached K/V '
+                                 'positions (the 4x4 grid of patch centres plus the top max-pooled query '
+                                 'scores); memory, not compute',
+                         reconstructed='the grid on schedules other than square 1M; the selection where a '
+                                       'composed member pruned K/V',
+                         flops=('– (a memory method)', '–')),))
     Knobs = ScaleKVKnobs
     #: the cache never exceeds the base capacity on the tiny runtime's '0.06M' (521 tokens): no eviction
     NEUTRAL = {"budgets": {}, "base_capacity": 10**9}
@@ -304,6 +321,16 @@ class ScaleKV(Policy):
     ACTIVE = {"base_capacity": 64, "budgets": {
         f"Scale {n}": {**{f"Block {b}": int(b == 0) for b in range(4)}, "Max": mx, "Min": mn}
         for n, mx, mn in ((6, 96, 48), (7, 160, 64), (8, 200, 80))}}
+
+    @classmethod
+    def required_files(cls, knobs: Mapping[str, Any]) -> list[RequiredFile]:
+        """The released budget file `budget_file` names (data of the release, not shipped)."""
+        budget = (knobs or {}).get("budget_file")
+        if not budget:
+            return []
+        path = Path(str(budget)).expanduser()
+        return [RequiredFile(f"ScaleKV budget file {path.name}", str(path.resolve()), RELEASE_URL, knob="budget_file",
+                             present=path.is_file())]
 
     def __init__(self, **knobs: Any):
         kn = ScaleKVKnobs(**knobs)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from varbench.engine.plan import GenerationContext, ScalePlan
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy
 from varbench.policies.common import resolve_scale
 from varbench.policies.knobs import MethodKnobs, knob
 
@@ -47,6 +47,18 @@ class SkipLastKnobs(MethodKnobs, method="skip_last"):
 
 class SkipLast(Policy):
     name = "skip_last"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='skip last scales', colour='#56B4E9', marker='h',
+        paper=None,
+        code='Infinity `trunk_scale`',
+        reconstructed=(),
+        doc_rows=(DocRow('`skip_last`',
+                         source='Infinity `trunk_scale`',
+                         changes='stops after k scales',
+                         reconstructed='–',
+                         flops=('{flops:skip_last_2} (k = 11)',
+                                '{flops:e2e:skip_last_2} (k = 11)')),))
     backbones = frozenset({"infinity", "hart"})   # scale skipping needs nothing model-specific
     Knobs = SkipLastKnobs
     #: every scale runs
@@ -90,6 +102,19 @@ class SkipVARFixedKnobs(MethodKnobs, method="skipvar_fixed"):
 
 class SkipVARFixed(Policy):
     name = "skipvar_fixed"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='SkipVAR fixed skip', colour='#E69F00', marker='X',
+        paper='SkipVAR: Accelerating Visual Autoregressive Modeling via Adaptive Frequency-Aware Skipping (Li '
+              'et al., arXiv 2506.08908)',
+        code='fakerone-li/SkipVAR',
+        reconstructed=('the fixed combination (`skipvar_hybrid`): not a released action',),
+        doc_rows=(DocRow('`skipvar_fixed`',
+                         source="SkipVAR's actions as fixed arms",
+                         changes='skips the last N scales and/or drops the uncond branch from scale s',
+                         reconstructed='`skipvar_hybrid` (skip1+uncond3) is not a released action',
+                         flops=('{flops:skipvar_hybrid} (skipvar_hybrid)',
+                                '{flops:e2e:skipvar_hybrid} (skipvar_hybrid)')),))
     backbones = frozenset({"infinity", "hart"})   # skips and cond-only rows: both backbones carry CFG rows
     Knobs = SkipVARFixedKnobs
     #: every scale runs with both CFG branches

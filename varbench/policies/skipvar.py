@@ -54,17 +54,18 @@ Knobs:   `SkipVARKnobs` below.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
 
 from varbench.engine.plan import GenerationContext, ScalePlan, ScaleSignals
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy, RequiredFile
 from varbench.policies.common import resolve_scale
 from varbench.policies.knobs import WEIGHTS_DIR, MethodKnobs, knob
-from varbench.policies.skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, DecisionModels, batch_action, features_from_images,
-                               float_decoder, load_decision_models, resize_codes)
+from varbench.policies.skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, PUBLISHED_AT, DecisionModels, batch_action,
+                                               decision_model_paths, features_from_images, float_decoder,
+                                               load_decision_models, resize_codes, resolve_folder)
 
 #: released action counts: skip1..3 / uncond1..3 (infinity.py 561-584)
 MAX_ACTION = 3
@@ -113,12 +114,49 @@ class SkipVARKnobs(MethodKnobs, method="skipvar"):
 
 class SkipVAR(Policy):
     name = "skipvar"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='SkipVAR', colour='#CC79A7', marker='D',
+        paper='SkipVAR: Accelerating Visual Autoregressive Modeling via Adaptive Frequency-Aware Skipping (Li '
+              'et al., arXiv 2506.08908)',
+        code='fakerone-li/SkipVAR @ 607be0e',
+        reconstructed=('the batch > 1 rule',
+                       'non-1M schedules',
+                       "the decision models' training command"),
+        doc_rows=(DocRow('`skipvar`',
+                         source='fakerone-li/SkipVAR (code + released decision models)',
+                         changes='at scale 9 the frequency features of an 8x8-grid decode pick, per sample, '
+                                 'skip the last 1-3 scales or (if none) cond-only rows on the last 1-3',
+                         reconstructed='batch > 1 rule, non-1M schedules, the training command (see '
+                                       '[SkipVAR](#skipvar))',
+                         flops=('per sample one of: skip1/2/3 '
+                                '{flops:skipvar_skip2\\|skip_last=1}/{flops:skipvar_skip2}/{flops:skipvar_skip2\\|skip_last=3}, '
+                                'uncond1/2/3 '
+                                '{flops:skipvar_uncond3\\|uncond_from=-1}/{flops:skipvar_uncond3\\|uncond_from=-2}/{flops:skipvar_uncond3}, '
+                                'none 1.00 (+ two 8x8 decodes)',
+                                'per sample one of: skip1/2/3 '
+                                '{flops:e2e:skipvar_skip2\\|skip_last=1}/{flops:e2e:skipvar_skip2}/{flops:e2e:skipvar_skip2\\|skip_last=3}, '
+                                'uncond1/2/3 '
+                                '{flops:e2e:skipvar_uncond3\\|uncond_from=-1}/{flops:e2e:skipvar_uncond3\\|uncond_from=-2}/{flops:e2e:skipvar_uncond3}, '
+                                'none 1.00 (+ two 8x8 decodes)')),))
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
     Knobs = SkipVARKnobs
     #: the decision "no action" for every sample, injected (no decision-model files needed)
     NEUTRAL = {"decide": fixed_decision(0, 0)}
     #: the decision "skip the last scale" for every sample, injected
     ACTIVE = {"decide": fixed_decision(1, 0)}
+
+    @classmethod
+    def required_files(cls, knobs: Mapping[str, Any]) -> list[RequiredFile]:
+        """The decision-model folder `decision_models` names (released on 2B, or trained by
+        `python -m experiments.skipvar_train`); present when it holds a complete set."""
+        folder = (knobs or {}).get("decision_models")
+        if folder in (None, "", "None", "null"):
+            return []
+        return [RequiredFile("SkipVAR decision models", str(resolve_folder(folder).resolve()), PUBLISHED_AT,
+                             knob="decision_models", present=bool(decision_model_paths(folder)),
+                             fix="point {setting} (env VARBENCH_WEIGHTS) at that folder, or train one: "
+                                 "python -m experiments.skipvar_train")]
 
     def __init__(self, *, decide: Optional[Decide] = None, n_features: int = 2, **knobs: Any):
         """knobs: `SkipVARKnobs`. decide / n_features: a decision (and its feature count) injected

@@ -72,7 +72,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
-from varbench.engine.policy import Policy
+from varbench.engine.policy import DocRow, MethodCard, Policy
 from varbench.policies.common import cond_rows, expand_to_rows, protected_blocks, resolve_scale
 from varbench.policies.knobs import MethodKnobs, knob
 from varbench.policies.selectors import complete_map, topk_indices, upsample_map
@@ -185,6 +185,31 @@ class ToProVARKnobs(MethodKnobs, method="toprovar"):
 
 class ToProVAR(Policy):
     name = "toprovar"
+    #: the method's card (varbench.engine.policy.MethodCard): figures, tables, `varbench.list`, docs/methods.md
+    card = MethodCard(
+        display_name='ToProVAR', colour='#009E73', marker='v',
+        paper='ToProVAR (Chen et al., ICLR 2026, arXiv 2602.22948)',
+        code='none public',
+        reconstructed=('online causality, normalisation, alpha, beta, the skip-or-gate rule, K/V of pruned '
+                       'tokens',),
+        doc_rows=(DocRow('`toprovar`',
+                         source='ToProVAR (paper text)',
+                         changes='full method (A.1.5): depth D from the attention low-entropy fraction (tau '
+                                 '0.4); Global/Detail layers by SVD at scale 6; from D+1 Global layers full, '
+                                 'Detail layers skipped when the Eq. 6 gate would prune >= half their tokens, '
+                                 'else token-gated; pruned tokens pass through',
+                         reconstructed='online causality, normalisation, alpha, beta, the skip-or-gate rule, '
+                                       'K/V of pruned tokens (see below)',
+                         flops=('{flops:toprovar}*',
+                                '{flops:e2e:toprovar}*')),
+                  DocRow('`toprovar` Table 10 variants',
+                         source='ToProVAR ablation',
+                         changes='fixed exit / scale only / scale+layer / scale+token',
+                         reconstructed='as above',
+                         flops=('{flops:toprovar_fixed_exit} / {flops:toprovar_scale_only} / '
+                                '{flops:toprovar_scale_layer} / {flops:toprovar_scale_token}*',
+                                '{flops:e2e:toprovar_fixed_exit} / {flops:e2e:toprovar_scale_only} / '
+                                '{flops:e2e:toprovar_scale_layer} / {flops:e2e:toprovar_scale_token}*'))))
     backbones = frozenset({"infinity", "hart"})   # attention and token entropies exist on both
     adaptive = True   # decisions read entropy / features of the prompt's own earlier scales
     Knobs = ToProVARKnobs
