@@ -20,6 +20,17 @@ def tiny_rt():
     return tiny_runtime(seed=0)
 
 
+#: The settings of `tiny_baseline`: a test that compares with it generates with exactly these.
+TINY_BASELINE = dict(seeds=[0], cfg=3.0, tau=1.0, pn="0.06M")   # 0.06M: 7 scales, up to 16x16
+
+
+@pytest.fixture(scope="session")
+def tiny_baseline(tiny_rt):
+    """The baseline generation of "a red circle" on `tiny_rt` (TINY_BASELINE), generated once per session:
+    the reference the policy tests compare neutral settings with, bit for bit. Read it, never modify it."""
+    return tiny_rt.generate(["a red circle"], **TINY_BASELINE)
+
+
 def pytest_collection_modifyitems(config, items):
     """Every `gpu` test skips, with the reason, where torch sees no CUDA device (`pytest -m gpu` on
     a CPU machine reports skips, never a driver error from inside a test)."""

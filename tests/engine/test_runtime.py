@@ -11,6 +11,9 @@ from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.engine.attention import attention_entropy
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN = "0.25M"
 
 
