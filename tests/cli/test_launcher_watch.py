@@ -112,7 +112,7 @@ def test_the_local_launcher_runs_one_job_per_device_unless_told_otherwise():
     cfg = _cfg("method=a,b,c", batch=3, timing=False)          # the user's choice is kept
     plan = lw.plan_local_sweep(cfg, 3, {})
     assert cfg.hydra.sweeper.max_batch_size == 3 and plan.parallel == 3
-    # N GPUs count as N devices only when each job picks its own (the README's sharded recipe)
+    # N GPUs count as N devices only when each job picks its own (docs/running.md's sharded recipe)
     cfg = _cfg("shard=0/4,1/4,2/4,3/4", gpus=4, device="cuda:${vb.shard_index:${shard}}")
     assert lw.plan_local_sweep(cfg, 4, {}).parallel == 4 and cfg.hydra.sweeper.max_batch_size == 4
     cfg = _cfg("shard=0/4,1/4,2/4,3/4", gpus=4)                 # device=auto: all four on cuda:0

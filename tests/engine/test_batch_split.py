@@ -18,6 +18,9 @@ from varbench.policies import build_policy
 from varbench.policies.skipvar import SkipVAR
 from varbench.testing.tiny import tiny_runtime
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN, CFG = "0.06M", 3.0
 PROMPTS = ["a red circle", "two blue squares", "a green triangle above a cat", "a photo of a dog"]
 SEEDS = [0, 1, 2, 3]

@@ -22,6 +22,9 @@ from varbench.engine.policy import Policy
 from varbench.policies import build_policy
 from varbench.testing.tiny import tiny_runtime
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN = "0.25M"
 PROMPTS = [["a red circle"], ["two blue squares"], ["a green triangle"], ["a red circle"]]
 

@@ -52,6 +52,9 @@ from varbench.testing.tiny import strict_parity
 
 from tests.engine.test_hart import ATOL, FASTVAR_RUNS, RTOL, check_against_record, load_fastvar_golden
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 # f_hat / diffusion output: 2.6x the largest measured difference (1.16e-2, ATEN_CPU_CAPABILITY=default,
 # more_smooth off); the mean 5x its largest (3.9e-6), so a wrong fill or selection (which moves most pruned
 # positions: the port vs upstream differ by 2.1 in f_hat) cannot hide under the loose maximum.

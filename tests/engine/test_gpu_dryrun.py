@@ -17,6 +17,9 @@ from varbench.policies import build_policy
 from varbench.testing.fake_cuda import FakeCuda, HostReadInStep, cuda_sdpa_backend
 from varbench.testing.tiny import tiny_runtime
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 
 def _gen(policy="baseline", batch=1, model="infinity_2b", depth=2, memo=True, **kw):
     with FakeCuda(memo_blocks=memo) as fc:

@@ -121,6 +121,7 @@ def test_fixture_holds_the_runs_tested(golden):
     assert [(r["case"], r["more_smooth"], r["cfg"]) for r in golden["runs"]] == RUNS
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("case,more_smooth,cfg_w", RUNS)
 def test_sampling_equals_released_loop(golden, case, more_smooth, cfg_w):
     run = find_run(golden, case, more_smooth, cfg_w)
@@ -220,6 +221,7 @@ def test_fastvar_fixture_layout(fastvar_golden):
     assert [(r["more_smooth"], r["cfg"]) for r in fx["runs"]["fastvar"]] == FASTVAR_RUNS
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("run_index", range(len(FASTVAR_RUNS)))
 def test_sampling_equals_released_loop_on_fastvar_grids(fastvar_golden, run_index):
     """Our released loop reproduces the unpruned upstream run (a) of the fastvar fixture."""

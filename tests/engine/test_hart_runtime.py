@@ -30,6 +30,9 @@ from varbench.testing.tiny import tiny_hart_runtime
 
 from tests.engine.test_hart import ATOL, GOLDEN, RTOL, case_config
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PROMPTS = ["a red circle", "two blue squares"]
 
 

@@ -58,6 +58,7 @@ def test_kvcache_evict_keeps_positions_in_order_and_counts_bytes():
         c.append(0, kv, torch.float32)                            # 6 + 5 > capacity 6
 
 
+@pytest.mark.runtime
 def test_neutral_and_keep_everything_budgets_equal_the_baseline_bit_for_bit(tiny_rt):
     base = gen(tiny_rt)
     assert same(base, gen(tiny_rt, build_policy("scalekv", **ScaleKV.NEUTRAL)))
@@ -126,6 +127,7 @@ def test_staging_capacity_bounds_what_a_block_holds_during_a_scale():
     assert kv_staging_capacity([21, 8], sched) == 21       # never more than the schedule's tokens so far
 
 
+@pytest.mark.runtime
 def test_capacities_are_allocated_and_a_too_small_one_is_named(tiny_rt):
     """Each block's own buffer holds what it keeps between scales, one staging buffer the busiest scale
     of a block: allocated bytes equal the analytic count exactly, and are less than sizing every block

@@ -81,6 +81,7 @@ PLANS = {
 }
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", list(PLANS))
 def test_analytic_kv_bytes_equal_the_cache_tensors(name, dtype, caches):
@@ -114,6 +115,7 @@ def test_analytic_kv_bytes_equal_the_cache_tensors(name, dtype, caches):
         assert model.used_per_scale[3:] == [u // 2 for u in used_full[3:]]
 
 
+@pytest.mark.runtime
 def test_pruning_and_skipping_shrink_use_not_allocation(caches):
     """What each plan changes: K/V pruning and skipped scales cut the bytes in use only (the buffers
     are preallocated for the schedule); a block skipped at every scale allocates nothing."""
@@ -130,6 +132,7 @@ def test_pruning_and_skipping_shrink_use_not_allocation(caches):
     assert tr[6]["ran"] is False and tr[6]["kv_bytes_used"] == tr[5]["kv_bytes_used"]
 
 
+@pytest.mark.runtime
 def test_per_image_shares_equal_each_image_alone(caches):
     """Per-image decisions split the batch into sub-batches viewing the parent's cache rows; each
     image's share of the bytes equals what it holds generated alone, including an image whose
@@ -272,6 +275,7 @@ def test_flops_table_prints_the_analytic_kv_of_2b_and_8b(capsys):
     assert "## 2B" in out and "## 8B" in out and "5,516,034,048 B" in out and "96,530,595,840 B" in out
 
 
+@pytest.mark.runtime
 def test_kv_plan_bytes_with_the_staging_buffer_equal_a_scalekv_run_scale_by_scale(tiny_rt):
     """ScaleKV on the tiny runtime: per-block capacities, the shared staging buffer and the budgets'
     evictions. The plan-only count (capacities from `kv_capacity`, the staging buffer from

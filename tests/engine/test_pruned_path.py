@@ -20,6 +20,9 @@ from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, 
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN = "0.25M"
 SCALE, BLOCK, CACHE = 6, 1, 5      # 16x16 grid, block 1; scale 5 (12x12) keeps residuals
 

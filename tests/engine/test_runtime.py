@@ -12,6 +12,9 @@ from varbench.engine.flops import plan_trace
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN = "0.25M"
 
 

@@ -3,7 +3,12 @@
 On a GPU every dispatched op is a launch or a host-side view; an eager step of ~120 ops per block
 made the small scales cost as much as the reference code's (issue #10). The target is <= 40 per block
 in the baseline path with CFG on (fp32 CPU, ca_bf16 as released)."""
+import pytest
+
 from experiments.runtime_ops import ops_per_block
+
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
 
 
 def test_baseline_block_dispatches_at_most_40_ops_at_every_scale():

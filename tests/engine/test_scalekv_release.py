@@ -125,6 +125,7 @@ def test_budget_generated_here_is_the_fixtures(release):
     assert release[0]["budgets"] == tiny_budget()
 
 
+@pytest.mark.runtime
 def test_same_evicting_scales_blocks_and_cache_lengths(release, ours):
     """Where the release evicted and how long each block's cache was there: the budget keys ("Scale si+2",
     si 12 reading si 11's), the base capacity 650 (first exceeded at 20x20, scale 7), drafters' Max and
@@ -169,6 +170,7 @@ def test_same_kept_positions(release, ours):
     assert differing <= max(4, total // 10_000), f"{differing} of {total} kept positions differ (near-ties)"
 
 
+@pytest.mark.runtime
 def test_same_bits(ours):
     """Our bits, each scale given the release's history: a bit may differ only within the logit tolerance
     of its decision threshold, and rarely (the upstream parity test's rule)."""

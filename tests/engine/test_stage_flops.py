@@ -122,6 +122,7 @@ def test_hart_decoder_refuses_an_empty_grid():
         hart_decoder_flops(HART_TOKENIZER_PRESETS["hart_tiny"], (4, 0))
 
 
+@pytest.mark.runtime
 def test_hart_runtime_stages_count_its_decode():
     """stage_flops on the HART runtime: its decode is the tokenizer decoder's count at f_hat's grid,
     equal to what FlopCounterMode counts for one image's rt.decode (which adds only uncounted
@@ -216,6 +217,7 @@ def test_hart_preset_stages_use_the_released_parts():
     assert s["vae_decode"]((64, 64)) != s["vae_decode"]((32, 32))
 
 
+@pytest.mark.runtime
 def test_the_decode_is_once_per_image_at_the_full_grid_even_when_scales_are_skipped():
     """The runtime's summed codes (what it decodes) keep the final grid under skip_last, and the job's
     trace rows carry the same decode count for the baseline and the skipping method."""
@@ -370,6 +372,7 @@ class PerImagePolicy(NeutralPolicy):
     per_image_decisions = True
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("policy", [None, PerImagePolicy()], ids=["batched", "image_by_image"])
 @pytest.mark.parametrize("negative", [None, "blurry"])
 def test_hart_runtime_stage_counts_what_its_qwen2_encoder_ran(policy, negative):

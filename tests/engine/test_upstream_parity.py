@@ -109,6 +109,7 @@ def _strict_hint() -> str:
             f"writer: {writer_info()['writer_cpu']}; this machine: {cpu_fingerprint()}")
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("case", list(CASES))
 def test_bits_codes_and_image_equal_the_released_code(golden, runs, case):
     """Bits: equal wherever the decision margin exceeds the logit tolerance, rounding flips rare.
@@ -145,6 +146,7 @@ def test_bits_codes_and_image_equal_the_released_code(golden, runs, case):
         f"{case}: uint8 image differs by up to {int(d.max())} on {frac:.3%} of values (allowed: 1 on {IMAGE_FRAC:.0%})"
 
 
+@pytest.mark.runtime
 def test_bit_comparison_catches_a_wrong_sampler_input(golden):
     """The portable comparison still fails a real mistake: cfg 4.2 instead of 4 moves the logits by far
     more than MARGIN_TOL, so bits differ with a margin beyond it (and the image by more than 1)."""

@@ -51,14 +51,14 @@ def test_slurm_launcher_composes_one_gpu_per_job_with_its_knobs():
     assert c["gpus_per_node"] == 1 and c["tasks_per_node"] == 1 and c["nodes"] == 1
     assert c["timeout_min"] == 240 and c["partition"] is None
     assert c["max_num_timeout"] == 3 and c["additional_parameters"] == {"requeue": True}
-    # the knobs are overridable from the command line, as the README shows
+    # the knobs are overridable from the command line, as docs/clusters.md shows
     c = _launcher_cfg("slurm", "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=30",
                       "hydra.launcher.max_num_timeout=0")
     assert (c["partition"], c["timeout_min"], c["max_num_timeout"]) == ("gpu", 30, 0)
 
 
 def test_every_slurm_knob_is_documented_in_the_config_file():
-    """Each key of slurm.yaml carries a comment saying what it trades (the README points at this file)."""
+    """Each key of slurm.yaml carries a comment saying what it trades (docs/clusters.md points at this file)."""
     for name in ("slurm", "local"):
         lines = (LAUNCHER_DIR / f"{name}.yaml").read_text().splitlines()
         keys = [ln for ln in lines if re.match(r"^[a-z_]+:\s*\S", ln)]

@@ -72,6 +72,7 @@ def test_two_memory_methods_are_refused_at_construction_with_the_reason():
         build_policy("compose", policies=[{"name": "nova"}, {"name": "toprovar"}])
 
 
+@pytest.mark.runtime
 def test_skipvar_and_scalekv_combine_the_budget_applies_to_the_cond_rows(tiny_rt):
     """SkipVAR's two actions at once (fixed, on the tiny runtime): the last scale skipped, the
     unconditional rows dropped from scale 4 on. ScaleKV.ACTIVE evicts at scales 4 and 5 (and would at

@@ -19,6 +19,9 @@ import yaml
 from varbench.engine.backbones.infinity.state import GenState
 from varbench.policies import build_policy
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN = "0.25M"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,10 +83,24 @@ def needed_after(log):
     return out
 
 
+@pytest.fixture(scope="module")
+def square_run(tiny_rt):
+    """run(tiny_rt, ..., POLICIES[name](), release) for "a red circle", generated once per (name, release)
+    in this module: two tests read the same `nova_on_fastvar` runs. Results are only read."""
+    done = {}
+
+    def get(name, release=True):
+        if (name, release) not in done:
+            with pytest.MonkeyPatch.context() as mp:
+                done[name, release] = run(tiny_rt, mp, POLICIES[name](), release=release)
+        return done[name, release]
+    return get
+
+
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_alive_residuals_are_the_minimum_and_images_do_not_change(tiny_rt, monkeypatch, name):
-    out, log = run(tiny_rt, monkeypatch, POLICIES[name]())
-    ref, ref_log = run(tiny_rt, monkeypatch, POLICIES[name](), release=False)
+def test_alive_residuals_are_the_minimum_and_images_do_not_change(square_run, name):
+    out, log = square_run(name)
+    ref, ref_log = square_run(name, release=False)
     alive = [a for _, a in log]
     need = needed_after(log)
     for si, (a, n) in enumerate(zip(alive, need)):
@@ -99,11 +116,11 @@ def test_alive_residuals_are_the_minimum_and_images_do_not_change(tiny_rt, monke
     assert torch.equal(out.images, ref.images)
 
 
-def test_before_the_fix_nova_on_fastvar_held_three_scales(tiny_rt, monkeypatch):
+def test_before_the_fix_nova_on_fastvar_held_three_scales(square_run):
     """The measurement behind item 5: with releases ignored the composed run keeps 5, 6 and 7
     (NOVA's own caches are never read under cache=first); with them at most one scale is alive."""
-    _, ref_log = run(tiny_rt, monkeypatch, nova_on_fastvar(), release=False)
-    _, log = run(tiny_rt, monkeypatch, nova_on_fastvar())
+    _, ref_log = square_run("nova_on_fastvar", release=False)
+    _, log = square_run("nova_on_fastvar")
     assert ref_log[-1][1] == [5, 6, 7]
     assert max(len(a) for _, a in log) == 1 and log[-1][1] == []
 

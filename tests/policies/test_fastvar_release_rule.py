@@ -178,6 +178,7 @@ def test_width_addressing_refuses_index_keys():
         build_policy("fastvar", addressing="width", prune={-4: 0.9, -3: 0.9})
 
 
+@pytest.mark.runtime
 def test_release_rule_on_the_runtime():
     """On the tiny runtime: where the release does nothing the preset reproduces the baseline bit for bit;
     at 512² (square '0.25M') it prunes 32² (scale 9) at 0.4 in blocks 3.. with the 24² cache, as released."""

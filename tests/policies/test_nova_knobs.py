@@ -123,10 +123,11 @@ def test_neutral_knob_values_keep_plans_identical():
             assert pa.blocks[k].n_keep == pb.blocks[k].n_keep and torch.equal(pa.blocks[k].keep, pb.blocks[k].keep)
 
 
-def test_q_sub_sampling_knob(tiny_rt):
+def test_q_sub_sampling_knob():
     """q_sub queries: evenly spaced by default (unchanged behaviour), or a fixed pseudo-random subset
-    per scale; the runtime measures exactly the queries the rule names, and each value is that
-    query's entropy over all queries (so the subset changes which queries are read, not their values)."""
+    per scale (test_q_sub_sampling_on_the_runtime: the runtime measures exactly the queries the rule names,
+    and each value is that query's entropy over all queries, so the subset changes which queries are read,
+    not their values)."""
     from varbench.engine.plan import ScalePlan, entropy_query_pick
     from varbench.policies.nova import NOVAKnobs
 
@@ -154,7 +155,13 @@ def test_q_sub_sampling_knob(tiny_rt):
     with pytest.raises(ValueError, match="q_sub_sampling"):
         build_policy("nova", q_sub_sampling="first")
 
-    # the runtime measures the named queries: values equal the all-query entropy at those positions
+
+@pytest.mark.runtime
+def test_q_sub_sampling_on_the_runtime(tiny_rt):
+    """The runtime measures the queries the rule names: values equal the all-query entropy at those
+    positions (the entropies are signals of the AR loop, so no image is decoded)."""
+    from varbench.engine.plan import ScalePlan, entropy_query_pick
+
     class Script(Policy):
         name = "script"
 
@@ -170,7 +177,8 @@ def test_q_sub_sampling_knob(tiny_rt):
 
     full, rnd = Script(None, "even"), Script(5, "random")
     for pol in (full, rnd):
-        tiny_rt.generate(["a red circle"], [0], pol, pn="0.25M", cfg=3.0)
+        tiny_rt.generate(["a red circle"], [0], pol, pn="0.25M", cfg=3.0, decode=False)
+    assert sum(full.seen[si][0].shape[1] > 5 for si in rnd.seen) >= 5   # scales with more queries than picks
     for si, (ent, idx) in rnd.seen.items():
         n = full.seen[si][0].shape[1]
         if n <= 5:

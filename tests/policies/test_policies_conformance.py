@@ -37,8 +37,9 @@ def gen(rt, policy=None):
 
 
 @pytest.fixture(scope="module")
-def baseline(tiny_rt):
-    return gen(tiny_rt)
+def baseline(tiny_baseline):
+    """gen(tiny_rt) with no policy: the session's shared baseline (tests/conftest.py, the same settings)."""
+    return tiny_baseline
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY.packaged()))

@@ -18,6 +18,9 @@ from varbench.policies import REGISTRY, build_policy
 from varbench.policies.selectors import binary_entropy_from_logits
 from varbench.testing.tiny import tiny_runtime
 
+#: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
+pytestmark = pytest.mark.runtime
+
 PN = "0.06M"
 
 
@@ -44,13 +47,14 @@ def make(key):
 
 
 @pytest.fixture(scope="module")
-def rt():
-    return tiny_runtime(seed=0)
+def rt(tiny_rt):
+    return tiny_rt                  # tiny_runtime(seed=0), shared by the session (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def baseline(rt):
-    return rt.generate(["a red circle"], seeds=[0], cfg=3.0, tau=1.0, pn=PN)
+def baseline(tiny_baseline):
+    """rt.generate(["a red circle"], seeds=[0], cfg=3.0, tau=1.0, pn=PN): the session's shared one."""
+    return tiny_baseline
 
 
 def acted(out) -> bool:

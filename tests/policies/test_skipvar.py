@@ -415,18 +415,20 @@ PN = "0.06M"
 
 
 @pytest.fixture(scope="module")
-def rt():
-    return tiny_runtime(seed=0)
+def rt(tiny_rt):
+    return tiny_rt                  # tiny_runtime(seed=0), shared by the session (tests/conftest.py)
 
 
-def test_no_action_reproduces_the_baseline(rt):
-    base = rt.generate(["a red circle"], seeds=[0], cfg=3.0, tau=1.0, pn=PN)
+@pytest.mark.runtime
+def test_no_action_reproduces_the_baseline(rt, tiny_baseline):
+    base = tiny_baseline            # rt.generate(["a red circle"], seeds=[0], cfg=3.0, tau=1.0, pn=PN), shared
     pol = SkipVAR(decide=constant_decide(0, 0))
     out = rt.generate(["a red circle"], seeds=[0], policy=pol, cfg=3.0, tau=1.0, pn=PN)
     assert torch.equal(out.images, base.images) and torch.equal(out.summed_codes, base.summed_codes)
     assert pol.stats()["feature_decode"] == "float" and len(pol.stats()["features"]) == 1
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("action", [("skip", 1), ("skip", 3), ("uncond", 1), ("uncond", 3)])
 def test_each_action_is_the_fixed_arm_bit_for_bit(rt, action):
     kind, k = action
@@ -442,6 +444,7 @@ def test_each_action_is_the_fixed_arm_bit_for_bit(rt, action):
         assert [tr["rows"] for tr in out.trace] == [4] * (n - k) + [2] * k
 
 
+@pytest.mark.runtime
 @pytest.mark.parametrize("rule", ["conservative", "per_image"])
 def test_features_do_not_depend_on_the_batch(rt, rule):
     rec1, rec2 = [], []

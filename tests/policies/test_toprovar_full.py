@@ -174,6 +174,7 @@ def test_calibration_command_runs_on_the_toy_model(tmp_path, capsys):
     assert "tau (calibrated)" in capsys.readouterr().out
 
 
+@pytest.mark.runtime
 def test_calibration_probe_is_neutral():
     """Entropy requests and intermediate decodes only observe: the images are the baseline's."""
     from varbench.toy.load import TOY_SCHEDULE, load_toy_runtime

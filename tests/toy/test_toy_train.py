@@ -175,7 +175,7 @@ def test_shipped_weights_match_manifest_and_load_strictly():
     assert rt.cfg == PRESETS["toy"]
     assert [tuple(s) for s in man["schedule"]] == list(TOY_SCHEDULE)
     assert set(toy_load.toy_sampling()) >= {"cfg", "tau", "top_k", "top_p"}
-    # the record behind the README's claim: the shipped model at its shipped sampling settings
+    # the record behind docs/toy.md's claim: the shipped model at its shipped sampling settings
     # scores >= 0.8 (the toy world's bar) on the full 60 x 2 evaluation, a same-size random one ~0
     ev = man["eval"]
     assert ev["trained"]["sampling"] == toy_load.toy_sampling()

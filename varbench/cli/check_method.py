@@ -92,7 +92,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     card = card_for(args.method)
     print(f"{args.method}: {card.display_name}" + (f" ({card.paper})" if card.paper else "")
           + f"; tiny random Infinity, pn {C.PN}, CPU")
-    from varbench.engine.testing import tiny_runtime
+    from varbench.testing import tiny_runtime
 
     checks = C.run_checks(cls, tiny_runtime(seed=0), neutral=neutral, active=active)
     for check in checks:

@@ -48,7 +48,7 @@ def help_text(search: Sequence[Path]) -> str:
         "  --cfg job         print the composed config and exit; --hydra-help: Hydra's own help",
         "",
         "more: python -m varbench.list [methods|experiments|evaluators]  (labels, families, descriptions, jobs,",
-        "      weight files); README.md; a knob's meaning: varbench/conf/method/<name>.yaml",
+        "      weight files); README.md and docs/; a knob's meaning: varbench/conf/method/<name>.yaml",
     ]
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ import sys
 import types
 import warnings
 
-#: old path -> new path, run silently with ``python -m`` (the README's commands)
+#: old path -> new path, run silently with ``python -m`` (the documented commands, docs/)
 COMMANDS = {
     "varbench.aggregate": "varbench.cli.aggregate",
     "varbench.publish": "varbench.loggers.publish",

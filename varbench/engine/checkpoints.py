@@ -48,7 +48,7 @@ def require_file(path: str | os.PathLike, what: str, setting: str = "paths.weigh
     p = Path(path)
     if p.exists():
         return p
-    published = PUBLISHED_AT.get(p.name, "see README.md, 'Running with the released weights'")
+    published = PUBLISHED_AT.get(p.name, "see docs/running.md, 'Running with the released weights'")
     raise WeightsNotFound(
         f"{what} not found: {p.name}\n  searched: {p.resolve()}\n  published at: {published}\n"
         f"  fix: put the file there, or point `{setting}` (env VARBENCH_WEIGHTS) at the folder holding it."

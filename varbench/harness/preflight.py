@@ -33,7 +33,7 @@ def model_files_missing(cfg: DictConfig) -> list[MissingFile]:
     for name, path in model_weight_files(cfg.model).items():
         if not Path(path).exists():
             out.append(MissingFile(f"model {cfg.model.name}: weights {name}", str(Path(path).resolve()),
-                                   PUBLISHED_AT.get(name, "see README.md, 'Running with the released weights'"),
+                                   PUBLISHED_AT.get(name, "see docs/running.md, 'Running with the released weights'"),
                                    "put it there, or point paths.weights_dir (env VARBENCH_WEIGHTS) at its folder"))
     return out
 
@@ -121,7 +121,7 @@ def check_files(cfgs: Sequence[DictConfig], labels: Sequence[str] | None = None)
                     (" ..." if len(jobs) > 4 else "") + ")"
         lines.append(f"  {k}. {head}")
         lines += [f"       {r}" for r in rest]
-    lines.append("Put the files in place (README.md, 'Running with the released weights'), or run with --no-preflight "
+    lines.append("Put the files in place (docs/running.md, 'Running with the released weights'), or run with --no-preflight "
                  "to start the jobs anyway (each then fails on its first missing file).")
     raise MissingFilesError("\n".join(lines), [m for m, _ in needed.values()])
 

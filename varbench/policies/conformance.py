@@ -1,7 +1,7 @@
 """Does a method do what a policy must? The checks behind `python -m varbench.check_method` and
 tests/policies/test_policies_conformance.py (one implementation for both).
 
-On the tiny random Infinity (`varbench.engine.testing.tiny_runtime`, the 7-scale '0.06M' schedule, CFG 3,
+On the tiny random Infinity (`varbench.testing.tiny_runtime`, the 7-scale '0.06M' schedule, CFG 3,
 on the CPU) a method, given its neutral and active knobs (`Policy.NEUTRAL`, `Policy.ACTIVE` unless
 given), must:
 
@@ -18,7 +18,7 @@ given), must:
 
 Usage::
 
-    from varbench.engine.testing import tiny_runtime
+    from varbench.testing import tiny_runtime
     from varbench.policies.conformance import run_checks
     for check in run_checks(MyPolicy, tiny_runtime(seed=0)):   # or neutral={...}, active={...}
         print(check.line())                      # "PASS neutral == baseline: ..."
@@ -189,7 +189,7 @@ def check_batch(rt, make_policy, prompts: Sequence[str] = BATCH_PROMPTS, seeds: 
 def run_checks(cls: type, rt, neutral: Optional[Mapping[str, Any]] = None, active: Optional[Mapping[str, Any]] = None,
                name: Optional[str] = None) -> list[Check]:
     """Every check of the module docstring for the policy class `cls` on the runtime `rt` (the tiny
-    random one: ``varbench.engine.testing.tiny_runtime(seed=0)``, built by the caller so that this
+    random one: ``varbench.testing.tiny_runtime(seed=0)``, built by the caller so that this
     module needs no dev tool); `neutral` / `active`: its knobs for the two settings (default: the
     class's `NEUTRAL` / `ACTIVE`, `MissingSetting` when it declares none)."""
     neutral = dict(declared(cls, "NEUTRAL", name) if neutral is None else neutral)
