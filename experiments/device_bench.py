@@ -7,6 +7,20 @@
 Writes `results/curated/device_bench.json` and `results/curated/device_bench.md` (`--out DIR` moves both),
 rewritten atomically after every section, so a run cut off by a time limit keeps what finished.
 
+The job does most of this now: `python -m varbench +experiment=device_bench [model=infinity_8b|hart_0p7b]`
+is an ordinary sweep over `conf/method_set/device_bench/<model>.yaml` with random weights (`model.random_weights`,
+`model.text_encoder=word`), the job's timed pass under `timing=device` (paired ABBA baseline, intervals) and no
+evaluators; its records pair, aggregate and report like any other (`+experiment=device_bench_smoke`: the CPU
+version, tests/experiments/test_device_bench_experiment.py). This script stays for what the job cannot do yet:
+  * one process over several models and batch sizes, ordered by value under a wall-clock budget, the JSON
+    rewritten after every section (a sweep is one model per launch, with no budget);
+  * graphed and eager items timed in the same rounds, and the eager-vs-graphed bit check (`torch.equal` bits at
+    every scale; a job times one `runtime.cuda_graphs` mode, and records of both modes share a pairing key);
+  * ToProVAR's attention-entropy share (the entropy-off item that replays recorded entropies, `EntropyPatch`);
+  * the targets block (AR-loop seconds, batch scaling, FastVAR's speed-up, the entropy share) with verdicts;
+  * text as precomputed random features (no text-encoder time at all; the job runs the random word encoder).
+Its methods and presets come from the same place as the job's (`method_set`, `resolve_method`).
+
 What is measured
 ----------------
 Models: Infinity-2B and -8B architectures with RANDOM weights (latency does not depend on weight values),
