@@ -77,9 +77,18 @@ def resolve_method(name: str, *, model: Optional[str] = None, config_dirs: Itera
 
 @functools.lru_cache(maxsize=None)
 def _resolve(name: str, model: Optional[str], dirs: tuple[str, ...]) -> ResolvedMethod:
-    if is_import_path(name) or not _preset_exists(name, dirs):
+    if is_import_path(name):
         return _bare(name, dirs)
-    node = _compose_method(name, model, dirs)
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    try:
+        node = _compose_method(name, model, dirs)
+    except MissingConfigException as e:
+        if getattr(e, "missing_cfg_file", None) != f"method/{name}":
+            raise                               # the preset exists; something it names does not
+        return _bare(name, dirs)                # no preset of that name: a registered method, or an error
+    except OverrideParseException:
+        return _bare(name, dirs)                # not a preset name at all (e.g. spaces): the error names the fix
     return ResolvedMethod(preset=name, name=str(node["name"]), label=str(node.get("label") or node["name"]),
                           knobs=dict(node.get("knobs") or {}), config=node)
 
@@ -107,10 +116,6 @@ def preset_names(config_dirs: Iterable[str | Path] = ()) -> list[str]:
     """Every method preset (``conf/method/*.yaml`` of the package and of ``config_dirs``)."""
     dirs = [CONF_DIR, *(Path(d) for d in config_dirs)]
     return sorted({p.stem for d in dirs for p in (Path(d) / "method").glob("*.yaml")})
-
-
-def _preset_exists(name: str, dirs: tuple[str, ...]) -> bool:
-    return any((Path(d) / "method" / f"{name}.yaml").is_file() for d in (str(CONF_DIR), *dirs))
 
 
 def _compose_method(name: str, model: Optional[str], dirs: tuple[str, ...]) -> dict:
