@@ -7,10 +7,7 @@ intervals, FLOPs and memory, and that the aggregated table pairs them like any o
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,13 +36,16 @@ def test_the_experiment_runs_each_real_model_with_random_weights_and_no_text_mod
 
 
 @pytest.mark.integration
-def test_the_smoke_sweep_writes_paired_records_and_a_table_with_intervals(tmp_path):
-    cmd = [sys.executable, "-m", "varbench", "+experiment=device_bench_smoke", f"paths.output_root={tmp_path}",
-           f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    env = {**os.environ, "VARBENCH_STORE": str(tmp_path / "store")}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
+def test_the_smoke_sweep_writes_paired_records_and_a_table_with_intervals(tmp_path, capfd):
+    """`python -m experiments.device_bench --job --smoke`: the `+experiment=device_bench_smoke` sweep as a user
+    launches it (a subprocess), then the curated markdown from the sweep's aggregated table."""
+    from experiments import device_bench as db
+
+    rc = db.main(["--job", "--smoke", "--models", "2b", "--out", str(tmp_path / "curated"),
+                  "--override", f"paths.output_root={tmp_path}", "--override", f"paths.store_dir={tmp_path / 'store'}",
+                  "--override", f"hydra.sweep.dir={tmp_path / 'sweep'}"])
+    out = "".join(capfd.readouterr())
+    assert rc == 0, out
 
     methods = method_set("device_bench", "tiny")
     records = [json.loads(p.read_text()) for p in (tmp_path / "store" / "device_bench_smoke").glob("entries/*/record.json")]
@@ -72,3 +72,5 @@ def test_the_smoke_sweep_writes_paired_records_and_a_table_with_intervals(tmp_pa
     for preset in methods[1:]:           # every method row: a paired speed-up with its interval, AR and end to end
         row = next(line for line in table.splitlines() if line.startswith(f"| {preset} |"))
         assert len(re.findall(r"\d+\.\d\d× \[\d+\.\d\d, \d+\.\d\d\]", row)) == 2, row
+    md = (tmp_path / "curated" / "device_bench_job.md").read_text()
+    assert f"## {folder.name}" in md and table.strip() in md and "RANDOM" in md
