@@ -3,9 +3,25 @@
     bash scripts/device_bench.sh                                   # on the H200 (wheelhouse carried in)
     python -m experiments.device_bench                             # same, without the install step
     python -m experiments.device_bench --smoke --out /tmp/db       # CPU, tiny models, < 60 s (the CI test)
+    python -m experiments.device_bench --job                       # through the job: +experiment=device_bench per model,
+                                                                   # then results/curated/device_bench_job.md from its tables
 
 Writes `results/curated/device_bench.json` and `results/curated/device_bench.md` (`--out DIR` moves both),
 rewritten atomically after every section, so a run cut off by a time limit keeps what finished.
+
+The job does most of this now: `python -m varbench +experiment=device_bench [model=infinity_8b|hart_0p7b]`
+is an ordinary sweep over `conf/method_set/device_bench/<model>.yaml` with random weights (`model.random_weights`,
+`model.text_encoder=word`), the job's timed pass under `timing=device` (paired ABBA baseline, intervals) and no
+evaluators; its records pair, aggregate and report like any other (`+experiment=device_bench_smoke`: the CPU
+version, tests/experiments/test_device_bench_experiment.py). This script stays for what the job cannot do yet:
+  * one process over several models and batch sizes, ordered by value under a wall-clock budget, the JSON
+    rewritten after every section (a sweep is one model per launch, with no budget);
+  * graphed and eager items timed in the same rounds, and the eager-vs-graphed bit check (`torch.equal` bits at
+    every scale; a job times one `runtime.cuda_graphs` mode, and records of both modes share a pairing key);
+  * ToProVAR's attention-entropy share (the entropy-off item that replays recorded entropies, `EntropyPatch`);
+  * the targets block (AR-loop seconds, batch scaling, FastVAR's speed-up, the entropy share) with verdicts;
+  * text as precomputed random features (no text-encoder time at all; the job runs the random word encoder).
+Its methods and presets come from the same place as the job's (`method_set`, `resolve_method`).
 
 What is measured
 ----------------
@@ -17,8 +33,8 @@ GPU with its default init. Text: precomputed random features of the real text wi
 decode *without* T5 encoding. 1024² (`pn=1M`, 13 scales), cfg 4, tau 1, seeds 0..B-1 (the same in every
 repeat, so data-dependent methods make the same plan every time).
 
-Methods (each method's default preset, `varbench/conf/method/<preset>.yaml`, loaded with OmegaConf when installed,
-else PyYAML with the same `defaults:` merge):
+Methods (conf/method_set/device_bench/<model>.yaml; each preset resolved as a job resolves it,
+`varbench.harness.presets.resolve_method`):
   2B: baseline, fastvar (the release's 2B setting), nova, toprovar, skip_last_2
   8B: baseline, fastvar_8b_paper (the only FastVAR preset written for 8B: ToProVAR Table 8's setting),
       nova, toprovar, skip_last_2
@@ -32,8 +48,8 @@ fill, weights fp32 as released) and its tokenizer's quantizer and decoder (defau
 the loop under fp16 autocast as the release's sample.py runs it (`HartRuntime(dtype=torch.float16)`),
 1024² (HART's only resolution), batch 1, cfg as above, the runtime's defaults otherwise (released top-k;
 `more_smooth` off, the harness's setting), text: random features of Qwen2's width (1536), `--text-len`
-tokens padded to HART's 300. Methods (`HART_METHODS`: the conf presets): baseline, FastVAR's HART port
-(`fastvar_hart`) and SkipLast(-2) (`skip_last_2`). Eager only (HART has no CUDA
+tokens padded to HART's 300. Methods (conf/method_set/device_bench/hart_0p7b.yaml): baseline, FastVAR's HART
+port (`fastvar_hart`) and SkipLast(-2) (`skip_last_2`). Eager only (HART has no CUDA
 graphs), one section after the graphed Infinity sections, `--hart-repeats` (15) timed rounds: ~0.3 s
 per image (A100, fp16) makes it ~20-40 s with the build, and the script's budget skips what would
 not fit as for any section. Paired speed-ups and intervals as for the Infinity rows; no target.
@@ -118,31 +134,37 @@ from typing import Any, Optional
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-METHOD_DIR = ROOT / "varbench" / "conf" / "method"
 SCHEMA = "device_bench/1"
 GIB = 1024 ** 3
 RANDOM_NOTE = ("weights are RANDOM (real architectures): times, memory and FLOPs only; images mean nothing, and "
                "entropy-driven methods decide from a random model's entropies")
 
-#: role -> method presets (varbench/conf/method/<preset>.yaml) in priority order; the baseline first
-METHODS = {
-    "2b": ["baseline", "fastvar", "nova", "toprovar", "skip_last_2"],
-    "8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2"],
-}
-FASTVAR = {"2b": "fastvar", "8b": "fastvar_8b_paper"}
+#: role -> the model whose methods it runs (conf/method_set/device_bench/<model>.yaml: presets in priority order,
+#: the baseline first); the smoke run's tiny models take the roles' Infinity sets and the tiny HART's own
+ROLE_MODELS = {"2b": "infinity_2b", "8b": "infinity_8b", "hart": "hart_0p7b"}
+SMOKE_ROLE_MODELS = {**ROLE_MODELS, "hart": "hart_tiny"}
 #: the Infinity roles (the targets are theirs)
 INFINITY_ROLES = ("2b", "8b")
-#: HART methods: (policy name, knobs) per HART model preset. HART-0.7B's are the conf presets (`fastvar_hart`:
-#: FastVAR's HART port, varbench/conf/method/fastvar_hart.yaml), filled in below `load_preset`. The tiny
-#: model's grids (1, 2, 3, 5) get the port's rule one step down: its last two grids pruned at the port's
-#: ratios from the 2x2 cache.
-HART_METHODS = {
-    "hart_tiny": {"baseline": ("baseline", {}),
-                  "fastvar_hart": ("fastvar", {"addressing": "width", "prune": {3: 0.5, 5: 0.75}, "skip": [],
-                                               "cache_scale": 2, "block_range": [0, 2], "sublayers": ["sa", "ffn"]}),
-                  "skip_last_2": ("skip_last", {"run_scales": -2})},
-}
-METHODS["hart"] = ["baseline", "fastvar_hart", "skip_last_2"]
+
+
+def role_models(smoke: bool = False) -> dict[str, str]:
+    return SMOKE_ROLE_MODELS if smoke else ROLE_MODELS
+
+
+def role_methods(smoke: bool = False) -> dict[str, list[str]]:
+    """Role -> the method presets the bench times there (conf/method_set/device_bench/<model>.yaml)."""
+    from varbench.harness.presets import method_set
+
+    return {role: method_set("device_bench", model) for role, model in role_models(smoke).items()}
+
+
+def fastvar_preset(methods: list[str]) -> str:
+    """The role's FastVAR preset (the target's): the first of its methods that builds FastVAR."""
+    from varbench.harness.presets import resolve_method
+
+    return next(m for m in methods if resolve_method(m).name == "fastvar")
+
+
 TOPROVAR = "toprovar"
 ENTROPY_OFF = "entropy_off"
 #: first-guess seconds per generation per image (before anything is measured), for the budget
@@ -266,46 +288,6 @@ def random_text(cfg, batch: int, length: int, device: torch.device, seed: int):
     return TextBatch(feats, torch.ones(batch, length, dtype=torch.bool, device=device), [length] * batch)
 
 
-# ---------------------------------------------------------------------------------------------------
-# method presets
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def load_preset(preset: str) -> dict:
-    """{"name", "label", "knobs"} of conf/method/<preset>.yaml with its `defaults: [base, _self_]` merged in."""
-    path = METHOD_DIR / f"{preset}.yaml"
-    try:
-        from omegaconf import OmegaConf
-
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except ImportError:
-        import yaml
-
-        raw = yaml.safe_load(path.read_text())
-    out: dict = {}
-    for d in raw.pop("defaults", None) or []:
-        if d.endswith("_schema"):   # a method's knob dataclass (its policy's Knobs), not a file
-            from varbench.policies.knobs import schema_node
-
-            out = _merge(out, schema_node(d, resolve=True))
-        elif d != "_self_":
-            out = _merge(out, load_preset(d))
-    return _merge(out, raw)
-
-
-def make_policy(preset: str):
-    from varbench.policies import build_policy
-
-    c = load_preset(preset)
-    return build_policy(c["name"], **(c.get("knobs") or {})), c
-
-
-HART_METHODS["hart_0p7b"] = {p: (c["name"], c.get("knobs") or {}) for p in METHODS["hart"] for c in [load_preset(p)]}
-
 PREDICTED = ROOT / "results" / "curated" / "gpu_dryrun.json"
 
 
@@ -315,9 +297,8 @@ def predicted_peaks() -> dict:
     --json results/curated/gpu_dryrun.json` (eager generation, no CUDA-graph pools); {} without it."""
     if not PREDICTED.is_file():
         return {}
-    from experiments.gpu_dryrun import predicted_peaks as read
-
-    return read(PREDICTED)
+    rows = json.loads(PREDICTED.read_text())["rows"]
+    return {(r["model"], r["method"], r["batch"]): r["peak_bytes"] for r in rows if r.get("status") == "ok"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -508,12 +489,14 @@ class Section:
     repeats: Optional[int] = None  # timed rounds (None: --repeats)
 
 
-def plan_sections(roles: list[str], batches: list[int], hart_repeats: Optional[int] = None) -> list[Section]:
+def plan_sections(roles: list[str], batches: list[int], hart_repeats: Optional[int] = None,
+                  role_sets: Optional[dict[str, list[str]]] = None) -> list[Section]:
     """The work, most important first (see the module docstring). At the larger batch the entropy-off item
     is left out (its second runtime would hold a second set of graph states: at 8B x 8 images the KV cache
     alone is ~96 GB) and eager and graphed runs go to separate sections (each section starts by dropping the
     runtimes' captured graphs and states). HART ("hart" in roles): one eager section at the first batch,
     after the graphed Infinity sections."""
+    METHODS = role_sets or role_methods()   # noqa: N806 - role -> presets
     b1, bn = batches[0], batches[-1]
     hart = "hart" in roles
     roles = [r for r in roles if r != "hart"]
@@ -570,7 +553,8 @@ class Bench:
         self.bits: dict[tuple, list] = {}            # (role, batch, mode, method) -> bits of one run
         self.entropy_store: dict[tuple, dict] = {}   # (role, batch) -> recorded entropy outputs
         self.texts: dict[tuple, Any] = {}            # (role, batch) -> TextBatch
-        self.policies: dict[tuple, Any] = {}         # (HART role?, preset) -> (policy, its config)
+        self.policies: dict[tuple, Any] = {}         # (role, preset) -> policy
+        self.methods = role_methods(a.smoke)         # role -> method presets
         self.failed = 0
         self.record: dict[str, Any] = {
             "schema": SCHEMA, "status": "running", "smoke": bool(a.smoke), "note": RANDOM_NOTE,
@@ -583,8 +567,9 @@ class Bench:
                                       "vae": f"HART tokenizer decoder ({s.preset})" if s.hart else s.cfg.vae}
                                   for r, s in self.specs.items()},
                        "hart": {"dtype": str(self.hart_dtype).replace("torch.", "") + " autocast, fp32 weights",
-                                "methods": HART_METHODS[self.specs["hart"].preset], "repeats": a.hart_repeats},
-                       "methods": {r: METHODS[r] for r in self.specs}},
+                                "methods": {p: self.method(p, "hart").config for p in self.methods["hart"]},
+                                "repeats": a.hart_repeats},
+                       "methods": {r: self.methods[r] for r in self.specs}},
             "env": self._env(), "runtime": {"cuda_graphs_param": self.graphs_ok,
                                             "entropy_fn_found": self.patch.available},
             "models": {}, "sections": [], "rows": [], "bitchecks": [], "entropy": [], "targets": [],
@@ -699,18 +684,18 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ one generation
-    def policy(self, preset: str, role: str = ""):
-        """The method preset's policy (HART's role: `HART_METHODS`), built once."""
-        key = (role == "hart", preset)
-        if key not in self.policies:
-            if role == "hart":
-                from varbench.policies import build_policy
+    def method(self, preset: str, role: str = "2b"):
+        """The preset as a job on the role's model resolves it (`varbench.harness.presets.resolve_method`)."""
+        from varbench.harness.presets import resolve_method
 
-                name, knobs = HART_METHODS[self.specs["hart"].preset][preset]
-                self.policies[key] = (build_policy(name, **knobs), {"name": name, "knobs": knobs})
-            else:
-                self.policies[key] = make_policy(preset)
-        return self.policies[key][0]
+        return resolve_method(preset, model=role_models(self.a.smoke)[role or "2b"])
+
+    def policy(self, preset: str, role: str = "2b"):
+        """The method preset's policy on the role's model, built once."""
+        key = (role or "2b", preset)
+        if key not in self.policies:
+            self.policies[key] = self.method(preset, role).build()
+        return self.policies[key]
 
     def text(self, role: str, batch: int):
         if (role, batch) not in self.texts:
@@ -817,7 +802,7 @@ class Bench:
         self._set_mode(self.rt_off, "eager")
         spec = self.specs[role]
         with self.patch.recording(store):
-            self.rt_off.generate(["random text features"] * batch, list(range(batch)), self.policy(TOPROVAR), pn=spec.pn,
+            self.rt_off.generate(["random text features"] * batch, list(range(batch)), self.policy(TOPROVAR, role), pn=spec.pn,
                                  cfg=self.a.cfg, tau=1.0, decode=False, text=self.text(role, batch))
         self._sync()
         self.entropy_store[key] = store
@@ -1087,7 +1072,7 @@ class Bench:
                 add(name, f"{v:.2f}x ({rn['images_per_s']:.2f} vs {r1['images_per_s']:.2f} images/s, {r1['mode']})",
                     "PASS" if v >= 3.0 else "FAIL", f"AR loop alone: {ar:.2f}x")
         for role in (r for r in INFINITY_ROLES if r in self.specs):
-            lab, fv = self.specs[role].label, FASTVAR[role]
+            lab, fv = self.specs[role].label, fastvar_preset(self.methods[role])
             name = f"{lab} FastVAR default ({fv}) AR speed-up >= 2.5x over baseline (paired, batch {b1})"
             r = self._find(role, fv, b1)
             if r is None or "paired" not in r:
@@ -1117,7 +1102,7 @@ class Bench:
     # ------------------------------------------------------------------ main
     def run(self) -> int:
         sections = plan_sections([r for r in (*INFINITY_ROLES, "hart") if r in self.a.model_list], self.a.batch_list,
-                                 self.a.hart_repeats)
+                                 self.a.hart_repeats, self.methods)
         self.log(f"{len(sections)} sections on {self.record['env']['gpu'] or self.device}; budget {self.a.budget_s:.0f}s; "
                  f"runtime cuda_graphs option: {self.graphs_ok}")
         self.save()
@@ -1263,6 +1248,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text-len", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 for a CPU smoke run, else unchanged)")
+    p.add_argument("--job", action="store_true",
+                   help="run the bench as the ordinary job (one +experiment=device_bench sweep per --models role) and "
+                        "write device_bench_job.md from its aggregated tables; --override adds job overrides")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="--job: a Hydra override for every sweep (repeatable), e.g. --override timing.repeats=9")
     p.add_argument("--entropy-fn", default=",".join(ENTROPY_FNS),
                    help="comma list of module:function the entropy-off item answers from a recording (those that exist)")
     a = p.parse_args(argv)
@@ -1275,8 +1265,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.batch_list = [int(x) for x in (a.batches or ("1,2" if sm else "1,8")).split(",")]
     a.batch_list = [a.batch_list[0], a.batch_list[-1]]
     a.model_list = [m.strip() for m in a.models.split(",") if m.strip()]
-    if any(m not in METHODS for m in a.model_list):
-        p.error(f"--models takes {sorted(METHODS)}")
+    if any(m not in ROLE_MODELS for m in a.model_list):
+        p.error(f"--models takes {sorted(ROLE_MODELS)}")
     a.warmup = a.warmup if a.warmup is not None else (1 if sm else 2)
     a.repeats = a.repeats if a.repeats is not None else (2 if sm else 5)
     a.hart_repeats = a.hart_repeats if a.hart_repeats is not None else (a.repeats if sm else 15)
@@ -1289,8 +1279,50 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
+#: `--job`: role -> the model config its sweep runs (`--smoke`: the CPU's tiny models; the 8B role has no tiny
+#: model config of its own, so a smoke run through the job leaves it out)
+JOB_MODELS = {"2b": "infinity_2b", "8b": "infinity_8b", "hart": "hart_0p7b"}
+JOB_SMOKE_MODELS = {"2b": "tiny", "hart": "hart_tiny"}
+
+
+def run_through_job(roles: list[str], out: Path, smoke: bool, overrides: list[str]) -> int:
+    """`--job`: the bench as the ordinary job, one `+experiment=device_bench` sweep per model (smoke:
+    `device_bench_smoke`), each a subprocess as a user would launch it; then `<out>/device_bench_job.md` from the
+    experiment's aggregated tables (every model's group, as the last sweep's aggregation wrote them). Returns 1
+    when a sweep failed (its table then lacks the failed jobs and says so)."""
+    import subprocess
+
+    from varbench.analysis.layout import group_dirs
+    from varbench.core.jsonio import atomic_write_bytes
+    from varbench.harness.presets import compose_job_config
+
+    exp = "device_bench_smoke" if smoke else "device_bench"
+    models = JOB_SMOKE_MODELS if smoke else JOB_MODELS
+    rc = 0
+    for role in roles:
+        if role not in models:
+            print(f"[device_bench] --job: no model config for the {role} role here; left out")
+            continue
+        cmd = [sys.executable, "-m", "varbench", f"+experiment={exp}", f"model={models[role]}", *overrides]
+        print("[device_bench] " + " ".join(cmd[1:]), flush=True)
+        rc |= subprocess.run(cmd, cwd=ROOT).returncode != 0
+    cfg = compose_job_config([f"+experiment={exp}", *overrides])
+    results = Path(str(cfg.paths.results_dir)) / exp
+    tables = [(g.name, (g / "table.md").read_text()) for g in group_dirs(results)]
+    md = [f"# Device bench through the job (`python -m varbench +experiment={exp}`; generated by "
+          "`python -m experiments.device_bench --job`, do not edit)", "", RANDOM_NOTE + ".", ""]
+    for name, table in tables:
+        md += [f"## {name}", "", table.strip(), ""]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "device_bench_job.md", ("\n".join(md) + "\n").encode())
+    print(f"[device_bench] wrote {out / 'device_bench_job.md'} ({len(tables)} table(s) from {results})")
+    return 1 if rc or not tables else 0
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.job:
+        return run_through_job(a.model_list, Path(a.out), a.smoke, a.override)
     old = torch.get_num_threads()
     if a.threads:  # tiny CPU models: one thread is fastest (and steady on a shared box); restored after
         torch.set_num_threads(a.threads)

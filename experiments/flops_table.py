@@ -73,8 +73,6 @@ from pathlib import Path
 import yaml
 
 import torch
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from varbench.engine.backbones import preset_stage_flops
 from varbench.engine.backbones.hart.flops import hart_plan_trace, hart_scale_flops, hart_text_flops
@@ -90,26 +88,24 @@ from varbench.engine.memory import kv_plan_bytes
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.engine.stage_flops import T5_MAX_LENGTH
 from varbench.harness.config import preset_refusal
+from varbench.harness.presets import method_set, resolve_method
 from varbench.policies import build_policy
-from varbench.policies.knobs import register as register_method_schemas
 from varbench.policies.scalekv import synthetic_budgets
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "varbench" / "conf" / "method"
+#: a user's own config folders (`--config-dir`, as `python -m varbench --config-dir` takes them): their
+#: method presets resolve here as in a job
+CONFIG_DIRS: tuple[str, ...] = ()
 TABLE = ROOT / "results" / "curated" / "flops_analytic.md"
 DOCS = [ROOT / "docs" / "methods.md"]
 MODELS = {"2b": "infinity_2b", "8b": "infinity_8b"}
 HART_MODEL = "hart_0p7b"
 #: a marker's model key -> the model preset
 MARKER_MODELS = {**MODELS, "hart": HART_MODEL}
-DEFAULT_METHODS = ["baseline", "fastvar", "fastvar_generalised", "fastvar_2b_paper", "fastvar_8b_paper",
-                   "fastvar_8b_paper_release_blocks", "fastvar_no_skip", "skip_last_2", "skip_last_1",
-                   "skipvar_skip2", "skipvar_uncond3", "skipvar_hybrid", "nova", "nova_fast", "nova_safe", "nova_keep_kv",
-                   "nova_on_fastvar", "toprovar", "toprovar_fixed_exit", "toprovar_scale_only", "toprovar_scale_token",
-                   "toprovar_scale_layer", "toprovar_gate_detail"]
+#: the table's rows (2B and 8B columns): conf/method_set/flops_table/infinity_2b.yaml
+DEFAULT_METHODS = method_set("flops_table", "infinity_2b")
 #: the memory rows `--memory` adds to DEFAULT_METHODS: ScaleKV (2B and 8B budgets) and its compositions
-MEMORY_METHODS = ["scalekv", "scalekv_8b", "fastvar_scalekv", "nova_scalekv", "skipvar_scalekv",
-                  "fastvar_scalekv_8b", "nova_scalekv_8b", "skipvar_scalekv_8b"]
+MEMORY_METHODS = method_set("kv_memory", "infinity_2b")
 MARKER = re.compile(r"<!--flops:(?:(?P<model>2b|8b|hart):)?(?:(?P<scope>e2e):)?(?P<preset>\w+)"
                     r"(?P<knobs>(?:\\?\|[\w]+=[^|>\\]+)*)-->(?P<value>.*?)<!--/flops-->")  # \| inside a table cell
 #: text_len: cross-attention tokens per prompt (the transformer's count); t5_tokens: the positions the
@@ -119,15 +115,20 @@ SCENARIO = dict(pn="1M", h_div_w=1.0, batch=1, text_len=32, nova_act=6, topro_D=
 #: default); qwen2_tokens: the positions the Qwen2 text model computes per prompt (end-to-end count only)
 HART_SCENARIO = dict(batch=1, nova_act=8, topro_D=11, cfg=4.5, qwen2_tokens=HART_SYSTEM_PROMPT_TOKENS + HART_MAX_LENGTH)
 #: the rows of the HART table: every default row (the refused ones say why) + FastVAR's HART port, and the
-#: adaptive SkipVAR and ScaleKV, refused on HART
-HART_METHODS = (DEFAULT_METHODS[:1] + ["fastvar_hart"] + DEFAULT_METHODS[1:] + ["skipvar", "scalekv"])
+#: adaptive SkipVAR and ScaleKV, refused on HART (conf/method_set/flops_table/hart_0p7b.yaml)
+HART_METHODS = method_set("flops_table", HART_MODEL)
 
 
-def load_method(name: str) -> tuple[str, str, dict]:
-    register_method_schemas()   # the presets' `<method>_schema` defaults (varbench.harness does it on import)
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        c = compose(config_name=name)
-    return c.name, c.label, OmegaConf.to_container(c.knobs, resolve=True)
+def resolved(name: str, model: str | None = None):
+    """The method ``name`` (a preset, a registered method or ``module:Class``) as a job on ``model`` runs it
+    (`varbench.harness.presets.resolve_method`, with the `--config-dir` folders)."""
+    return resolve_method(name, model=model, config_dirs=CONFIG_DIRS)
+
+
+def load_method(name: str, model: str | None = None) -> tuple[str, str, dict]:
+    """(policy name, display name, knobs) of the method ``name`` (:func:`resolved`)."""
+    r = resolved(name, model)
+    return r.name, r.display_name, r.knobs
 
 
 def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int, topro_D: int, svd_scale: int):
@@ -254,13 +255,10 @@ def hart_refusal(preset: str) -> str | None:
     """Why a method preset does not run on HART (None: it does): the YAML's `refuse: {hart: ...}` or a
     policy class without "hart" in `backbones` (`preset_refusal`, as the harness refuses it), else the
     built policy's knob-dependent `backbone_refusal` (NOVA's per-bit entropy variants)."""
-    register_method_schemas()
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        c = compose(config_name=preset)
-    reason = preset_refusal(c, "hart")
+    reason = preset_refusal(resolved(preset, HART_MODEL).config, "hart")
     if reason:
         return reason
-    name, _, knobs = load_method(preset)
+    name, _, knobs = load_method(preset, HART_MODEL)
     return build_policy(name, **knobs).backbone_refusal("hart")
 
 
@@ -281,7 +279,7 @@ def method_memory(preset: str, model: str, batch: int, dtype: torch.dtype = torc
     for all of them: skipping and dropping rows never shrink preallocated buffers). A KV
     budget (`ScalePlan.kv`) sizes each block's buffer to `Policy.kv_capacity` (never above the
     schedule, as the runtime) plus the staging buffer those capacities need."""
-    name, _, knobs = load_method(preset)
+    name, _, knobs = load_method(preset, model)
     knobs, sources = with_budgets(name, knobs, model, budgets_dir)
     built: list = []
     trace, _ = method_trace(name, knobs, model, SCENARIO["h_div_w"], SCENARIO["pn"], batch, SCENARIO["text_len"],
@@ -365,7 +363,7 @@ def hart_stage_extra(model: str = HART_MODEL, qwen2_tokens: int = HART_SCENARIO[
 def scenario_flops(preset: str, model: str = "infinity_2b", overrides: tuple = ()) -> dict:
     """Per-image FLOPs of the preset under the default scenario: ``{"transformer", "end_to_end"}``
     (HART: its scenario; a preset refused on HART raises ValueError with the reason)."""
-    name, _, knobs = load_method(preset)
+    name, _, knobs = load_method(preset, model)
     knobs = {**knobs, **dict(overrides)}
     if model in HART_PRESETS:
         reason = hart_refusal(preset)
@@ -475,6 +473,19 @@ def write() -> None:
         doc.write_text(fill_markers(doc.read_text()))
 
 
+def use_config_dirs(dirs) -> None:
+    """Resolve method names with the user's config folders ``dirs`` from now on (the caches forget
+    what was resolved without them)."""
+    global CONFIG_DIRS
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise SystemExit(f"--config-dir {missing[0]}: no such folder")
+    if tuple(map(str, dirs)) != CONFIG_DIRS:
+        CONFIG_DIRS = tuple(map(str, dirs))
+        for cached in (scenario_flops, hart_refusal):
+            cached.cache_clear()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="infinity_2b", choices=["infinity_2b", "infinity_8b", HART_MODEL],
@@ -492,7 +503,11 @@ def main(argv=None):
                     help="scenario: NOVA's activation scale index (default 6 on Infinity, 8 on HART: 16²)")
     ap.add_argument("--toprovar-depth", type=int, default=None,
                     help="scenario: the scale where rho crosses tau (default 9 on Infinity: 32²; 11 on HART: 36²)")
-    ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS)
+    ap.add_argument("--methods", nargs="*", default=DEFAULT_METHODS,
+                    help="method presets, registered method names or module:Class names (an outside policy)")
+    ap.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                    help="a config folder of your own (as `python -m varbench --config-dir DIR`): its method/*.yaml "
+                         "presets resolve as in a job (repeatable)")
     ap.add_argument("--write", action="store_true", help="regenerate results/curated/flops_analytic.md and the docs' markers")
     ap.add_argument("--check", action="store_true", help="exit 1 listing every generated number that drifted")
     ap.add_argument("--memory", action="store_true",
@@ -502,6 +517,7 @@ def main(argv=None):
                     help="--memory: read ScaleKV's released budget files (2b_10%%_budget.json, 8b_10%%_budget.json) "
                          "from DIR; without it, a preset whose file is absent uses synthetic budgets (said per row)")
     a = ap.parse_args(argv)
+    use_config_dirs(a.config_dir)
     if a.memory:
         methods = a.methods if a.methods is not DEFAULT_METHODS else DEFAULT_METHODS + MEMORY_METHODS
         print(render_memory(methods, budgets_dir=a.budgets), end="")
@@ -521,7 +537,7 @@ def main(argv=None):
     base = None
     extra = stage_extra(a.model, a.h_div_w, a.pn, a.t5_tokens)   # per image, the same for every method
     for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
-        name, label, knobs = load_method(m)
+        name, label, knobs = load_method(m, a.model)
         f, st = method_flops(name, knobs, a.model, a.h_div_w, a.pn, a.batch, a.text_len, a.nova_activation, a.toprovar_depth)
         f /= a.batch
         base = f if m == "baseline" else base
@@ -544,7 +560,7 @@ def hart_main(a) -> int:
     extra = hart_stage_extra(a.model, a.qwen2_tokens)
     rows, base = [], None
     for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
-        name, label, knobs = load_method(m)
+        name, label, knobs = load_method(m, a.model)
         reason = hart_refusal(m)
         f = None if reason else hart_method_flops(name, knobs, cfg, a.batch, nova_act, topro_D)[0] / a.batch
         base = f if m == "baseline" else base

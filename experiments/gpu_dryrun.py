@@ -25,8 +25,8 @@ HART (`--model hart_0p7b`; `hart_tiny` for the CI test): the random-weight HART-
 tokenizer's quantizer and decoder, weights fp32 on the device and the loop under fp16 autocast, as
 the release's sample.py runs it (`HartRuntime(dtype=torch.float16)`), cfg 4.5, `more_smooth` on (the
 release's default: the gumbel mixture, whose draws are checked too), text as 30 random tokens padded
-to HART's 300. Methods: the baseline, FastVAR's HART-port knobs and SkipLast(-2)
-(`experiments.device_bench.HART_METHODS`). It fails on the same things, with HART's intents: every
+to HART's 300. Methods: the baseline, FastVAR's HART port and SkipLast(-2)
+(`conf/method_set/gpu_dryrun/<model>.yaml`; on the tiny HART the port's rule one grid down, `fastvar_hart_tiny`). It fails on the same things, with HART's intents: every
 weight fp32 on the device, every attention call flash-attn in fp16 (autocast's cast of HART's fp32
 q/k included), images of the decoder's size, the diffusion head run at the last stage. All blocks
 run for real (`--exact` changes nothing): 0.7B at batch 2 takes seconds.
@@ -42,16 +42,20 @@ from pathlib import Path
 import torch
 
 GIB = 1024 ** 3
-#: model -> the default preset of every method (FastVAR's 8B preset is the one written for 8B)
-METHODS = {
-    "infinity_2b": ["baseline", "fastvar", "nova", "toprovar", "skip_last_2", "skipvar", "skipvar_hybrid", "nova_on_fastvar",
-                    "scalekv"],
-    "infinity_8b": ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2", "skipvar", "skipvar_hybrid",
-                    "nova_on_fastvar", "scalekv_8b"],
-    "hart_0p7b": ["baseline", "fastvar_hart", "skip_last_2"],
-}
+#: model -> the default preset of every method (conf/method_set/gpu_dryrun/<model>.yaml; FastVAR's 8B preset is
+#: the one written for 8B)
+MODELS = ("infinity_2b", "infinity_8b", "hart_0p7b")
 #: models the CLI also takes that are not run by default (the tiny HART: the CI test's quick case)
-EXTRA_MODELS = {"hart_tiny": ["baseline", "fastvar_hart", "skip_last_2"]}
+EXTRA_MODELS = ("hart_tiny",)
+
+
+def methods(model: str) -> list[str]:
+    """The dry run's method presets on ``model`` (conf/method_set/gpu_dryrun/<model>.yaml)."""
+    from varbench.harness.presets import method_set
+
+    return method_set("gpu_dryrun", model)
+
+
 HART_CFG = 4.5   # the release's sample.py guidance scale
 
 
@@ -59,29 +63,29 @@ def is_hart(model: str) -> bool:
     return model.startswith("hart_")
 
 
-def make_policy(preset: str, depth: int = 32):
-    from experiments.device_bench import load_preset
+def make_policy(preset: str, depth: int = 32, model: str = "infinity_2b"):
+    """The preset's policy as a job on ``model`` builds it, with stand-ins for the data a dry run does not
+    have: ScaleKV's released budget file (a synthetic budget of its shape) and SkipVAR's released
+    decision models (the toy's)."""
     from varbench.engine.backbones.infinity.schedules import scale_schedule
-    from varbench.policies import build_policy
+    from varbench.harness.presets import resolve_method
     from varbench.policies.scalekv import synthetic_budgets
 
-    c = load_preset(preset)
-    knobs = dict(c.get("knobs") or {})
-    if c["name"] == "scalekv" and knobs.get("budget_file") and not Path(knobs["budget_file"]).is_file():
+    m = resolve_method(preset, model=model)
+    knobs = dict(m.knobs)
+    if m.name == "scalekv" and knobs.get("budget_file") and not Path(knobs["budget_file"]).is_file():
         # the released budget file is data not shipped: a stand-in of its shape (the dry run checks machinery)
         knobs = {**knobs, "budget_file": None, "budgets": synthetic_budgets(scale_schedule(1.0, "1M"), depth)}
     if "decision_models" in knobs:  # the released folder is weights: the toy's decision models stand in
-        knobs["decision_models"] = load_preset("skipvar_toy")["knobs"]["decision_models"]
-    return build_policy(c["name"], **knobs)
+        knobs["decision_models"] = resolve_method("skipvar_toy").knobs["decision_models"]
+    return m.build(**knobs)
 
 
 def make_hart_policy(model: str, preset: str):
-    """A HART method of `experiments.device_bench.HART_METHODS` ((policy name, knobs) per model preset)."""
-    from experiments.device_bench import HART_METHODS
-    from varbench.policies import build_policy
+    """A HART method preset's policy as a job on ``model`` builds it."""
+    from varbench.harness.presets import resolve_method
 
-    name, knobs = HART_METHODS[model][preset]
-    return build_policy(name, **knobs)
+    return resolve_method(preset, model=model).build()
 
 
 def _hart_checks(rt, out, fc, batch: int) -> list[str]:
@@ -145,7 +149,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
             else:
                 rt = fc.runtime(model, depth=depth)
                 weights = fc.ledger.now
-                out = fc.generate(rt, make_policy(preset, rt.cfg.depth), batch)
+                out = fc.generate(rt, make_policy(preset, rt.cfg.depth, model), batch)
                 checks = _checks
             ran = [t for t in out.trace if t["ran"]]
             # the KV cache: one buffer (2, rows, H, capacity, c) per block (`varbench.engine.kv_cache.KVCache`;
@@ -176,7 +180,7 @@ def fmt_row(r: dict) -> str:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=sorted([*METHODS, *EXTRA_MODELS]), action="append",
+    ap.add_argument("--model", choices=sorted([*MODELS, *EXTRA_MODELS]), action="append",
                     help="infinity_2b, infinity_8b, hart_0p7b or hart_tiny (repeatable; default all but hart_tiny)")
     ap.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
     ap.add_argument("--methods", default=None, help="comma-separated method presets (default: each method's default)")
@@ -197,8 +201,8 @@ def main(argv=None) -> int:
         print(f"--batch {a.batch!r}: batch sizes must be >= 1, e.g. --batch 1,8", file=sys.stderr)
         return 2
     rows = []
-    for model in a.model or sorted(METHODS):
-        presets = a.methods.split(",") if a.methods else {**METHODS, **EXTRA_MODELS}[model]
+    for model in a.model or sorted(MODELS):
+        presets = a.methods.split(",") if a.methods else methods(model)
         for preset in presets:
             for b in batches:
                 r = run_one(model, preset, b, depth=a.depth, memo_blocks=not a.exact)
@@ -213,7 +217,7 @@ def main(argv=None) -> int:
 
 
 def predicted_peaks(path: Path) -> dict:
-    """{(model, method preset, batch): peak bytes} from a `--json` file (for experiments.device_bench)."""
+    """{(model, method preset, batch): peak bytes} from a `--json` file."""
     rows = json.loads(Path(path).read_text())["rows"]
     return {(r["model"], r["method"], r["batch"]): r["peak_bytes"] for r in rows if r.get("status") == "ok"}
 

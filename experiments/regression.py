@@ -7,9 +7,9 @@
 Models: the trained toy model (`model=toy`, its 16x16 schedule, fixed toy-world prompts) and Infinity-2B
 with RANDOM weights at a reduced schedule (`pn` 0.25M: 10 scales up to 32x32, random text features; built
 as experiments/device_bench.py builds it). `--smoke` uses the `tiny` preset in the 2B role (pn 0.06M) and
-fewer prompts and repeats. Methods: the baseline and each method's default preset (`TOY_METHODS`, the
-toy variants of experiments/toy_regression.py; `BIG_METHODS`, device_bench's list plus SkipVAR's fixed
-hybrid).
+fewer prompts and repeats. Methods: the baseline and each method's default preset, from
+conf/method_set/regression/ (`TOY_METHODS`: toy.yaml, the toy regression gate's toy variants; `BIG_METHODS`:
+infinity_2b.yaml, the device bench's 2B set plus SkipVAR's fixed hybrid).
 
 Measured per (model, method), and how `--check` compares it with the reference (`TOLERANCES`):
   * FLOPs ratio to the baseline (analytic count of what ran, varbench.engine.flops): exact (relative 1e-9). On the
@@ -48,14 +48,16 @@ from typing import Any, Callable, Optional
 import torch
 
 from experiments import device_bench as db
+from varbench.harness.presets import method_set, resolve_method
 from experiments import toy_regression as toyreg
 
 ROOT = Path(__file__).resolve().parents[1]
 REF_DIR = ROOT / "results" / "curated" / "regression"
 SCHEMA = "regression/1"
 
-TOY_METHODS = list(toyreg.METHODS)
-BIG_METHODS = list(db.METHODS["2b"]) + ["skipvar_hybrid"]
+#: the gate's methods per model: conf/method_set/regression/{toy,infinity_2b}.yaml
+TOY_METHODS = method_set("regression", "toy")
+BIG_METHODS = method_set("regression", "infinity_2b")
 #: policies whose plans do not depend on what the model computes: their FLOPs are also counted from plans alone
 STATIC_POLICIES = {"baseline", "skip_last", "fastvar", "skipvar_fixed"}
 
@@ -241,12 +243,14 @@ def measure_target(target: Target, methods: list[str], prof: dict, device: torch
     rt = configure_runtime(target.rt, {"cuda_graphs": "auto", "fused_entropy": True})
     graphs = _graphs_possible(rt)
     timing_mode = rt.cuda_graphs           # what a job uses (graphed on CUDA)
-    base_policy = db.make_policy("baseline")[0]
+    model = "toy" if not isinstance(target, BigTarget) else "infinity_2b"
+    base_policy = resolve_method("baseline", model=model).build()
     out: dict[str, Any] = {}
     base_images = None
     for preset in methods:
         t0 = time.perf_counter()
-        policy, pcfg = db.make_policy(preset)
+        method = resolve_method(preset, model=model)
+        policy, pcfg = method.build(), {"name": method.name, "knobs": method.knobs}
         row: dict[str, Any] = {"policy": pcfg["name"]}
         try:
             rt.cuda_graphs = False

@@ -84,12 +84,9 @@ def ssim_to(images: torch.Tensor, reference: torch.Tensor) -> list[float]:
 
 
 def compose_cfg(model: str, benchmark: Optional[str], overrides: Sequence[str] = ()):
-    from hydra import compose, initialize_config_dir
+    from varbench.harness.presets import compose_job_config
 
-    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf"
-    ov = [f"model={model}", f"benchmark={benchmark or 'protocol/' + model}", *overrides]
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        return compose(config_name="config", overrides=ov)
+    return compose_job_config([f"model={model}", f"benchmark={benchmark or 'protocol/' + model}", *overrides])
 
 
 def collect(rt, prompts: Sequence[str], seeds: Sequence[int], gen_kwargs: dict, *, batch: int = 8,

@@ -32,7 +32,6 @@ from typing import Any, Optional
 
 import torch
 
-CONF = Path(__file__).resolve().parents[1] / "varbench" / "conf"
 
 
 class EntropyProbe:
@@ -114,11 +113,11 @@ def calibrate(points: list[dict], ssim_bar: float, which: str, center: str) -> O
 
 def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, which: str = "all",
         center: str = "median", batch: Optional[int] = None, limit: Optional[int] = None) -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from varbench.harness.build import build_runtime, configure_runtime, generation_kwargs, resolve_device, resolve_dtype
     from varbench.harness.job import image_seed
+    from varbench.harness.presets import compose_job_config
     from varbench.harness.prompts import load_prompt_set
 
     t0 = time.perf_counter()
@@ -129,8 +128,7 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
             raise SystemExit("pass model=<preset> (and benchmark=<set>, e.g. hpsv2, for a released model)")
         ov.append(f"benchmark=protocol/{model}")
     ov.append(f"method={method}")
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=ov)
+    cfg = compose_job_config(ov)
     knobs = OmegaConf.to_container(cfg.method.knobs, resolve=True)
     if cfg.method.name != "toprovar":
         raise SystemExit(f"--method {method} is not a ToProVAR preset (name {cfg.method.name!r})")

@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "curated" / "toy_regression.json"
-METHODS = ["baseline", "fastvar_generalised", "nova_toy", "toprovar_toy", "skip_last_2", "skipvar_hybrid", "skipvar_toy",
-           "scalekv_toy"]  # *_toy: thresholds (scalekv: budgets) scaled to the toy schedule; fastvar_generalised: FastVAR counted from the last scale (the release keys on widths 32/40, absent on the 16x16 toy)
+
+from varbench.harness.presets import method_set, resolve_method
+
+#: the gate's methods: conf/method_set/toy_regression/toy.yaml (*_toy: thresholds scaled to the toy schedule)
+METHODS = method_set("toy_regression", "toy")
 N_PROMPTS = 24           # 4 per GenEval tag
 QUALITY_TOL = 0.10       # absolute, on toy GenEval overall (24 prompts: one prompt = 1/24 of a tag mean)
 FLOPS_REL_TOL = 0.02     # relative, on the FLOPs ratio
@@ -26,24 +29,16 @@ FLOPS_REL_TOL = 0.02     # relative, on the FLOPs ratio
 
 def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | None = None) -> dict:
     """{method: {"toy_geneval": overall, "per_tag": {...}, "flops": per-image FLOPs, "flops_x": ratio}}."""
-    from hydra import compose, initialize_config_dir
-
     from varbench.evaluators.base import Sample
     from varbench.toy.geneval import ToyGenEval
-    from varbench.harness.build import build_policy_from_cfg
     from varbench.toy import world
     from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
     rt = load_toy_runtime("cpu")
     prompts = world.prompt_set(n_prompts, seed=0)
-    conf = Path(__file__).resolve().parents[1] / "varbench" / "conf" / "method"
     out = {}
     for name in methods:
-        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-            method_cfg = compose(config_name=name)
-        for k, v in (knob_overrides or {}).get(name, {}).items():
-            method_cfg.knobs[k] = v
-        policy = build_policy_from_cfg(method_cfg)
+        policy = resolve_method(name, model="toy").build(**(knob_overrides or {}).get(name, {}))
         ev = ToyGenEval()
         flops = kv = 0.0
         for i in range(0, n_prompts, 8):

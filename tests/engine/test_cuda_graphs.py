@@ -195,7 +195,7 @@ def test_captured_steps_of_every_method_preset_never_read_device_values(monkeypa
     """Every step of every shipped method preset is captured in graph mode, and what is captured
     dispatches no op that reads a value on the host and makes no tensor off the runtime's device
     (emulated capture on the CPU, see the top)."""
-    from experiments.device_bench import load_preset
+    from varbench.harness.presets import resolve_method
 
     detector = _HostReadDetector()
 
@@ -219,21 +219,22 @@ def test_captured_steps_of_every_method_preset_never_read_device_values(monkeypa
     run_core = GenState.run_core
     monkeypatch.setattr(GenState, "run_core", lambda self, si, plan, *a: graphable.append(
         (si, self.graphs.key(self, si, plan, *a) is not None)) or run_core(self, si, plan, *a))
-    c = load_preset(preset)
-    knobs = dict(c.get("knobs") or {})
+    c = resolve_method(preset, model="tiny")
+    knobs = c.knobs
+    toy_decisions = resolve_method("skipvar_toy").knobs["decision_models"]
     if "decision_models" in knobs:  # SkipVAR's released decision models are weights: the toy's stand in
-        knobs["decision_models"] = load_preset("skipvar_toy")["knobs"]["decision_models"]
-    members = knobs.get("policies") if c["name"] == "compose" else [{"name": c["name"], "knobs": knobs}]
+        knobs["decision_models"] = toy_decisions
+    members = knobs.get("policies") if c.name == "compose" else [{"name": c.name, "knobs": knobs}]
     for m in members or []:
         if m["name"] == "skipvar" and "decision_models" in (m.get("knobs") or {}):   # a composed member's too
-            m["knobs"]["decision_models"] = load_preset("skipvar_toy")["knobs"]["decision_models"]
+            m["knobs"]["decision_models"] = toy_decisions
         if m["name"] == "scalekv":   # the released budgets are data (not shipped) for 32/40 blocks: one of their shape
             from varbench.policies.scalekv import RELEASED_BASE_CAPACITY, synthetic_budgets
 
             kn = m["knobs"] if m["knobs"] is knobs else m.setdefault("knobs", {})
             base = kn.get("base_capacity", RELEASED_BASE_CAPACITY)
             kn.update(budget_file=None, budgets=synthetic_budgets(scale_schedule(1.0, PN), 4, base_capacity=base))
-    policy = build_policy(c["name"], **knobs)
+    policy = build_policy(c.name, **knobs)
     out = rt.generate(["two blue squares"], [3], policy, pn=PN, cfg=3.0, decode=False)
     acted = [t["si"] for t in out.trace if not t["ran"] or t["rows"] != 2 * t["batch"]
              or any(b["mode"] != "full" or b.get("kv_evicted") for b in t["blocks"])]

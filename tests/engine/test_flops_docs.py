@@ -89,5 +89,5 @@ def test_the_hart_table_counts_what_runs_and_says_why_the_rest_is_refused():
 def test_a_knob_the_policy_refuses_on_hart_is_a_refusal(monkeypatch):
     """No shipped preset sets NOVA's per-bit entropy knobs, which the built policy refuses on HART (its YAML and
     class allow HART): such a preset is refused by the built policy's `backbone_refusal`."""
-    monkeypatch.setattr(ft, "load_method", lambda preset: ("nova", "NOVA", {"entropy_logits": "cond"}))
+    monkeypatch.setattr(ft, "load_method", lambda preset, model=None: ("nova", "NOVA", {"entropy_logits": "cond"}))
     assert "per-bit logits" in ft.hart_refusal.__wrapped__("nova")

@@ -191,7 +191,7 @@ def _hart_gen(method="baseline", model="hart_tiny", batch=2, dtype=torch.float16
         return fc, rt, out
 
 
-@pytest.mark.parametrize("method", gpu_dryrun.EXTRA_MODELS["hart_tiny"])
+@pytest.mark.parametrize("method", gpu_dryrun.methods("hart_tiny"))
 def test_hart_tiny_dry_run(method):
     """The tiny HART through the whole CUDA path under fp16 autocast: top-k sampling, the gumbel mixture and
     the diffusion noise draw from stand-in generators (device-checked), attention is flash-attn in fp16
@@ -205,7 +205,7 @@ def test_hart_tiny_dry_run(method):
         assert ran == [0, 1] and not any(t.get("diffusion") for t in out.trace)
     else:
         assert ran == [0, 1, 2, 3] and out.trace[-1]["diffusion"]
-    if method == "fastvar_hart":  # the rule one grid down: the 3x3 and 5x5 stages pruned in both blocks
+    if method == "fastvar_hart_tiny":  # the port's rule one grid down: the 3x3 and 5x5 stages pruned in both blocks
         assert modes[2] == modes[3] == {"prune"} and modes[1] == {"full"}
         assert [b["sa"] for b in out.trace[3]["blocks"]] == [25 - int(25 * 0.75)] * 2
     assert all(fc.ledger.ops[si] > 0 for si in ran)   # every stage ran as a step (the host-read guard was on)
@@ -217,7 +217,7 @@ def test_hart_0p7b_dry_run():
     from varbench.engine.backbones.hart.model import HART_PRESETS
 
     cfg = HART_PRESETS["hart_0p7b"]
-    rows = {m: gpu_dryrun.run_one("hart_0p7b", m, 2) for m in gpu_dryrun.METHODS["hart_0p7b"]}
+    rows = {m: gpu_dryrun.run_one("hart_0p7b", m, 2) for m in gpu_dryrun.methods("hart_0p7b")}
     for m, r in rows.items():
         assert r["status"] == "ok", (m, r["errors"])
     base = rows["baseline"]

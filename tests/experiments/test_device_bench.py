@@ -13,6 +13,8 @@ import torch
 from experiments import device_bench as db
 
 BATCHES = (1, 2)
+#: role -> the smoke run's method presets (conf/method_set/device_bench/<model>.yaml)
+METHODS = db.role_methods(smoke=True)
 N_SCALES = 7  # pn 0.06M
 
 
@@ -49,7 +51,7 @@ def test_smoke_run_finishes(smoke):
 def test_a_timed_row_per_method_and_batch(smoke):
     _, rec, _, _ = smoke
     for role in ("2b", "8b"):
-        for method in db.METHODS[role] + [f"{db.TOPROVAR}~{db.ENTROPY_OFF}"]:
+        for method in METHODS[role] + [f"{db.TOPROVAR}~{db.ENTROPY_OFF}"]:
             for b in (BATCHES[:1] if method.endswith(db.ENTROPY_OFF) else BATCHES):
                 rows = _rows(rec, model=role, method=method, batch=b, mode="eager")
                 assert rows, (role, method, b)
@@ -75,7 +77,7 @@ def test_hart_rows(smoke):
     _, rec, md, _ = smoke
     assert [s["status"] for s in rec["sections"] if s["role"] == "hart"] == ["done"]
     rows = {r["method"]: r for r in _rows(rec, model="hart")}
-    assert list(rows) == db.METHODS["hart"]
+    assert list(rows) == METHODS["hart"] == ["baseline", "fastvar_hart_tiny", "skip_last_2"]
     for m, r in rows.items():
         assert r["status"] == "ok" and r["repeats"] == 2 and r["batch"] == 1 and r["mode"] == "eager", (m, r["status"])
         assert len(r["per_scale_ms"]) == 4 and r["bits_repeatable"] is True   # hart_tiny's grids 1, 2, 3, 5
@@ -83,7 +85,7 @@ def test_hart_rows(smoke):
         assert r["paired"]["vs"].startswith("baseline (eager") and lo <= r["paired"]["ar_speedup"] <= hi
         assert f"| {r['model_label']} | {m} | 1 | eager |" in md
     assert rows["baseline"]["flops_ratio_vs_baseline"] == 1.0
-    assert rows["skip_last_2"]["flops_ratio_vs_baseline"] > 1 and rows["fastvar_hart"]["flops_ratio_vs_baseline"] > 1
+    assert rows["skip_last_2"]["flops_ratio_vs_baseline"] > 1 and rows["fastvar_hart_tiny"]["flops_ratio_vs_baseline"] > 1
     assert rec["config"]["hart"]["dtype"].startswith("float32")   # CPU: no fp16 autocast
 
 
@@ -111,8 +113,8 @@ def test_flops_ratios(smoke):
         for b in BATCHES:
             skip = _rows(rec, model=role, method="skip_last_2", batch=b, mode="eager")[0]
             assert skip["flops_ratio_vs_baseline"] > 1
-            fv = _rows(rec, model=role, method=db.FASTVAR[role], batch=b, mode="eager")[0]
-            if db.FASTVAR[role] == "fastvar":  # the release's rule keys on widths 32/40: none on the 0.06M smoke schedule
+            fv = _rows(rec, model=role, method=db.fastvar_preset(METHODS[role]), batch=b, mode="eager")[0]
+            if db.fastvar_preset(METHODS[role]) == "fastvar":  # the release's rule keys on widths 32/40: none on the 0.06M smoke schedule
                 assert fv["flops_ratio_vs_baseline"] == 1.0
             else:                              # the 8B paper preset counts scales from the end: it prunes
                 assert fv["flops_ratio_vs_baseline"] > 1
@@ -136,7 +138,7 @@ def test_entropy_share_is_measured_on_the_same_plan(smoke):
 def test_markdown_and_targets(smoke):
     _, rec, md, _ = smoke
     for role in ("2b", "8b"):
-        for method in db.METHODS[role]:
+        for method in METHODS[role]:
             assert f"| {method} |" in md
     assert "toprovar~entropy_off" in md and "SMOKE" in md and "## Bit checks" in md
     targets = rec["targets"]
@@ -219,21 +221,27 @@ def test_entropy_patch_answers_the_fused_kernel_with_plain_attention():
         "varbench.engine.kernels:flash_attention_with_entropy")][2]
 
 
-def test_presets_merge_their_defaults():
-    c = db.load_preset("fastvar_8b_paper")
-    assert c["name"] == "fastvar"
-    assert c["knobs"]["prune"] == {-4: 0.4, -3: 0.6, -2: 1.0, -1: 1.0}
-    assert c["knobs"]["skip"] == [] and c["knobs"]["cache_scale"] == -5  # own value; inherited from fastvar.yaml
-    assert db.load_preset("skip_last_2") == {"name": "skip_last", "label": "Skip last 2 scales", "knobs": {"run_scales": -2}}
-    for role in db.INFINITY_ROLES:
-        for preset in db.METHODS[role]:
-            db.make_policy(preset)
-    from varbench.policies import build_policy
+def test_the_bench_times_the_method_sets_as_jobs_resolve_them():
+    """The roles' methods are the device_bench method sets, in priority order (the baseline first), and each
+    policy is the one a job of the preset on the role's model builds (`resolve_method`), e.g. the 8B role's
+    FastVAR is the 8B paper preset, with its own `prune` and fastvar.yaml's inherited `skip`."""
+    from varbench.harness.presets import resolve_method
 
-    for model, methods in db.HART_METHODS.items():   # (policy name, knobs) per model: 0.7B from its presets
-        assert list(methods) == db.METHODS["hart"], model
-        for name, knobs in methods.values():
-            build_policy(name, **knobs)
+    assert METHODS["2b"] == ["baseline", "fastvar", "nova", "toprovar", "skip_last_2"]
+    assert METHODS["8b"] == ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2"]
+    assert db.role_methods()["hart"] == ["baseline", "fastvar_hart", "skip_last_2"]
+    assert db.fastvar_preset(METHODS["8b"]) == "fastvar_8b_paper"
+    c = resolve_method("fastvar_8b_paper", model="infinity_8b")
+    assert c.name == "fastvar" and c.knobs["prune"] == {-4: 0.4, -3: 0.6, -2: 1.0, -1: 1.0}
+    assert c.knobs["skip"] == [] and c.knobs["cache_scale"] == -5
+    bench = db.Bench.__new__(db.Bench)              # only the policy cache and the arguments it reads
+    bench.a, bench.policies = type("A", (), {"smoke": True})(), {}
+    for role, presets in METHODS.items():
+        for preset in presets:
+            built = bench.policy(preset, role)
+            want = resolve_method(preset, model=db.SMOKE_ROLE_MODELS[role]).build()
+            assert type(built) is type(want) and built.describe() == want.describe(), (role, preset)
+    assert bench.policy("fastvar_hart_tiny", "hart").describe() != resolve_method("fastvar_hart").build().describe()
 
 
 def test_paired_ratio():
@@ -268,7 +276,7 @@ def test_gpu_smoke_bit_check(tmp_path):
     assert rc == 0 and rec["status"] == "done"
     checks = rec["bitchecks"]
     for role in ("2b", "8b"):
-        for method in db.METHODS[role]:
+        for method in METHODS[role]:
             got = [b for b in checks if b["model"] == role and b["method"] == method and b["batch"] == 1]
             assert got and all(b["result"] == "equal" for b in got), got
     graphed = _rows(rec, mode="graphed", batch=1)

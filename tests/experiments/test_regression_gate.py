@@ -67,14 +67,15 @@ def test_flops_ratios_equal_the_analytic_counter(smoke):
     """Static plans: the runtime's count equals the count from the plans alone (experiments.flops_table),
     and the gate's ratio is exactly baseline / method of those counts."""
     from experiments.flops_table import SCENARIO, method_flops
+    from varbench.harness.presets import resolve_method
 
     _, _, m = smoke
     s = m["settings"]["2b"]
     rows = m["models"]["2b"]
 
     def analytic(preset):
-        pcfg = rg.db.load_preset(preset)
-        return method_flops(pcfg["name"], pcfg.get("knobs") or {}, s["preset"], 1.0, s["pn"], s["batch"],
+        pcfg = resolve_method(preset, model="infinity_2b")
+        return method_flops(pcfg.name, pcfg.knobs, s["preset"], 1.0, s["pn"], s["batch"],
                             s["text_tokens"], SCENARIO["nova_act"], SCENARIO["topro_D"])[0]
 
     base = analytic("baseline")
