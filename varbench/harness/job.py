@@ -141,8 +141,10 @@ class Job:
 def prepare_job(cfg: DictConfig) -> Job:
     """Stage 1: everything decided by the config and the files, before any model is built."""
     from varbench.harness.config import validate_config
+    from varbench.harness.per_model import apply_model_knobs
 
     t0 = time.perf_counter()
+    apply_model_knobs(cfg, _overrides())   # the model's knob values, before the checks, the hashes and the build
     validate_config(cfg)  # before any compute: a bad setting fails here, named
     resolved = OmegaConf.to_container(cfg, resolve=True)
     device = resolve_device(str(cfg.runtime.device))
