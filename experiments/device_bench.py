@@ -294,7 +294,12 @@ def load_preset(preset: str) -> dict:
             out = _merge(out, schema_node(d, resolve=True))
         elif d != "_self_":
             out = _merge(out, load_preset(d))
-    return _merge(out, raw)
+    from omegaconf import OmegaConf
+
+    from varbench.harness.per_model import method_for_model
+
+    # an alias (nova_toy, fastvar_hart) is its base with a per-model block pinned: merged as a job merges it
+    return OmegaConf.to_container(method_for_model(_merge(out, raw)), resolve=True)
 
 
 def make_policy(preset: str):

@@ -84,6 +84,7 @@ from varbench.engine.models.hart.flops import hart_plan_trace, hart_scale_flops,
 from varbench.engine.models.hart.model import HART_PRESETS
 from varbench.engine.models.infinity import PRESETS
 from varbench.harness.config import preset_refusal
+from varbench.harness.per_model import method_for_model
 from varbench.engine.models.schedules import scale_schedule
 from varbench.engine.plan import GenerationContext, ScaleSignals
 from varbench.policies import build_policy
@@ -119,11 +120,19 @@ HART_SCENARIO = dict(batch=1, nova_act=8, topro_D=11, cfg=4.5, qwen2_tokens=HART
 HART_METHODS = (DEFAULT_METHODS[:1] + ["fastvar_hart"] + DEFAULT_METHODS[1:] + ["skipvar", "scalekv"])
 
 
-def load_method(name: str) -> tuple[str, str, dict]:
+def load_method(name: str, model: str | None = None) -> tuple[str, str, dict]:
+    """(policy name, label, knobs) of a preset on ``model`` (its per-model block merged, as a job merges it:
+    varbench/harness/per_model.py); without a model, only an alias's pinned block."""
     register_method_schemas()   # the presets' `<method>_schema` defaults (varbench.harness does it on import)
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         c = compose(config_name=name)
+    c = method_for_model(c, _model_node(model))
     return c.name, c.label, OmegaConf.to_container(c.knobs, resolve=True)
+
+
+def _model_node(model: str | None) -> dict | None:
+    """What the per-model lookup reads of a model preset: its name and family."""
+    return None if model is None else {"name": model, "family": "hart" if model in HART_PRESETS else "infinity"}
 
 
 def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int, topro_D: int, svd_scale: int):
@@ -253,10 +262,10 @@ def hart_refusal(preset: str) -> str | None:
     register_method_schemas()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         c = compose(config_name=preset)
-    reason = preset_refusal(c, "hart")
+    reason = preset_refusal(c, "hart", HART_MODEL)
     if reason:
         return reason
-    name, _, knobs = load_method(preset)
+    name, _, knobs = load_method(preset, HART_MODEL)
     return build_policy(name, **knobs).backbone_refusal("hart")
 
 
@@ -277,7 +286,7 @@ def method_memory(preset: str, model: str, batch: int, dtype: torch.dtype = torc
     for all of them: skipping and dropping rows never shrink preallocated buffers). A KV
     budget (`ScalePlan.kv`) sizes each block's buffer to `Policy.kv_capacity` (never above the
     schedule, as the runtime) plus the staging buffer those capacities need."""
-    name, _, knobs = load_method(preset)
+    name, _, knobs = load_method(preset, model)
     knobs, sources = with_budgets(name, knobs, model, budgets_dir)
     built: list = []
     trace, _ = method_trace(name, knobs, model, SCENARIO["h_div_w"], SCENARIO["pn"], batch, SCENARIO["text_len"],
@@ -361,7 +370,7 @@ def hart_stage_extra(model: str = HART_MODEL, qwen2_tokens: int = HART_SCENARIO[
 def scenario_flops(preset: str, model: str = "infinity_2b", overrides: tuple = ()) -> dict:
     """Per-image FLOPs of the preset under the default scenario: ``{"transformer", "end_to_end"}``
     (HART: its scenario; a preset refused on HART raises ValueError with the reason)."""
-    name, _, knobs = load_method(preset)
+    name, _, knobs = load_method(preset, model)
     knobs = {**knobs, **dict(overrides)}
     if model in HART_PRESETS:
         reason = hart_refusal(preset)
@@ -517,7 +526,7 @@ def main(argv=None):
     base = None
     extra = stage_extra(a.model, a.h_div_w, a.pn, a.t5_tokens)   # per image, the same for every method
     for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
-        name, label, knobs = load_method(m)
+        name, label, knobs = load_method(m, a.model)
         f, st = method_flops(name, knobs, a.model, a.h_div_w, a.pn, a.batch, a.text_len, a.nova_activation, a.toprovar_depth)
         f /= a.batch
         base = f if m == "baseline" else base
@@ -540,7 +549,7 @@ def hart_main(a) -> int:
     extra = hart_stage_extra(a.model, a.qwen2_tokens)
     rows, base = [], None
     for m in ["baseline"] + [x for x in a.methods if x != "baseline"]:
-        name, label, knobs = load_method(m)
+        name, label, knobs = load_method(m, a.model)
         reason = hart_refusal(m)
         f = None if reason else hart_method_flops(name, knobs, cfg, a.batch, nova_act, topro_D)[0] / a.batch
         base = f if m == "baseline" else base

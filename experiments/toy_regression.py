@@ -31,6 +31,7 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
     from varbench.evaluators.base import Sample
     from varbench.toy.geneval import ToyGenEval
     from varbench.harness.build import build_policy_from_cfg
+    from varbench.harness.per_model import method_for_model
     from varbench.toy import world
     from varbench.toy.load import TOY_H_DIV_W, TOY_SCHEDULE, load_toy_runtime, toy_sampling
 
@@ -40,7 +41,7 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
     out = {}
     for name in methods:
         with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-            method_cfg = compose(config_name=name)
+            method_cfg = method_for_model(compose(config_name=name), {"name": "toy"})   # the toy's per-model knobs
         for k, v in (knob_overrides or {}).get(name, {}).items():
             method_cfg.knobs[k] = v
         policy = build_policy_from_cfg(method_cfg)
