@@ -119,6 +119,7 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
 
     from varbench.harness.build import build_runtime, configure_runtime, generation_kwargs, resolve_device, resolve_dtype
     from varbench.harness.job import image_seed
+    from varbench.harness.per_model import apply_model_knobs
     from varbench.harness.prompts import load_prompt_set
 
     t0 = time.perf_counter()
@@ -131,6 +132,7 @@ def run(overrides: list[str], method: str = "toprovar", ssim_bar: float = 0.8, w
     ov.append(f"method={method}")
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose(config_name="config", overrides=ov)
+    apply_model_knobs(cfg, ov)   # the model's per-model knob block (toprovar on the toy), as a job merges it
     knobs = OmegaConf.to_container(cfg.method.knobs, resolve=True)
     if cfg.method.name != "toprovar":
         raise SystemExit(f"--method {method} is not a ToProVAR preset (name {cfg.method.name!r})")
