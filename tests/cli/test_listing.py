@@ -36,7 +36,7 @@ def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
     assert "  nova: toy: per_model.toy (t_min_tokens, min_tokens_to_prune)\n" in out
     per_model = next(line for line in out.splitlines() if line.startswith("  fastvar: "))
     assert per_model.startswith("  fastvar: hart_0p7b, hart_tiny: per_model.hart (") and "toy: refused: FastVAR's released" in per_model
-XX
+    assert ", toy" not in fastvar and ", toy" in scalekv   # refused on the toy; ScaleKV's toy budget validates there
 
 
 def test_a_family_follows_the_defaults_chain():
