@@ -276,7 +276,16 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def load_preset(preset: str) -> dict:
-    """{"name", "label", "knobs"} of conf/method/<preset>.yaml with its `defaults: [base, _self_]` merged in."""
+    """{"name", "label", "knobs"} of conf/method/<preset>.yaml with its `defaults: [base, _self_]` merged in,
+    and an alias's pinned per-model block (nova_toy, fastvar_hart) merged as a job merges it."""
+    from omegaconf import OmegaConf
+
+    from varbench.harness.per_model import method_for_model
+
+    return OmegaConf.to_container(method_for_model(_load_chain(preset)), resolve=True)
+
+
+def _load_chain(preset: str) -> dict:
     path = METHOD_DIR / f"{preset}.yaml"
     try:
         from omegaconf import OmegaConf
@@ -293,13 +302,8 @@ def load_preset(preset: str) -> dict:
 
             out = _merge(out, schema_node(d, resolve=True))
         elif d != "_self_":
-            out = _merge(out, load_preset(d))
-    from omegaconf import OmegaConf
-
-    from varbench.harness.per_model import method_for_model
-
-    # an alias (nova_toy, fastvar_hart) is its base with a per-model block pinned: merged as a job merges it
-    return OmegaConf.to_container(method_for_model(_merge(out, raw)), resolve=True)
+            out = _merge(out, _load_chain(d))
+    return _merge(out, raw)
 
 
 def make_policy(preset: str):

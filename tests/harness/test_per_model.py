@@ -218,3 +218,20 @@ def test_every_preset_on_the_toy_acts_or_is_refused_with_its_reason(preset, toy_
     changed = (out.flops["total"] != base.flops["total"], out.kv_bytes[-1] != base.kv_bytes[-1],
                not torch.equal(out.images, base.images))
     assert any(changed), f"{preset}: a plan that is not neutral changed neither FLOPs, KV bytes nor bits"
+
+
+def test_a_job_of_nova_on_the_toy_uses_nova_toys_store_entry_and_records_the_block(tmp_path):
+    """prepare_job merges the block before hashing: `method=nova model=toy` names the image store folder
+    of `method=nova_toy` (images reused), its record's config says which block was applied, and a knob
+    given with the command wins (a different store key)."""
+    from varbench.harness.job import prepare_job
+    from varbench.harness.testing import job_config
+
+    common = ("model=toy", "benchmark=toy", "benchmark.limit=1", "runtime.device=cpu")
+    nova, alias = (prepare_job(job_config(tmp_path, *common, f"method={m}")) for m in ("nova", "nova_toy"))
+    assert nova.store.generation_hash == alias.store.generation_hash
+    assert nova.resolved["method"][APPLIED] == "toy" and PER_MODEL not in nova.resolved["method"]
+    assert nova.resolved["method"]["knobs"]["t_min_tokens"] == 36
+    mine = prepare_job(job_config(tmp_path, *common, "method=nova", "method.knobs.t_min_tokens=64"))
+    assert mine.resolved["method"]["knobs"]["t_min_tokens"] == 64
+    assert mine.store.generation_hash != nova.store.generation_hash
