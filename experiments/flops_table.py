@@ -255,7 +255,7 @@ def hart_refusal(preset: str) -> str | None:
     """Why a method preset does not run on HART (None: it does): the YAML's `refuse: {hart: ...}` or a
     policy class without "hart" in `backbones` (`preset_refusal`, as the harness refuses it), else the
     built policy's knob-dependent `backbone_refusal` (NOVA's per-bit entropy variants)."""
-    reason = preset_refusal(resolved(preset, HART_MODEL).config, "hart")
+    reason = preset_refusal(resolved(preset, HART_MODEL).config, "hart", HART_MODEL)
     if reason:
         return reason
     name, _, knobs = load_method(preset, HART_MODEL)

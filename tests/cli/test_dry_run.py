@@ -56,8 +56,17 @@ def test_the_dry_run_lists_finished_and_new_jobs_with_estimates_and_writes_nothi
     base, nova = [line for line in lines if "method=" in line]
     assert "finished (skipped)" in base and "—" in base
     assert "new: 2 images" in nova and "(other methods' run of toy with 2 images)" in nova   # the baseline's
+    assert "knobs of per_model.toy" in nova and "per_model" not in base   # nova's toy block (varbench/harness/per_model.py)
     assert "1 to run, 1 finished; ≈" in text and "every file the jobs need is in place" in text
     assert sorted(str(p) for p in (tmp_path / "store").rglob("*")) == before      # nothing written
+
+
+def test_the_dry_run_shows_a_refusal_as_the_jobs_status(tmp_path):
+    common = [f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results", "model=toy"]
+    lines = dry_run_lines(plan_command(["+experiment=smoke", "method=fastvar", *common]))
+    job = next(line for line in lines if "config error" in line)
+    assert "method=fastvar on model=toy: FastVAR's released rules key on token-map widths" in job
+    assert "use method=fastvar_generalised" in job
 
 
 @pytest.mark.integration

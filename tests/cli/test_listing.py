@@ -17,7 +17,7 @@ def _run(capsys, *argv) -> str:
 def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
     out = _run(capsys, "methods")
     options = sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
-    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "families", "models:"))]
+    listed = [line.split()[0] for line in out.splitlines()[2:] if line and not line.startswith((" ", "families", "models:", "per model"))]
     assert sorted(listed) == options and not any(n.endswith("_schema") for n in listed)
     row = next(line for line in out.splitlines() if line.startswith("nova_fast "))
     assert "NOVA fast (reconstructed)" in row and re.search(r"\snova\s", row)
@@ -34,6 +34,11 @@ def test_methods_lists_every_option_with_label_and_family_and_no_schema(capsys):
     fastvar = next(line for line in out.splitlines() if line.startswith("fastvar "))
     mark = re.search(r"tiny(\[\d+\])", fastvar).group(1)
     assert f"  {mark} method.knobs: widths [40, 48, 64] are not on this 10-scale schedule" in out
+    # per model: which block applies where, or the refusal (varbench/harness/per_model.py)
+    assert "  nova: toy: per_model.toy (t_min_tokens, min_tokens_to_prune)\n" in out
+    per_model = next(line for line in out.splitlines() if line.startswith("  fastvar: "))
+    assert per_model.startswith("  fastvar: hart_0p7b, hart_tiny: per_model.hart (") and "toy: refused: FastVAR's released" in per_model
+    assert ", toy" not in fastvar and ", toy" in scalekv   # refused on the toy; ScaleKV's toy budget validates there
 
 
 def test_a_family_follows_the_defaults_chain():

@@ -68,8 +68,8 @@ def test_a_hand_edited_hart_number_is_caught(tmp_path, monkeypatch):
 
 
 def test_a_hart_marker_on_a_refused_preset_is_an_error_naming_why():
-    with pytest.raises(ValueError, match="fastvar is refused on hart_0p7b: FastVAR's released Infinity rule"):
-        ft.fill_markers("<!--flops:hart:fastvar-->1.00<!--/flops-->")
+    with pytest.raises(ValueError, match="fastvar_2b_paper is refused on hart_0p7b: ToProVAR's FastVAR setting"):
+        ft.fill_markers("<!--flops:hart:fastvar_2b_paper-->1.00<!--/flops-->")
 
 
 def test_the_hart_table_counts_what_runs_and_says_why_the_rest_is_refused():
@@ -78,7 +78,9 @@ def test_the_hart_table_counts_what_runs_and_says_why_the_rest_is_refused():
     lines = ft.render_hart_table()
     rows = {line.split("`")[1]: line for line in lines if line.startswith("| `")}
     assert list(rows) == list(ft.HART_METHODS)
-    assert "refused: FastVAR's released Infinity rule" in rows["fastvar"]               # the YAML's refuse
+    assert "refused: ToProVAR's FastVAR setting" in rows["fastvar_2b_paper"]           # the YAML's refuse
+    # fastvar's per-model hart block is the port (varbench/harness/per_model.py): the row of its alias
+    assert rows["fastvar"].split("|")[3:5] == rows["fastvar_hart"].split("|")[3:5]
     assert "refused: scalekv is written for infinity models, not hart" in rows["scalekv"]  # the class's backbones
     assert rows["baseline"].endswith("| 1.00 | 1.00 |")
     for name in ("fastvar_hart", "skip_last_1", "skipvar_uncond3", "nova", "toprovar"):

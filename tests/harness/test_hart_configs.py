@@ -55,8 +55,8 @@ def test_every_main_table_method_validates_on_hart(model):
 
 
 @pytest.mark.parametrize("method,reason", [
-    ("fastvar", "use method=fastvar_hart"),                      # the Infinity widths: a preset refusal
-    ("fastvar_2b_paper", "use method=fastvar_hart"),
+    # (`fastvar` applies: on HART its per-model hart block is the port, tests/harness/test_per_model.py)
+    ("fastvar_2b_paper", "use method=fastvar_hart"),                 # the Infinity indices: a preset refusal
     ("fastvar_8b_paper_release_blocks", "use method=fastvar_hart"),   # inherited from fastvar_8b_paper
     ("scalekv", "scalekv is written for infinity models, not hart"),     # the class's backbones
     ("skipvar_toy", "skipvar is written for infinity models, not hart"),

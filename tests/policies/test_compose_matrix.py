@@ -30,9 +30,11 @@ def plain(knobs):
 
 
 def preset(name):
+    """(policy, label, knobs) of a preset; ``name@model``: on that model (its per-model block merged)."""
     from experiments.flops_table import load_method
 
-    return load_method(name)
+    name, _, model = name.partition("@")
+    return load_method(name, model or None)
 
 
 @pytest.mark.parametrize("composed, members", [
@@ -44,6 +46,7 @@ def preset(name):
     ("nova_scalekv_8b", ["nova", "scalekv_8b"]),
     ("skipvar_scalekv_8b", ["skipvar", "scalekv_8b"]),
     ("skipvar_scalekv", ["skipvar", "scalekv"]),
+    ("nova_on_fastvar@toy", ["fastvar_generalised", "nova_toy"]),   # its per-model toy block
 ])
 def test_a_composition_runs_its_members_presets(composed, members):
     name, _, knobs = preset(composed)

@@ -135,6 +135,9 @@ def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
         return JobLine("", entry, "finished (skipped)", 0.0, "")
     stored = n_images - len(job.store.missing(items, spp))
     status = f"partly done: {stored}/{n_images} images stored" if stored else f"new: {n_images} images"
+    applied = cfg.method.get("per_model_applied")   # the model's knob block merged (varbench/harness/per_model.py)
+    if applied not in (None, "none"):
+        status += f"; knobs of per_model.{applied}"
     resolution = resolution_key(cfg.generation.pn, cfg.generation.h_div_w)
     seconds, source = estimate(runs, str(job.preset or cfg.method.name), str(cfg.model.name), resolution, n_images,
                                device_label(str(job.device)))

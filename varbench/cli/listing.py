@@ -117,6 +117,7 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
     from varbench.core.errors import ConfigError
     from varbench.harness.build import model_family
     from varbench.harness.config import preset_refusal, validate_config
+    from varbench.harness.per_model import apply_model_knobs
     from varbench.harness.preflight import method_files_missing
 
     class Catch(logging.Handler):
@@ -136,8 +137,9 @@ def model_support(search: list[Path], methods: Sequence[str], options: dict[str,
         out[name] = {}
         for model, base in bases.items():
             cfg = OmegaConf.create({**base, "method": node})
-            if preset_refusal(cfg.method, model_family(cfg.model)):   # before its files: not "absent here"
+            if preset_refusal(cfg.method, model_family(cfg.model), cfg.model.get("name")):   # before its files: not "absent here"
                 continue
+            apply_model_knobs(cfg)             # the model's per-model knob block, as the job merges it
             files = method_files_missing(cfg)
             if files:                          # e.g. ScaleKV's released budget file: not "unsupported", only absent here
                 out[name][model] = f"needs {files[0].what.split(': ', 1)[-1]}, not found here ({files[0].path})"
@@ -183,10 +185,36 @@ def list_methods(search: list[Path]) -> list[str]:
             + (" ([k]: with the note below: a warning of the check, where the method may change nothing, or a "
                "release file this machine lacks)" if notes else "")]
     out += [f"  {mark} {text}" for text, mark in notes.items()]
+    out += per_model_lines(search, names, options)
     out += ["", "families (the policy's card and docstring, varbench/policies/<file>.py; check your own with "
             "python -m varbench.check_method module:Class):"]
     out += [line for fam in sorted(families) for line in card_lines(fam)]
     return out
+
+
+def per_model_lines(search: list[Path], methods: Sequence[str], options: dict[str, Path]) -> list[str]:
+    """Per method with a ``per_model:`` block or a ``refuse:`` entry: on which models which block applies
+    (:mod:`varbench.harness.per_model`) or why it is refused; models with the preset's own values are left out."""
+    from omegaconf import OmegaConf
+
+    from varbench.cli.sweep_plan import compose_job
+    from varbench.harness.per_model import describe
+
+    models = {m: compose_job(search, [f"model={m}"]).model for m in group_options("model", search) or []}
+    out = []
+    for name in methods:
+        node = method_node(name, options)
+        if not (node.get("per_model") or node.get("refuse")):
+            continue
+        said: dict[str, list[str]] = {}
+        for model, cfg in models.items():
+            line = describe(node, OmegaConf.to_container(cfg, resolve=False))
+            if line:
+                said.setdefault(line, []).append(model)
+        if said:
+            out.append(f"  {name}: " + "; ".join(f"{', '.join(ms)}: {line}" for line, ms in said.items()))
+    head = ["", "per model (a preset's per_model block or refuse: entry, varbench/harness/per_model.py):"]
+    return head + out if out else []
 
 
 def list_experiments(search: list[Path]) -> list[str]:

@@ -71,14 +71,18 @@ def job_overrides(sweep_params: Optional[dict], overrides: Sequence[str]) -> Opt
 
 
 def compose_job(search: Sequence[Path], overrides: Sequence[str], hydra_node: bool = False) -> DictConfig:
-    """The config one job of ``overrides`` composes to (Hydra's compose API over ``search``)."""
+    """The config one job of ``overrides`` composes to (Hydra's compose API over ``search``), with the
+    model's per-model knob block merged as the job will merge it (:mod:`varbench.harness.per_model`)."""
     from hydra import compose
 
     import varbench.harness  # noqa: F401 - the method schemas the presets name
+    from varbench.harness.per_model import apply_model_knobs
 
     extra = [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in search[1:])}]"] if search[1:] else []
     with _hydra(search[0]):
-        return compose(config_name="config", overrides=list(overrides) + extra, return_hydra_config=hydra_node)
+        cfg = compose(config_name="config", overrides=list(overrides) + extra, return_hydra_config=hydra_node)
+    apply_model_knobs(cfg, overrides)
+    return cfg
 
 
 class _hydra:

@@ -49,6 +49,8 @@ ENTRY_EXCLUDE: tuple[str, ...] = (
     "paths", "logger", "hydra", "aggregate", "shard",
     "runtime.force", "runtime.progress", "runtime.save_images", "runtime.lock_wait_s",
     "method.refuse",   # where a preset does not apply (a config check): adding one renames no record
+    "method.per_model", "method.per_model_applied",   # per-model knob values: the merged knobs are hashed, not
+                                                      # where they came from (varbench/harness/per_model.py)
 ) + PATH_KEYS
 
 #: Everything that changes a generated pixel (dotted paths into the resolved config; a path names

@@ -21,6 +21,7 @@ log = logging.getLogger("varbench")
 
 from varbench.core.errors import ConfigError
 from varbench.harness.build import model_family
+from varbench.harness.per_model import apply_model_knobs, preset_refusal  # noqa: F401 - preset_refusal: its old import path
 from varbench.policies.knobs import check_knobs as check_schema_knobs, describe_type, type_matches
 
 
@@ -203,7 +204,10 @@ def check_knobs(name: str, cls: type, knobs: Mapping[str, Any]) -> None:
 
 
 def validate_config(cfg: Any):
-    """Raise ConfigError for anything wrong that the config alone decides; return the built policy."""
+    """Raise ConfigError for anything wrong that the config alone decides; return the built policy.
+    The model's per-model knob block is merged into ``cfg.method`` first, in place (a no-op when
+    ``prepare_job`` or the sweep plan already did, with the command line's knob overrides kept):
+    the config checked is the config hashed and run (:mod:`varbench.harness.per_model`)."""
     from omegaconf import OmegaConf
 
     from varbench.core.registry import resolve
@@ -213,6 +217,7 @@ def validate_config(cfg: Any):
         for section in ("runtime", "timing", "generation", "benchmark", "method"):
             if section not in cfg:
                 raise ConfigError(f"the config has no {section!r} section")
+        apply_model_knobs(cfg)
         sec = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                for k in ("runtime", "timing", "generation", "benchmark")}
         _check_runtime(sec["runtime"])
@@ -240,7 +245,7 @@ def validate_config(cfg: Any):
     except KeyError as e:
         raise ConfigError(f"method.name: {e.args[0]}") from None
     # a method that does not apply to the model's family says so before its knobs are checked against the schedule
-    refused = preset_refusal(cfg.method, model_family(model))
+    refused = preset_refusal(cfg.method, model_family(model), _get(model, "name"))
     if refused:
         raise ConfigError(f"{_where(cfg, model)}: {refused}")
     knobs = cfg.method.get("knobs")
@@ -273,32 +278,6 @@ def check_backbone(cfg: Any, policy, model: Mapping[str, Any]) -> None:
     if family != "hart" and _get(cfg.generation, "more_smooth") is not None:
         raise ConfigError(f"generation.more_smooth is HART's codebook mixing; model={_get(model, 'name')} has none "
                           "(remove the setting)")
-
-
-def preset_refusal(method: Any, family: str) -> str | None:
-    """Why a method config does not apply to model family ``family``, read without building the policy
-    (no release file is opened): the preset's ``refuse: {family: reason}``, else the policy classes'
-    ``backbones`` (a ``compose``'s members' too). Knob-dependent refusals (NOVA's per-bit entropies) need
-    the built policy: :meth:`~varbench.engine.policy.Policy.backbone_refusal`."""
-    from varbench.core.registry import resolve
-    from varbench.policies import REGISTRY
-
-    refuse = _get(method, "refuse") or {}
-    if family in refuse:
-        return str(refuse[family])
-    members = [(None, _get(method, "name"))]
-    if members[0][1] == "compose":
-        members = [(i, _get(m, "name")) for i, m in enumerate(_get(_get(method, "knobs") or {}, "policies") or [])]
-    for i, name in members:
-        try:
-            cls = resolve(REGISTRY, str(name), "method")
-        except KeyError:
-            continue                            # named by validate_config
-        backbones = getattr(cls, "backbones", frozenset({"infinity"}))
-        if family not in backbones:
-            head = "" if i is None else f"compose.policies[{i}]: "
-            return f"{head}{name} is written for {', '.join(sorted(backbones))} models, not {family}"
-    return None
 
 
 def _where(cfg: Any, model: Mapping[str, Any]) -> str:

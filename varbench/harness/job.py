@@ -155,8 +155,10 @@ def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
     """Stage 1: everything decided by the config and the files, before any model is built.
     ``context``: what the command line chose (:class:`JobContext`; None: a programmatic run)."""
     from varbench.harness.config import validate_config
+    from varbench.harness.per_model import apply_model_knobs
 
     t0 = time.perf_counter()
+    apply_model_knobs(cfg, _overrides())   # the model's knob values, before the checks, the hashes and the build
     validate_config(cfg)  # before any compute: a bad setting fails here, named
     resolved = OmegaConf.to_container(cfg, resolve=True)
     device = resolve_device(str(cfg.runtime.device))

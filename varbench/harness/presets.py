@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional
 from varbench.core.errors import ConfigError
 from varbench.core.registry import is_import_path
 from varbench.core.resources import CONF_DIR
+from varbench.harness.per_model import apply_model_knobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,7 @@ class ResolvedMethod:
     label: str
     knobs: dict
     config: dict
+    model: Optional[str] = None   # the model it was resolved for (None: the config's default model)
 
     @property
     def policy_class(self) -> type:
@@ -63,7 +65,7 @@ class ResolvedMethod:
         knob-dependent rule (:meth:`~varbench.engine.policy.Policy.backbone_refusal`)."""
         from varbench.harness.config import preset_refusal
 
-        return preset_refusal(self.config, family) or self.build().backbone_refusal(family)
+        return preset_refusal(self.config, family, self.model) or self.build().backbone_refusal(family)
 
 
 def resolve_method(name: str, *, model: Optional[str] = None, config_dirs: Iterable[str | Path] = ()) -> ResolvedMethod:
@@ -90,7 +92,7 @@ def _resolve(name: str, model: Optional[str], dirs: tuple[str, ...]) -> Resolved
     except OverrideParseException:
         return _bare(name, dirs)                # not a preset name at all (e.g. spaces): the error names the fix
     return ResolvedMethod(preset=name, name=str(node["name"]), label=str(node.get("label") or node["name"]),
-                          knobs=dict(node.get("knobs") or {}), config=node)
+                          knobs=dict(node.get("knobs") or {}), config=node, model=model)
 
 
 def _bare(name: str, dirs: tuple[str, ...]) -> ResolvedMethod:
@@ -130,8 +132,9 @@ def _compose_method(name: str, model: Optional[str], dirs: tuple[str, ...]) -> d
 
 
 def compose_job_config(overrides: list[str]):
-    """The job config ``python -m varbench <overrides>`` composes (no Hydra app is needed or disturbed:
-    one already initialised, e.g. a running job's, is set aside and restored)."""
+    """The job config ``python -m varbench <overrides>`` composes, the model's per-model knob block merged
+    (`varbench.harness.per_model`; knobs set in ``overrides`` win), as the job prepares it (no Hydra app
+    is needed or disturbed: one already initialised, e.g. a running job's, is set aside and restored)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -142,7 +145,9 @@ def compose_job_config(overrides: list[str]):
     gh.clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=overrides)
+        apply_model_knobs(cfg, overrides)   # the model's per-model knob block, merged as a job merges it
+        return cfg
     finally:
         if saved is not None:
             GlobalHydra.instance().initialize(saved)
