@@ -225,7 +225,7 @@ def test_a_job_of_nova_on_the_toy_uses_nova_toys_store_entry_and_records_the_blo
     of `method=nova_toy` (images reused), its record's config says which block was applied, and a knob
     given with the command wins (a different store key)."""
     from varbench.harness.job import prepare_job
-    from varbench.harness.testing import job_config
+    from varbench.testing.jobs import job_config
 
     common = ("model=toy", "benchmark=toy", "benchmark.limit=1", "runtime.device=cpu")
     nova, alias = (prepare_job(job_config(tmp_path, *common, f"method={m}")) for m in ("nova", "nova_toy"))

@@ -36,8 +36,10 @@ def test_the_result_is_a_copy():
 
 
 def test_refusal_reads_the_preset_then_the_built_policy():
-    assert "use method=fastvar_hart" in resolve_method("fastvar").refusal("hart")     # the preset's refuse:
+    assert "use method=fastvar_hart" in resolve_method("fastvar_2b_paper").refusal("hart")   # the preset's refuse:
     assert resolve_method("fastvar_hart").refusal("hart") is None
+    assert resolve_method("fastvar", model="hart_0p7b").refusal("hart") is None   # its per-model HART block
+    assert "fastvar_generalised" in resolve_method("fastvar", model="toy").refusal("infinity")   # refused by model name
     assert "written for infinity models, not hart" in resolve_method("skipvar").refusal("hart")   # the class's backbones
 
 

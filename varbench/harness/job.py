@@ -158,7 +158,8 @@ def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
     from varbench.harness.per_model import apply_model_knobs
 
     t0 = time.perf_counter()
-    apply_model_knobs(cfg, _overrides())   # the model's knob values, before the checks, the hashes and the build
+    context = context or JobContext()
+    apply_model_knobs(cfg, context.overrides)   # the model's knob values (command-line knobs win), before the checks, hashes and build
     validate_config(cfg)  # before any compute: a bad setting fails here, named
     resolved = OmegaConf.to_container(cfg, resolve=True)
     device = resolve_device(str(cfg.runtime.device))
@@ -171,7 +172,6 @@ def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
     entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
                                                                        method_files=mfiles))
     store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
-    context = context or JobContext()
     return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
                method_preset(cfg, context), t0, method_files=mfiles, context=context)
 

@@ -27,7 +27,7 @@ stored images.
   command line (``method.knobs.X=...``), which win over the block.
 - Overrides: the command line's come from Hydra (``prepare_job``) or the sweep plan. A config composed
   with Hydra's compose API keeps no record of its overrides: call ``apply_model_knobs(cfg, overrides)``
-  with them right after composing (as :func:`varbench.harness.testing.job_config` does), or a knob
+  with them right after composing (as :func:`varbench.testing.jobs.job_config` does), or a knob
   that a block also sets takes the block's value.
 - After: ``method.per_model`` is dropped and ``method.per_model_applied`` names the block used (the
   record's config shows it). Neither is in a hash (``ENTRY_EXCLUDE``); the merged knobs are.
