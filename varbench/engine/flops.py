@@ -9,6 +9,10 @@ Counted per scale from its trace entry (rows = 2B with CFG, executed tokens per 
   head            2*rows*L*C*(2d)      next-scale word embedding 2*B*L*d*C
   entropy signal  2*rows*n_ent*n_kv*C (the extra score pass for requested attention entropies)
   KV selection    2*rows*n_sel*(C^2 + n_kv*C) (a KV budget's raw queries and their scores, ScaleKV)
+  sparse attention an attention plan (SparVAR) replaces n_q*n_kv by the (query, key) pairs it scores
+                  (`attn_pairs`: kept keys per query group, or a block mask's allowed pairs); a
+                  decision adds `attn_extra_pairs` at 2*rows*pairs*C (the column-sum score pass
+                  over every key, and O_hat over the kept keys: scores + weighted sum)
 Per generation (`text_flops`): the pooled SOS, the text projection for cross-attention and each
 block's text K/V projection (computed once per generation by this runtime). Norms, RoPE,
 softmax exponentials and AdaLN vectors are not counted: they are O(L*C), not O(L*C^2).
@@ -29,7 +33,9 @@ def self_attention_flops(rows: int, b: dict, c: int) -> int:
     """One block's self-attention from its trace counts (shared by every backbone): the qkv projection,
     scores + weighted sum, the output projection, the entropy signal's extra score pass, and a KV
     budget's selection (raw q projection of its queries and their scores over the cache)."""
-    return (2 * rows * b["qkv"] * c * 3 * c + 4 * rows * b["sa"] * b["kv"] * c + 2 * rows * b["sa"] * c * c
+    pairs = b.get("attn_pairs", b["sa"] * b["kv"])
+    return (2 * rows * b["qkv"] * c * 3 * c + 4 * rows * pairs * c + 2 * rows * b["sa"] * c * c
+            + 2 * rows * b.get("attn_extra_pairs", 0) * c
             + 2 * rows * b.get("ent_q", 0) * b["kv"] * c + 2 * rows * b.get("kv_sel_q", 0) * (c * c + b["kv"] * c))
 
 
@@ -45,6 +51,7 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
     rows_full = 2 * batch if cfg_rows else batch
     rows = rows_full
     kv = [0] * depth
+    remembered: dict[int, int] = {}   # block -> keys per query group its attention memory holds
     out = []
     for si, ((h, w), plan) in enumerate(zip(schedule, plans)):
         n = h * w
@@ -68,6 +75,13 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
                 if bi in plan.attention_entropy_for:
                     q = c["sa"]
                     c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
+                ap = plan.attn.get(bi)
+                if ap is not None and ap.kind != "dense":
+                    c.update(attention_plan_pairs(ap, n, kv[bi], remembered.get(bi, 0)))
+                    if ap.kind == "decide":
+                        remembered[bi] = ap.n_keys
+                    elif ap.kind == "indexed" and ap.remember:
+                        remembered[bi] = c["attn_pairs"] // n
                 kb = plan.kv.get(bi)
                 if kb is not None:   # as GenState.apply_kv_budget decides it
                     c["kv_kept"] = kv[bi]
@@ -81,6 +95,20 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
                     "text_tokens": text_tokens[rows], "blocks": blocks,
                     "neutral": is_neutral(plan) and not any(b.get("kv_evicted") for b in blocks)})
     return out
+
+
+def attention_plan_pairs(ap, n: int, length: int, remembered: int) -> dict:
+    """Trace counts of an attention plan over n queries and `length` cached keys, as
+    `varbench.engine.sparse_attention` records them (`remembered`: keys per group of the block's memory)."""
+    if ap.kind == "decide":
+        return {"attn_pairs": n * length, "attn_extra_pairs": n * length + 2 * n * ap.n_keys}
+    if ap.kind == "indexed":
+        return {"attn_pairs": n * (remembered + (0 if ap.local is None else ap.local.shape[-1]))}
+    if ap.kind == "block_mask":
+        from varbench.engine.sparse_attention import mask_pairs
+
+        return {"attn_pairs": ap.pairs if ap.pairs is not None else mask_pairs(ap.block_mask, ap.block, n, length)}
+    return {}
 
 
 def image_work(flops: dict, trace: list[dict]) -> dict:

@@ -74,6 +74,7 @@ class StepGraphs:
                 return state.core(si, plan, cfg, tau, top_k, top_p)
             if out.residual_store is not None:
                 self.static_ptrs.update(t.data_ptr() for t in out.residual_store.values())
+            self.static_ptrs.update(t.data_ptr() for m in out.attn_memory.values() for t in m.tensors())
             step = self.steps[key] = _CapturedStep(graph, out, list(state.kv.len))
         else:
             step.graph.replay()
@@ -117,12 +118,20 @@ class StepGraphs:
         residuals = tuple((src, k, t.data_ptr()) for src, d in sorted(state.residuals.items()) for k, t in sorted(d.items()))
         if any(ptr not in self.static_ptrs for *_, ptr in residuals):
             return None  # residuals from an eager step live in memory a graph must not hold on to
+        attn = tuple((bi, ap.kind, ap.group, ap.n_keys, ap.remember, ap.use_o_cache, ap.block,
+                      None if ap.local is None else tuple(ap.local.shape),
+                      None if ap.block_mask is None else tuple(ap.block_mask.shape)) for bi, ap in sorted(plan.attn.items()))
+        memory = tuple((bi, tuple(t.data_ptr() for t in m.tensors())) for bi, m in sorted(state.attn_memory.items()))
+        if any(ptr not in self.static_ptrs for _, ptrs in memory for ptr in ptrs):
+            return None  # attention memory an eager step wrote: same reason as its residuals
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
                 plan.attention_entropy_queries, plan.attention_entropy_sampling, state.rows, tuple(state.kv.len), residuals,
-                cfg, tau, top_k, top_p, tuple(kv))
+                cfg, tau, top_k, top_p, tuple(kv), attn, memory)
 
     def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
         """The plan with every `keep` copied into a buffer that lives as long as this state."""
+        if plan.attn:
+            plan = dataclasses.replace(plan, attn={bi: self._static_attn(si, bi, ap) for bi, ap in plan.attn.items()})
         if not any(bp.keep is not None for bp in plan.blocks.values()):
             return plan
         blocks = {}
@@ -136,3 +145,19 @@ class StepGraphs:
                 bp = dataclasses.replace(bp, keep=buf)
             blocks[bi] = bp
         return dataclasses.replace(plan, blocks=blocks)
+
+    def _static_attn(self, si: int, bi: int, ap):
+        """An attention plan whose tensors (local keys, block mask) are copied into buffers that live
+        as long as this state, as `keep` indices are: a graph reads their addresses."""
+        fields = {}
+        for name in ("local", "block_mask"):
+            t = getattr(ap, name)
+            if t is None:
+                continue
+            key = (si, bi, name, tuple(t.shape), t.dtype)
+            buf = self.keep_buffers.get(key)
+            if buf is None:
+                buf = self.keep_buffers[key] = torch.empty(t.shape, dtype=t.dtype, device=self.rt.device)
+            buf.copy_(t)
+            fields[name] = buf
+        return dataclasses.replace(ap, **fields) if fields else ap

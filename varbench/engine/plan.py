@@ -148,6 +148,68 @@ class BlockPlan:
             raise ValueError(f"BlockPlan.fill must be 'cache' or 'pass', got {self.fill!r}")
 
 
+AttnKind = Literal["dense", "decide", "indexed", "block_mask"]
+
+
+@dataclasses.dataclass
+class AttnPlan:
+    """Which cached keys one block's self-attention reads at one scale. Unlike a `KVBudget` it never
+    evicts: every key stays in the cache, a query group just does not attend to all of them
+    (SparVAR's sparse attention). Queries are taken in groups of `group` consecutive tokens of the
+    scale's grid in row-major order (the last group may be short); key positions are cache
+    positions (earlier scales first, then this scale's tokens).
+
+    kind:
+      "dense"      - every key (the default; an absent entry means dense).
+      "decide"     - dense attention (the output is the dense one, bit for bit), and per (row, head,
+                     query group) the `n_keys` keys with the largest softmax column sums over the
+                     group (fp32) are remembered for this block with `O_cache = O - O_hat`, where
+                     O_hat is the attention renormalised over those keys (`AttnMemory`).
+      "indexed"    - the block's remembered keys, each query group taking the group of the
+                     remembering scale whose centre is nearest its own, plus `local` (this scale's own
+                     keys per group); output = the remembered O_cache bilinearly upsampled to this
+                     grid + the attention renormalised over those keys. With `remember`, the union
+                     becomes the block's remembered keys for the next indexed scale (the O_cache
+                     stays the deciding scale's).
+      "block_mask" - attention restricted to the blocks of `block_mask` ((q_blocks, k_blocks) bool,
+                     `block` x `block` tokens each): a static pattern.
+    Counts (`n_keys`, `local`'s width, the mask) are fixed per (scale, plan), so every step keeps
+    static shapes (CUDA graphs). What it trades: attention FLOPs and time at the indexed scales
+    against an approximation of the dense output, plus the memory of the remembered indices and
+    O_cache per block (counted in the trace as `attn_memory_bytes`).
+    """
+
+    kind: AttnKind = "dense"
+    group: int = 192
+    n_keys: int = 0
+    local: Optional[torch.Tensor] = None
+    remember: bool = True
+    use_o_cache: bool = True
+    block_mask: Optional[torch.Tensor] = None
+    block: int = 128
+    pairs: Optional[int] = None   # block_mask: (query, key) pairs it allows, counted by its builder (FLOPs
+                                  # without a host read of the mask; None: counted from the mask)
+
+    def validate(self, n_tokens: int, n_keys_total: int) -> None:
+        """Shapes against this scale (`n_tokens` queries, `n_keys_total` cached keys after the append)."""
+        if self.kind not in ("dense", "decide", "indexed", "block_mask"):
+            raise ValueError(f"AttnPlan.kind must be dense/decide/indexed/block_mask, got {self.kind!r}")
+        if self.group < 1:
+            raise ValueError(f"AttnPlan.group={self.group} must be >= 1")
+        groups = -(-n_tokens // self.group)
+        if self.kind == "decide" and not 0 < self.n_keys <= n_keys_total:
+            raise ValueError(f"AttnPlan.n_keys={self.n_keys} must be in 1..{n_keys_total} (cached keys at this scale)")
+        if self.kind == "indexed" and self.local is not None and self.local.shape[0] != groups:
+            raise ValueError(f"AttnPlan.local has {self.local.shape[0]} groups; this scale has {groups} of {self.group}")
+        if self.kind == "block_mask":
+            if self.block_mask is None:
+                raise ValueError("A block_mask AttnPlan needs `block_mask`.")
+            want = (-(-n_tokens // self.block), -(-n_keys_total // self.block))
+            if tuple(self.block_mask.shape) != want:
+                raise ValueError(f"AttnPlan.block_mask has shape {tuple(self.block_mask.shape)}; this scale needs {want} "
+                                 f"blocks of {self.block}")
+
+
 @dataclasses.dataclass
 class ScalePlan:
     """What to do at one scale.
@@ -171,6 +233,8 @@ class ScalePlan:
     kv:             {block index: KVBudget}: after this scale's self-attention the block keeps at most
                     that many cached positions (ScaleKV); absent blocks keep everything. Blocks
                     skipped at this scale evict nothing.
+    attn:           {block index: AttnPlan}: which cached keys the block's self-attention reads
+                    (SparVAR); absent blocks attend densely. Nothing is evicted.
     """
 
     run: bool = True
@@ -184,6 +248,7 @@ class ScalePlan:
     tau: Optional[float] = None
     drop_uncond: bool = False
     kv: dict[int, KVBudget] = dataclasses.field(default_factory=dict)
+    attn: dict[int, AttnPlan] = dataclasses.field(default_factory=dict)
 
 
 def entropy_query_pick(n: int, k: int, scale: int, sampling: str, device) -> torch.Tensor:
@@ -271,10 +336,12 @@ def is_neutral(plan: ScalePlan) -> bool:
     no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
     only observe, so they do not count.) KV budgets do not count here either: whether one evicts
     depends on the cache length at run time, so the runtime marks a scale whose budget evicted
-    something as not neutral itself (trace `neutral`)."""
+    something as not neutral itself (trace `neutral`). A "decide" attention plan returns the dense
+    output (it only remembers), so it counts as neutral; "indexed" and "block_mask" do not."""
     return (
         plan.run
         and all(bp.mode == "full" for bp in plan.blocks.values())
+        and all(ap.kind in ("dense", "decide") for ap in plan.attn.values())
         and plan.cfg is None
         and plan.tau is None
         and not plan.drop_uncond

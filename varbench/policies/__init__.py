@@ -15,6 +15,7 @@ REGISTRY = LazyRegistry("method", group=METHODS_GROUP, entries={
     "skipvar_fixed": "varbench.policies.skip:SkipVARFixed",
     "skipvar": "varbench.policies.skipvar:SkipVAR",
     "scalekv": "varbench.policies.scalekv:ScaleKV",
+    "sparvar": "varbench.policies.sparvar:SparVAR",
     "compose": "varbench.policies.compose:Compose",
 })
 

@@ -25,8 +25,9 @@ import torch.nn.functional as F
 
 from varbench.engine.attention import attention_entropy
 from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
-from varbench.engine.plan import BlockPlan, SelectorContext, entropy_query_pick
+from varbench.engine.plan import AttnPlan, BlockPlan, SelectorContext, entropy_query_pick
 from varbench.engine.residuals import cached_branch
+from varbench.engine.sparse_attention import plan_attention
 
 
 def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -36,11 +37,13 @@ def _gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
                   want_entropy: bool, entropy_queries: Optional[int], attn_ent: dict, attn_idx: dict,
-                  entropy_sampling: str = "even"):
+                  entropy_sampling: str = "even", ap: Optional[AttnPlan] = None):
     """Block `bi` of scale `si` on the residual stream `x` (rows, n, C) of `state` (a `GenState`)
     under `bp`. Fills `counts` (executed tokens per sublayer), `residual_store` ((bi, sublayer) ->
     gated branch output, when the scale keeps residuals), and, with `want_entropy`, `attn_ent[bi]`
-    (rows, queries) and `attn_idx[bi]` (their token positions). Returns the new residual stream."""
+    (rows, queries) and `attn_idx[bi]` (their token positions). With an attention plan `ap` (not
+    dense) the self-attention reads the keys it names (`varbench.engine.sparse_attention`) and the
+    block's new attention memory goes to `state.attn_written[bi]`. Returns the new residual stream."""
     bc = state.consts[bi]
     h, w = state.sched[si]
     rows, n, _ = x.shape
@@ -74,7 +77,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
     qpos = idx
     counts["kv"] = kk.shape[2]
-    fused = want_entropy and state.rt.fused_entropy and x.device.type == "cuda"
+    fused = want_entropy and state.rt.fused_entropy and x.device.type == "cuda" and ap is None
     if fused:  # entropy of every query from the attention pass itself (ToProVAR's Flash Attention Entropy)
         from varbench.engine.kernels import flash_attention_with_entropy
 
@@ -83,7 +86,12 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         except Exception as err:  # noqa: BLE001 - Triton/driver/SM mismatch: SDPA + a second pass instead
             state.rt.fall_back("runtime.fused_entropy", err)
             fused = False
-    if not fused:
+    if ap is not None:
+        attn, attn_counts, memory = plan_attention(q, kk, vv, ap, state.attn_memory.get(bi), (h, w))
+        counts.update(attn_counts)
+        if memory is not None:
+            state.attn_written[bi] = memory
+    elif not fused:
         attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
     if want_entropy:
         sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)

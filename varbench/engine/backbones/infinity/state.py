@@ -39,6 +39,7 @@ from varbench.engine.backbones.infinity.sampling import bit_entropy, guided_logi
 from varbench.engine.batch_split import image_rows, split_residuals, take_rows
 from varbench.engine.kv_cache import KVCache, apply_kv_budget, kv_staging_capacity
 from varbench.engine.plan import BlockPlan, GenerationContext, KVBudget, ScalePlan, ScaleSignals, is_neutral
+from varbench.engine.sparse_attention import AttnMemory, check_attention_plans
 from varbench.engine.text import TextBatch
 
 _FULL = BlockPlan()
@@ -56,6 +57,7 @@ class StepOut:
     attn_idx: dict
     counts: list                         # per block executed tokens (host ints)
     residual_store: Optional[dict]
+    attn_memory: dict = dataclasses.field(default_factory=dict)   # {block: AttnMemory} this step wrote
 
 
 def _condition(rt, text: TextBatch, negative: Optional[TextBatch], cfg_rows: bool):
@@ -113,6 +115,9 @@ class GenState:
         self.summed_codes = torch.zeros(self.batch, d_vae, *self.latent_size, device=rt.device)
         self.generators = [generation.new_generator(rt.device, s) for s in seeds]
         self.residuals: dict[int, dict[tuple[int, str], torch.Tensor]] = {}
+        #: per block, what its attention plans remembered (`varbench.engine.sparse_attention.AttnMemory`)
+        self.attn_memory: dict[int, AttnMemory] = {}
+        self.attn_written: dict[int, AttnMemory] = {}   # filled by the step in flight
         self.bits: list[Optional[torch.Tensor]] = []
         self.entropies: list[Optional[torch.Tensor]] = []
         self.trace: list[dict] = []
@@ -165,6 +170,8 @@ class GenState:
         if self.dropped_uncond:
             sub.consts = [bc.first_rows(b) for bc in sub.consts]
         sub.kv, sub.residuals = kv, residuals
+        sub.attn_memory = {bi: m.take_rows(image_rows(images, B, self.rows)) for bi, m in self.attn_memory.items()}
+        sub.attn_written = {}
         sub.summed_codes = self.summed_codes.index_select(0, idx)
         sub.generators = [self.generators[i] for i in images]   # each image keeps drawing from its own
         sub.bits = [None if t is None else t.index_select(0, idx) for t in self.bits]
@@ -189,6 +196,7 @@ class GenState:
         self.consts, self.rows, self.dropped_uncond = self.consts_full, self.rows0, False
         self.kv.restart()
         self.residuals, self.bits, self.entropies, self.trace, self.kv_bytes = {}, [], [], [], []
+        self.attn_memory, self.attn_written = {}, {}
 
     # -------------------------------------------------------------- one scale
     def step(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> Optional[ScaleSignals]:
@@ -208,6 +216,7 @@ class GenState:
             self.rows = self.batch
             self.kv.drop_uncond(self.batch)
             self.consts = [bc.first_rows(self.batch) for bc in self.consts]
+            self.attn_memory = {bi: m.first_rows(self.batch) for bi, m in self.attn_memory.items()}
         elif self.dropped_uncond and not plan.drop_uncond:
             raise ValueError(f"scale {si}: the unconditional branch was dropped at an earlier scale and cannot return")
         for bi, bp in plan.blocks.items():
@@ -218,15 +227,18 @@ class GenState:
             if not 0 <= bi < len(self.blocks):
                 raise ValueError(f"KV budget for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
             kb.validate()
+        check_attention_plans(plan, si, n, len(self.blocks), self.kv.len)
         out = self.run_core(si, plan, cfg, tau, top_k, top_p)
         if out.residual_store is not None:
             self.residuals[si] = out.residual_store
+        self.attn_memory.update(out.attn_memory)
         for s in plan.release_residuals:
             self.residuals.pop(s, None)
         self.entropies.append(out.entropy)
         self.bits.append(out.bits)
         self.trace.append({"si": si, "h": h, "w": w, "ran": True, "rows": self.rows, "batch": self.batch, "tokens": n,
                            "text_tokens": self.text_tokens[self.rows], "blocks": out.counts,
+                           "attn_memory_bytes": sum(m.nbytes() for m in self.attn_memory.values()),
                            # the image is what the released model makes (varbench.engine.effect)
                            "neutral": is_neutral(plan) and not any(c.get("kv_evicted") for c in out.counts)})
         self.kv_bytes.append(self.kv.nbytes())   # after this scale (and its evictions)
@@ -255,18 +267,22 @@ class GenState:
         x = self._scale_input(si)
         counts_all, attn_ent, attn_idx = [], {}, {}
         residual_store = {} if plan.keep_residuals else None
+        self.attn_written = {}
         for bi in range(len(self.blocks)):
             bp = plan.blocks.get(bi, _FULL)
+            ap = plan.attn.get(bi)
+            if ap is not None and ap.kind == "dense":
+                ap = None
             counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
             x_in, appended = x, None
-            if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for:
+            if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for and ap is None:
                 x = self.full_block(si, bi, x)
                 counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
             elif bp.mode != "skip":
                 self.kv_appended = None
                 x = pruned.planned_block(self, si, bi, x, bp, counts, residual_store,
                                          bi in plan.attention_entropy_for, plan.attention_entropy_queries, attn_ent, attn_idx,
-                                         plan.attention_entropy_sampling)
+                                         plan.attention_entropy_sampling, ap)
                 appended = self.kv_appended
             budget = plan.kv.get(bi)
             if budget is not None and bp.mode != "skip":
@@ -278,7 +294,7 @@ class GenState:
         bits = sample_bits(guided, self.generators, top_k, top_p).view(self.batch, h, w, -1)
         entropy = bit_entropy(guided)
         self._accumulate(si, bits)
-        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store)
+        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store, self.attn_written)
 
     def apply_kv_budget(self, si: int, bi: int, x_in: torch.Tensor, budget: KVBudget,
                         appended: Optional[torch.Tensor], counts: dict) -> None:
