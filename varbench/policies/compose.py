@@ -63,6 +63,19 @@ INCOMPATIBLE: dict[frozenset, str] = {
     frozenset({"skip_last", "toprovar"}): (
         "ToProVAR chooses its own exit/depth; a fixed skip_last on top silently overrides it. Use "
         "toprovar.fixed_exit for a fixed exit instead."),
+    frozenset({"sparvar", "scalekv"}): (
+        "ScaleKV evicts cache positions, and SparVAR's remembered keys are cache positions chosen at its decision "
+        "scale: after an eviction they name other keys. Run them as separate arms."),
+    frozenset({"sparvar", "fastvar"}): (
+        "FastVAR prunes the queries and K/V of the large scales, where SparVAR groups a scale's full query grid and "
+        "addresses its own keys by position (local band, CSLA windows): the plans do not combine. Compose SparVAR "
+        "with scale skipping (sparvar_skip1/2) instead."),
+    frozenset({"sparvar", "nova"}): (
+        "NOVA prunes tokens of the late scales, where SparVAR needs every query of the scale's grid (its query "
+        "groups and windows are positions of that grid): the plans do not combine."),
+    frozenset({"sparvar", "toprovar"}): (
+        "ToProVAR prunes tokens and exits blocks of the late scales, where SparVAR needs every query of the scale's "
+        "grid: the plans do not combine."),
     frozenset({"scalekv"}): (
         "two ScaleKV members would both budget the same blocks' KV caches: each evicts what the other's "
         "selection kept, and the runtime sizes a block to one capacity, so neither budget is the one "
@@ -262,6 +275,15 @@ class Compose(Policy):
                                      f"budget for block {bi} at scale {si}; one memory method per block (run them as "
                                      "separate arms)")
                 kv[bi] = (i, kb)
+        attn: dict = {}
+        for i, p in enumerate(plans):
+            for bi, ap in p.attn.items():
+                if ap.kind == "dense":
+                    continue
+                if bi in attn:
+                    raise ValueError(f"compose: two members ({self.members[attn[bi][0]].name}, {self.members[i].name}) set "
+                                     f"an attention plan for block {bi} at scale {si}; one sparse-attention method per block")
+                attn[bi] = (i, ap)
         att = frozenset().union(*(p.attention_entropy_for for p in plans))
         qs = [p.attention_entropy_queries for p in plans if p.attention_entropy_for]
         queries = None if (not qs or any(q is None for q in qs)) else max(qs)
@@ -274,7 +296,8 @@ class Compose(Policy):
         return ScalePlan(run=True, blocks=blocks, keep_residuals=keep, attention_entropy_for=att,
                          attention_entropy_queries=queries, cfg=overrides["cfg"], tau=overrides["tau"],
                          drop_uncond=any(p.drop_uncond for p in plans), release_residuals=release,
-                         kv={bi: kb for bi, (_, kb) in sorted(kv.items())})
+                         kv={bi: kb for bi, (_, kb) in sorted(kv.items())},
+                         attn={bi: ap for bi, (_, ap) in sorted(attn.items())})
 
     def kv_capacity(self) -> Optional[list[int]]:
         """Per block the smallest capacity a member asks for (members without a KV budget ask for

@@ -199,6 +199,10 @@ class HartState:
             self.kv.drop_uncond(self.batch)
         elif self.dropped_uncond and not plan.drop_uncond:
             raise ValueError(f"stage {si}: the unconditional branch was dropped at an earlier stage and cannot return")
+        sparse = sorted(bi for bi, ap in plan.attn.items() if ap.kind != "dense")
+        if sparse:   # the attention-plan seam is Infinity's (varbench.engine.sparse_attention); HART's blocks attend densely
+            raise ValueError(f"stage {si}: attention plans ({plan.attn[sparse[0]].kind!r} on blocks {sparse}) are not "
+                             "supported on HART; only the Infinity runtime reads ScalePlan.attn")
         x, counts, attn_ent, attn_idx, residuals = self._blocks(si, plan)
         logits = self.m.logits(x, self.cond[: self.rows])                     # (rows, n, V) fp32
         if residuals is not None:
