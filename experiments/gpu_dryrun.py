@@ -122,9 +122,10 @@ def _checks(rt, out, fc, batch: int) -> list[str]:
         if p.dtype != want or p.device.type != "cuda":
             bad.append(f"weight {name}: {p.dtype} on {p.device}, expected {want} on cuda")
             break
-    wrong = [c for c in fc.attention if c["backend"] != "flash" or c["dtype"] != "bfloat16"]
+    # flash-attn for dense and gathered attention; FlexAttention for a block-sparse plan (SparVAR's CSLA)
+    wrong = [c for c in fc.attention if c["backend"] not in ("flash", "flex") or c["dtype"] != "bfloat16"]
     if wrong:
-        bad.append(f"{len(wrong)} of {len(fc.attention)} attention calls not flash-attn bf16, e.g. {wrong[0]}")
+        bad.append(f"{len(wrong)} of {len(fc.attention)} attention calls not flash-attn/FlexAttention bf16, e.g. {wrong[0]}")
     if not fc.attention:
         bad.append("no attention call was seen")
     h, w = 1024, 1024

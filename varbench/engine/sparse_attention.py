@@ -89,15 +89,24 @@ def gathered_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indice
     """Attention of each query group over its own keys, renormalised over them.
 
     q (rows, H, n, c); k, v (rows, H, L, c); indices (rows, H, G, K) cache positions.
-    Returns (rows, H, n, c) in v's dtype. Duplicate positions count twice, as in the release's kernel."""
+    Returns (rows, H, n, c) in v's dtype. Duplicate positions count twice, as in the release's kernel.
+    Each (row, head, group) is one 4-D SDPA batch entry (so CUDA takes its flash kernel), and rows go
+    in chunks whose gathered keys take no more memory than the cache itself (a group's keys are
+    copied out; K x G can be several times L)."""
     rows, heads, n, c = q.shape
     qg = _grouped(q.to(v.dtype), group)                                  # (rows, H, G, group, c)
     G, K = indices.shape[2], indices.shape[3]
-    flat = indices.reshape(rows, heads, G * K, 1).expand(-1, -1, -1, c)
-    kg = k.gather(2, flat).view(rows, heads, G, K, c)
-    vg = v.gather(2, flat).view(rows, heads, G, K, c)
-    o = F.scaled_dot_product_attention(qg, kg, vg, scale=1.0)            # (rows, H, G, group, c)
-    return o.reshape(rows, heads, G * group, c)[:, :, :n]
+    chunk = max(1, (rows * k.shape[2]) // (G * K))
+    out = []
+    for r0 in range(0, rows, chunk):
+        r1 = min(rows, r0 + chunk)
+        flat = indices[r0:r1].reshape(r1 - r0, heads, G * K, 1).expand(-1, -1, -1, c)
+        kg = k[r0:r1].gather(2, flat).view((r1 - r0) * heads * G, K, c)
+        vg = v[r0:r1].gather(2, flat).view((r1 - r0) * heads * G, K, c)
+        qc = qg[r0:r1].reshape(1, (r1 - r0) * heads * G, group, c)
+        o = F.scaled_dot_product_attention(qc, kg.unsqueeze(0), vg.unsqueeze(0), scale=1.0)
+        out.append(o.view(r1 - r0, heads, G * group, c)[:, :, :n])
+    return out[0] if len(out) == 1 else torch.cat(out, dim=0)
 
 
 def map_groups(indices: torch.Tensor, groups: int) -> torch.Tensor:

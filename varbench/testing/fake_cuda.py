@@ -37,7 +37,9 @@ each stand-in is stated:
   <= 256 % 8, memory-efficient for fp32 or a mask, else math) and calls that kernel's meta
   function. Every call's backend and dtypes are recorded (`report["attention"]`).
 - The Triton entropy kernel is not launched: its wrapper runs (casts, output allocation, strides)
-  and the launch is replaced by a check that every argument tensor is on the CUDA device.
+  and the launch is replaced by a check that every argument tensor is on the CUDA device. FlexAttention
+  (a block-sparse attention plan, `varbench.engine.kernels.flex_block_mask`) is not compiled: the call
+  checks its inputs' devices, is recorded with backend "flex" and returns an output of q's shape.
 - CUDA events and `torch.cuda.synchronize` are no-ops; a per-image generator is a CPU generator
   tagged with the CUDA device (no generator can be made without a driver). Random draws: every torch
   call given a generator (`torch.multinomial`, `torch.randn(..., generator=)`, `Tensor.exponential_`, ...;
@@ -325,6 +327,26 @@ class _StandInKernel:
         return launch
 
 
+class _StandInFlex:
+    """`flex_block_attention(q, k, v, pattern, block)`: FlexAttention compiles a Triton kernel, which
+    fake tensors cannot run. The stand-in checks the devices and dtypes, records the call (backend
+    "flex") and returns the output's shape (q's), which is what the compiled kernel allocates."""
+
+    def __init__(self, ledger: _Ledger, calls: list):
+        self.ledger, self.calls = ledger, calls
+
+    def __call__(self, q, k, v, pattern, block):
+        devs = {t.device for t in (q, k, v)}   # the pattern may live on the host: the mask is built from it once
+        if devs != {DEVICE}:
+            raise DeviceMismatch(f"FlexAttention inputs on {sorted(map(str, devs))}")
+        self.calls.append({"backend": "flex", "dtype": str(q.dtype).replace("torch.", ""),
+                           "kv_dtype": str(k.dtype).replace("torch.", ""), "q": tuple(q.shape), "k": tuple(k.shape)})
+        if self.ledger.step is not None:
+            self.ledger.ops[self.ledger.step] += 1
+            self.ledger.op_names[self.ledger.step]["flex_attention"] += 1
+        return torch.empty_like(q)
+
+
 class StandInPolicy:
     """Wraps a policy: its reset/plan/observe run on the CPU on stand-in signals (see the top)."""
 
@@ -360,7 +382,10 @@ class StandInPolicy:
                   for bi, bp in plan.blocks.items()}
         kv = {bi: (kb if kb.keep is None else dataclasses.replace(kb, keep=self.fc.mode.from_tensor(kb.keep)))
               for bi, kb in plan.kv.items()}
-        return dataclasses.replace(plan, blocks=blocks, kv=kv)
+        attn = {bi: dataclasses.replace(ap, **{f: self.fc.mode.from_tensor(getattr(ap, f))
+                                               for f in ("local", "block_mask") if getattr(ap, f) is not None})
+                for bi, ap in plan.attn.items()}
+        return dataclasses.replace(plan, blocks=blocks, kv=kv, attn=attn)
 
     def _standin(self, t: Optional[torch.Tensor], hi: float, n: Optional[int] = None) -> Optional[torch.Tensor]:
         if t is None:
@@ -496,7 +521,7 @@ class FakeCuda:
         from varbench.engine.backbones.hart.state import HartState
         from varbench.engine.backbones.infinity import state
         from varbench.engine.backbones.infinity import schedules
-        from varbench.engine.kernels import flash_entropy
+        from varbench.engine.kernels import flash_entropy, flex_block_mask
 
         s = self._stack = contextlib.ExitStack()
         # a module-level cache of CPU tensors: real ones must not enter the fake mode, fake ones must
@@ -507,6 +532,7 @@ class FakeCuda:
         s.enter_context(mock.patch.object(torch.cuda, "synchronize", lambda *a, **k: None))
         s.enter_context(mock.patch.object(generation, "new_generator", _tagged_generator))
         s.enter_context(mock.patch.object(flash_entropy, "kernel", _StandInKernel(self.ledger)))
+        s.enter_context(mock.patch.object(flex_block_mask, "flex_block_attention", _StandInFlex(self.ledger, self.attention)))
         # autocast("cuda") turns itself off without a driver: let it on (see the module docstring)
         s.enter_context(mock.patch.object(torch.cuda.amp.common, "amp_definitely_not_available", lambda: False))
         led = self.ledger

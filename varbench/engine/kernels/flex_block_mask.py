@@ -19,26 +19,30 @@ _COMPILED = None
 _MASKS: dict = {}
 
 
-def block_mask_from_pattern(pattern: torch.Tensor, block: int, q_len: int, kv_len: int):
-    """(q_blocks, k_blocks) bool -> a FlexAttention `BlockMask` whose listed blocks are all full."""
+def block_mask_from_pattern(pattern: torch.Tensor, block: int, q_len: int, kv_len: int, device):
+    """(q_blocks, k_blocks) bool (any device) -> a FlexAttention `BlockMask` on `device`, built once per
+    pattern tensor. The cache holds the pattern itself, so its address cannot be reused by another
+    tensor while the entry lives (plans keep their patterns for the whole run anyway)."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    key = (pattern.data_ptr(), tuple(pattern.shape), block, q_len, kv_len)
-    mask = _MASKS.get(key)
-    if mask is None:
-        pat = pattern.bool()
-        num = pat.sum(-1, dtype=torch.int32)[None, None]                                  # (1, 1, QB)
-        idx = torch.argsort((~pat).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None, None]
-        # every listed block is "full" (the compiled kernel reads all its pairs without calling
-        # mask_mod); mask_mod is the same pattern looked up per token pair, which FlexAttention's
-        # eager path (and any partial edge handling) evaluates
-        def lookup(b, h, q_idx, kv_idx):
-            return pat[q_idx // block, kv_idx // block]
+    key = (pattern.data_ptr(), pattern.device, tuple(pattern.shape), block, q_len, kv_len, str(device))
+    hit = _MASKS.get(key)
+    if hit is not None:
+        return hit[1]
+    pat = pattern.to(device=device, dtype=torch.bool)
+    num = pat.sum(-1, dtype=torch.int32)[None, None]                                  # (1, 1, QB)
+    idx = torch.argsort((~pat).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None, None]
 
-        empty = torch.zeros_like(num)
-        mask = BlockMask.from_kv_blocks(empty, idx, num, idx, BLOCK_SIZE=block, mask_mod=lookup,
-                                        seq_lengths=(q_len, kv_len))
-        _MASKS[key] = mask
+    # every listed block is "full" (the compiled kernel reads all its pairs without calling
+    # mask_mod); mask_mod is the same pattern looked up per token pair, which FlexAttention's
+    # eager path (and any partial edge handling) evaluates
+    def lookup(b, h, q_idx, kv_idx):
+        return pat[q_idx // block, kv_idx // block]
+
+    empty = torch.zeros_like(num)
+    mask = BlockMask.from_kv_blocks(empty, idx, num, idx, BLOCK_SIZE=block, mask_mod=lookup,
+                                    seq_lengths=(q_len, kv_len))
+    _MASKS[key] = (pattern, mask)
     return mask
 
 
@@ -50,5 +54,5 @@ def flex_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, patt
 
     if _COMPILED is None:
         _COMPILED = torch.compile(flex_attention, dynamic=False)
-    mask = block_mask_from_pattern(pattern, block, q.shape[2], k.shape[2])
+    mask = block_mask_from_pattern(pattern, block, q.shape[2], k.shape[2], q.device)
     return _COMPILED(q, k, v, block_mask=mask, scale=1.0)
