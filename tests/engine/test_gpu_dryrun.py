@@ -265,3 +265,25 @@ def test_hart_fp32_attention_is_reported():
     fc, rt, out = _hart_gen(dtype=torch.float32)
     assert {c["backend"] for c in fc.attention} == {"efficient"}
     assert any("not flash-attn float32" in e for e in gpu_dryrun._hart_checks(rt, out, fc, 2))
+
+
+# ------------------------------------------------------------------ SparVAR: sparse attention plans on CUDA
+def test_sparvar_dry_run_uses_flash_for_gathered_keys_and_flex_for_block_masks():
+    """SparVAR at the real 2B shapes (depth 2, bound_layer 0: block 0 CS4A, block 1 CSLA): the decision,
+    the indexed scales' gathered attention (4-D flash batches) and the CSLA block masks (FlexAttention)
+    run on CUDA tensors without a host read inside a step, in bf16."""
+    from varbench.policies.sparvar import SparVAR
+
+    with FakeCuda() as fc:
+        rt = fc.runtime("infinity_2b", depth=2)
+        out = fc.generate(rt, SparVAR(bound_layer=0), 1)
+    assert out.images.shape == (1, 1024, 1024, 3)
+    assert not gpu_dryrun._checks(rt, out, fc, 1)
+    flex = [c for c in fc.attention if c["backend"] == "flex"]
+    # CSLA on block 1 at scales 10, 11, 12 (csla_from_scale 10): q is the scale's whole grid, k the cache
+    assert [(c["q"][2], c["k"][2]) for c in flex] == [(1600, 4121), (2304, 6425), (4096, 10521)]
+    # the gathered groups as flash batch entries, one row at a time (the gathered keys of both rows would
+    # outweigh the cache: G*K > 2L): heads 16 x groups (9 at 40² for O_hat, 12 at 48², 22 at 64²) of 192
+    # queries over 784, 1,344 and 2,128 keys
+    gathered = [(c["q"][1], c["q"][2], c["k"][2]) for c in fc.attention if c["q"][0] == 1 and c["q"][2] == 192]
+    assert gathered == [(16 * 9, 192, 784)] * 2 + [(16 * 12, 192, 1344)] * 2 + [(16 * 22, 192, 2128)] * 2
