@@ -79,7 +79,7 @@ class SparVARKnobs(MethodKnobs, method="sparvar"):
 class SparVAR(Policy):
     name = "sparvar"
     card = MethodCard(
-        display_name="SparVAR", colour="#117733", marker="P",
+        display_name="SparVAR", colour="#EE6677", marker="8",
         paper="SparVAR: training-free sparse attention for visual autoregressive models (CVPR'26, arXiv 2602.04361)",
         code="Weepingchestnut/Lvar @ f94b7ecc (third-party release; CAS-CLab/SparVAR is README-only)",
         reconstructed=("fp32 column sums (the release's kernel; its naive reference is bf16)",
