@@ -217,12 +217,14 @@ def _identical_images(rec: Mapping, path: str | None) -> bool | None:
 def _memory_columns(mem: Any) -> dict[str, Any]:
     """The record's ``memory`` block (varbench/engine/memory.py) as columns, GiB: kv_gb (the KV-cache
     buffers one image holds: its share, mean over images), kv_used_gb (the most of them in use),
+    attn_mem_gb (the most an attention plan kept between scales: SparVAR's indices and O_cache),
     peak_gb (the measured peak of one generation call of memory_batch images; peak_kind says what
     was measured: CUDA's max_memory_allocated or the CPU's RSS), peak_analytic_gb (weights + KV x
     batch). NaN / None for records without the block."""
     mem = mem if isinstance(mem, Mapping) else {}
     gib = lambda key: _num(mem.get(key)) / 2**30  # noqa: E731
-    return {"kv_gb": gib("kv_bytes_allocated"), "kv_used_gb": gib("kv_bytes_used_peak"), "peak_gb": gib("peak_bytes"),
+    return {"kv_gb": gib("kv_bytes_allocated"), "kv_used_gb": gib("kv_bytes_used_peak"),
+            "attn_mem_gb": gib("attn_memory_bytes_peak"), "peak_gb": gib("peak_bytes"),
             "peak_kind": mem.get("peak_kind"), "peak_analytic_gb": gib("analytic_peak_bytes"),
             "memory_batch": mem.get("batch")}
 

@@ -202,11 +202,14 @@ def measure_peak(device: torch.device | str) -> Iterator[dict]:
 # ----------------------------------------------------------------------------- trace rows -> record
 def image_memory(trace_scales: Sequence[Mapping], peak: Optional[Mapping]) -> dict:
     """One image's trace-row ``memory`` block: the most KV bytes its share of the cache held and
-    used over its scales (None for scales from a runtime that did not record them), and the peak
-    of the generation call that made it (its whole batch)."""
+    used over its scales (None for scales from a runtime that did not record them), the most bytes
+    its attention plans' memory held (remembered key indices and O_cache: SparVAR; 0 without), and
+    the peak of the generation call that made it (its whole batch)."""
     alloc = [s["kv_bytes_allocated"] for s in trace_scales if s.get("kv_bytes_allocated") is not None]
     used = [s["kv_bytes_used"] for s in trace_scales if s.get("kv_bytes_used") is not None]
+    attn = [s["attn_memory_bytes"] for s in trace_scales if s.get("attn_memory_bytes") is not None]
     return {"kv_bytes_allocated": max(alloc) if alloc else None, "kv_bytes_used_peak": max(used) if used else None,
+            "attn_memory_bytes_peak": max(attn) if attn else None,
             "peak_bytes": (peak or {}).get("bytes"), "peak_kind": (peak or {}).get("kind")}
 
 
@@ -230,6 +233,7 @@ def memory_summary(rows: Sequence[Mapping], batch: int, weights: Optional[Mappin
     kv = mean("kv_bytes_allocated")
     wt = sum(weights.values()) if weights else None
     return {"kv_bytes_allocated": kv, "kv_bytes_used_peak": mean("kv_bytes_used_peak"), "kv_bytes_per_scale": per_scale,
+            "attn_memory_bytes_peak": mean("attn_memory_bytes_peak"),
             "kv_dtype": dtype, "batch": int(batch),
             "peak_bytes": peak, "peak_kind": kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else None),
             "peak_measured": "generation",

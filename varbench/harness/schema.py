@@ -168,6 +168,9 @@ class Memory(TypedDict):
     kv_bytes_allocated: Optional[float]  # the KV-cache buffers held (preallocated for the whole schedule)
     kv_bytes_used_peak: Optional[float]  # the most bytes of cached positions in use, over the scales
     kv_bytes_per_scale: list             # per scale, the bytes in use after it (None where not recorded)
+    attn_memory_bytes_peak: Optional[float]  # the most bytes attention plans kept between scales (SparVAR's
+                                             # remembered key indices and O_cache; 0 for dense attention;
+                                             # absent in records written before it)
     kv_dtype: str            # what K/V are cached in (float32 in fp32 runs, else bfloat16)
     batch: int               # images per generation call (runtime.batch_size): the peak is of such a call
     peak_bytes: Optional[int]    # the highest measured peak over the calls that made the images (see peak_kind)
@@ -220,6 +223,7 @@ class TraceScale(TypedDict):
     plan_neutral: Optional[bool]     # the policy's plan changed nothing here (varbench/engine/effect.py)
     kv_bytes_allocated: Optional[int]   # this image's share of its (sub-)batch's KV-cache buffers after this scale
     kv_bytes_used: Optional[int]        # ... and of the cached positions in use (varbench/engine/memory.py)
+    attn_memory_bytes: Optional[int]    # ... and of the attention plans' memory after it (indices, O_cache)
 
 
 class TraceFlops(TypedDict):
@@ -244,6 +248,7 @@ class TraceMemory(TypedDict):
 
     kv_bytes_allocated: Optional[int]   # the most of its share of the KV-cache buffers over its scales
     kv_bytes_used_peak: Optional[int]   # the most of its share of the positions in use
+    attn_memory_bytes_peak: Optional[int]   # the most of its share of the attention plans' memory
     peak_bytes: Optional[int]   # the generation call's measured peak (the whole batch's; see Memory.peak_kind)
     peak_kind: Optional[str]
 

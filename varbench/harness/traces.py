@@ -45,7 +45,8 @@ def trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = No
         scales.append({"si": si, "h": tr["h"], "w": tr["w"], "ran": tr["ran"], "keep_frac": keep,
                        "entropy_mean": None if ent is None or not tr["ran"] else float(ent[b].mean()), "ms": tr.get("ms"),
                        "plan_neutral": tr.get("neutral"),
-                       "kv_bytes_allocated": share("kv_bytes_allocated"), "kv_bytes_used": share("kv_bytes_used")})
+                       "kv_bytes_allocated": share("kv_bytes_allocated"), "kv_bytes_used": share("kv_bytes_used"),
+                       "attn_memory_bytes": share("attn_memory_bytes")})
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
             "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
             # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
