@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from varbench.cli.sweep_plan import SweepPlan, plan_command
-from varbench.core.errors import ConfigError, FixableError
+from varbench.core.errors import ConfigError, FixableError, report_line
 
 
 @dataclass
@@ -124,7 +124,7 @@ def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
     try:
         job = prepare_job(cfg, hydra_context())
     except ConfigError as e:
-        return JobLine("", "-", f"config error: {e}", None, "")
+        return JobLine("", "-", f"{e.first_words}: {e}", None, "")
     except FixableError as e:
         return JobLine("", "-", f"cannot start: {type(e).__name__}", None, "see the missing files below")
     spp = job.prompt_set.samples_per_prompt
@@ -178,6 +178,8 @@ def dry_run_lines(plan: SweepPlan) -> list[str]:
         check_files([j.cfg for j in plan.jobs], labels)
     except MissingFilesError as e:
         out += ["", *str(e).splitlines()]
+    except FixableError as e:          # a malformed file, a bad setting, an incompatible combination
+        out += ["", report_line(e)]
     else:
         out.append("  every file the jobs need is in place")
     out.append(f"  store: {store / str(first.experiment_name)}   results: "
@@ -186,8 +188,19 @@ def dry_run_lines(plan: SweepPlan) -> list[str]:
 
 
 def dry_run(argv: Sequence[str]) -> int:
-    """Print the dry run of a command line; 0, or 2 when it cannot be planned."""
-    plan = plan_command(argv)
+    """Print the dry run of a command line; 0, or 2 when it cannot be planned (Hydra's composition
+    errors said in one line, :mod:`varbench.cli.hydra_errors`, unless ``HYDRA_FULL_ERROR=1``)."""
+    from varbench.cli.hydra_errors import full_error, translate
+
+    try:
+        plan = plan_command(argv)
+    except FixableError:
+        raise
+    except Exception as e:  # noqa: BLE001 - translated when it is an input fault, else its traceback
+        fixable = None if full_error() else translate(e)
+        if fixable is None:
+            raise
+        raise fixable from None
     if plan is None:
         raise ConfigError("--dry-run cannot expand this command's sweep (a glob(...) sweep or a flag such as --cfg); "
                           "list the values explicitly")

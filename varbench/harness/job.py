@@ -172,8 +172,30 @@ def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
     entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
                                                                        method_files=mfiles))
     store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
-    return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
+    shard = Shard.parse(cfg.get("shard"))
+    check_shard_fits(shard, prompt_set, int(cfg.runtime.batch_size))
+    return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, shard,
                method_preset(cfg, context), t0, method_files=mfiles, context=context)
+
+
+def check_shard_fits(shard: Shard, prompt_set: PromptSet, batch_size: int) -> None:
+    """Refuse (:class:`~varbench.core.errors.IncompatibleSettingsError`, before any work) a shard count
+    that leaves some shard without prompts. A shard takes whole blocks (a block holds a whole
+    generation and scoring batch, :mod:`varbench.harness.sharding`), so ``benchmark.limit=6`` with
+    ``runtime.batch_size=4`` makes 2 blocks: at most 2 shards. Every shard of the count refuses alike
+    (shard 0 too), so no part is written that could never be assembled."""
+    if shard.count == 1:
+        return
+    spp = prompt_set.samples_per_prompt
+    n_blocks = len(key_blocks(prompt_set.items, spp, block_prompts(spp, batch_size, SCORE_BATCH)))
+    if n_blocks < shard.count:
+        from varbench.core.errors import IncompatibleSettingsError
+
+        raise IncompatibleSettingsError(
+            f"shard={shard.index}/{shard.count} with {len(prompt_set.items)} prompt(s) of {spp} image(s) at "
+            f"runtime.batch_size={batch_size}: the prompts make {n_blocks} block(s) (a block holds whole batches, "
+            f"varbench/harness/sharding.py), so {shard.count - n_blocks} of {shard.count} shards would get no "
+            f"prompts. Use at most {n_blocks} shard(s), or more prompts")
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -506,10 +528,6 @@ def _run_shard(job: Job) -> dict | None:
     with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
         _start(job)
         if not (sdir / "SHARD_DONE").exists():
-            if not job.keys:
-                print(f"[varbench] shard {job.shard.name}: no prompts for this shard (the benchmark's "
-                      f"{len(job.prompt_set.items)} prompts make fewer blocks than {job.shard.count} shards; "
-                      f"a block holds a whole batch, see varbench/harness/sharding.py); use fewer shards")
             rt, policy = _build(job) if job.keys or job.shard.index == 0 else (None, None)  # shard 0 also times
             n_new = generate_stage(job, rt, policy)
             print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")

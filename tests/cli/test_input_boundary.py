@@ -1,0 +1,278 @@
+"""One input boundary (issue 40): every way a user's input can be wrong, through the door a user takes,
+answered by one error of its own kind, its own first words, the file and place named, exit 2, before any
+job and before any write.
+
+The table is (input kind x fault kind): a new input kind is one row of ``CASES``. Each row builds the
+fault under ``tmp_path`` and gives the command line; the check runs the command's own entry
+(:func:`varbench.cli.app.cli`, in this process) and reads its one line on stderr. Relocation of W&B runs
+(findings 1 and 2) lives in tests/loggers/test_offline.py, next to the real offline runs it needs.
+"""
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from varbench.core.errors import (BadSettingError, IncompatibleSettingsError, MalformedFileError, report_line)
+from varbench.core.inputs import read_json, read_jsonl, read_text, read_yaml
+from varbench.core.registry import EntryLoadError, WrongKindError
+
+
+def _run_cli(argv, monkeypatch, capsys) -> tuple[int, str]:
+    """``python -m varbench <argv>`` in this process: (exit code, stderr + stdout)."""
+    from varbench.cli.app import cli
+
+    monkeypatch.setattr(sys, "argv", ["varbench", *argv])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli()
+    out = capsys.readouterr()
+    return e.value.code, out.err + out.out
+
+
+def _common(tmp_path) -> list[str]:
+    return [f"paths.store_dir={tmp_path}/store", f"paths.results_dir={tmp_path}/results",
+            f"paths.output_root={tmp_path}/out"]
+
+
+# -- the faults ------------------------------------------------------------------------------------
+def geneval_not_utf8(tmp_path):          # finding 6
+    f = tmp_path / "evaluation_metadata.jsonl"
+    f.write_bytes(b'{"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a cat"}\n'
+                  b'{"tag": "single_object", "include": [], "prompt": "a caf\xe9"}\n')
+    return ["model=toy", "benchmark=geneval", f"benchmark.path={f}"], f, ":2 (byte 143)"   # the é of line 2: 143 bytes in
+
+
+def dpgbench_not_utf8(tmp_path):         # finding 7
+    d = tmp_path / "prompts"
+    d.mkdir()
+    (d / "a1.txt").write_text("a red cube on a table")
+    (d / "a2.txt").write_bytes(b"a blue \xff sphere")
+    return ["model=toy", "benchmark=dpgbench", f"benchmark.path={d}"], d / "a2.txt", ":1 (byte 7)"
+
+
+def geneval_bad_json(tmp_path):
+    f = tmp_path / "evaluation_metadata.jsonl"
+    f.write_text('{"tag": "single_object", "prompt": "a cat"}\n{"tag": "colors", "prompt": x}\n')
+    return ["model=toy", "benchmark=geneval", f"benchmark.path={f}"], f, ":2:29 (byte 72)"   # the x: line 1 is 44 bytes + newline, then 28 more
+
+
+def geneval_path_is_a_folder(tmp_path):
+    return ["model=toy", "benchmark=geneval", f"benchmark.path={tmp_path}"], tmp_path, "is a folder"
+
+
+def imagereward_duplicate_key(tmp_path):
+    f = tmp_path / "benchmark-prompts.json"
+    f.write_text('[{"id": 1, "prompt": "a", "prompt": "b"}]')
+    return ["model=toy", "benchmark=imagereward", f"benchmark.path={f}"], f, "'prompt' is given twice"
+
+
+def hpsv2_wrong_shape(tmp_path):
+    for s in ("anime", "concept-art", "paintings", "photo"):
+        (tmp_path / f"{s}.json").write_text('{"prompts": ["a"]}')
+    return ["model=toy", "benchmark=hpsv2", f"benchmark.path={tmp_path}"], tmp_path / "anime.json", \
+        "must be a JSON list of prompt strings"
+
+
+def dpgbench_path_is_a_file(tmp_path):
+    f = tmp_path / "prompts.txt"
+    f.write_text("a cube")
+    return ["model=toy", "benchmark=dpgbench", f"benchmark.path={f}"], f, "is a file"
+
+
+def config_dir_yaml_broken(tmp_path):    # finding 3
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    f = tmp_path / "conf" / "method" / "mine.yaml"
+    f.write_text("name: baseline\nlabel: [unclosed\nknobs: {}\n")
+    return ["model=toy", "method=mine", "--config-dir", str(tmp_path / "conf")], f, "mine.yaml:3:6"
+
+
+def config_dir_duplicate_key(tmp_path):
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    f = tmp_path / "conf" / "method" / "mine.yaml"
+    f.write_text("name: baseline\nlabel: Mine\nlabel: Other\nknobs: {}\n")
+    return ["model=toy", "method=mine", "--config-dir", str(tmp_path / "conf")], f, "mine.yaml:3:1"
+
+
+def config_dir_not_a_mapping(tmp_path):
+    (tmp_path / "conf" / "method").mkdir(parents=True)
+    f = tmp_path / "conf" / "method" / "mine.yaml"
+    f.write_text("- name\n- baseline\n")
+    return ["model=toy", "method=mine", "--config-dir", str(tmp_path / "conf")], f, "not a mapping"
+
+
+#: (input kind, fault): (builder, error's first words)
+CASES = {
+    ("geneval prompt file", "not UTF-8"): (geneval_not_utf8, "unreadable or malformed file"),
+    ("dpgbench prompt file", "not UTF-8"): (dpgbench_not_utf8, "unreadable or malformed file"),
+    ("geneval prompt file", "not JSON"): (geneval_bad_json, "unreadable or malformed file"),
+    ("geneval prompt file", "a folder"): (geneval_path_is_a_folder, "unreadable or malformed file"),
+    ("imagereward prompt file", "duplicate key"): (imagereward_duplicate_key, "unreadable or malformed file"),
+    ("hpsv2 prompt file", "wrong shape"): (hpsv2_wrong_shape, "unreadable or malformed file"),
+    ("dpgbench prompt folder", "a file"): (dpgbench_path_is_a_file, "unreadable or malformed file"),
+    ("--config-dir yaml", "does not parse"): (config_dir_yaml_broken, "unreadable or malformed file"),
+    ("--config-dir yaml", "duplicate key"): (config_dir_duplicate_key, "unreadable or malformed file"),
+    ("--config-dir yaml", "not a mapping"): (config_dir_not_a_mapping, "unreadable or malformed file"),
+}
+
+
+@pytest.mark.parametrize("mode", ["--dry-run", "run"])
+@pytest.mark.parametrize("kind, fault", list(CASES), ids=[f"{k}-{f}" for k, f in CASES])
+def test_a_file_fault_is_one_line_naming_the_file_and_place_exit_2(kind, fault, mode, tmp_path, monkeypatch, capsys):
+    """Findings 3, 6, 7 (and their siblings): one line ``[varbench] unreadable or malformed file: FILE:LINE:COL
+    (byte N): ...`` or ``FILE ... byte N``, exit 2, never "missing", no traceback; nothing written."""
+    build, first_words = CASES[kind, fault]
+    argv, path, where = build(tmp_path)
+    argv = [*argv, *_common(tmp_path)] + (["--dry-run"] if mode == "--dry-run" else [])
+    code, out = _run_cli(argv, monkeypatch, capsys)
+    line = next((x for x in out.splitlines() if x.startswith("[varbench] ") and first_words in x), None)
+    assert code == 2 if mode == "run" else code in (0, 2), out
+    assert line is not None and line.startswith(f"[varbench] {first_words}: "), out
+    assert str(path) in line and where in line, line
+    assert "missing" not in line and "Traceback" not in out, out
+    assert not (tmp_path / "store").exists()                  # refused before any write
+
+
+def _plugin_site(tmp_path, monkeypatch, module_source: str, entry: str) -> None:
+    """An installed distribution (a dist-info on sys.path) whose prompt-loader entry point is ``entry``."""
+    from varbench.harness.prompts import LOADERS
+
+    site = tmp_path / "site"
+    (site / "vb_ext_prompts-0.1.dist-info").mkdir(parents=True)
+    (site / "vb_ext_prompts.py").write_text(textwrap.dedent(module_source))
+    (site / "vb_ext_prompts-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vb_ext_prompts\nVersion: 0.1\n")
+    (site / "vb_ext_prompts-0.1.dist-info" / "entry_points.txt").write_text(f"[varbench.prompt_loaders]\n{entry}\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "vb_ext_prompts", raising=False)
+    LOADERS.rescan()
+    monkeypatch.setattr(LOADERS, "_outside", None)
+
+
+def test_a_prompt_loader_that_fails_to_import_is_named_not_called_missing(tmp_path, monkeypatch, capsys):
+    """Finding 4: the `EntryLoadError` line the README promises, not "1 file the job needs is missing"."""
+    _plugin_site(tmp_path, monkeypatch, "import vb_no_such_dependency\ndef load(cfg): pass\n",
+                 "broken = vb_ext_prompts:load")
+    code, out = _run_cli(["model=toy", "benchmark.loader=broken", *_common(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and "[varbench] EntryLoadError: benchmark loader 'broken'" in out, out
+    assert "vb_no_such_dependency" in out and "missing" not in out.replace("vb_no_such", ""), out
+
+
+def test_a_module_attr_of_the_wrong_kind_is_a_bad_setting(tmp_path, monkeypatch):
+    """A ``module:attr`` that imports but is not what its slot takes: one line naming both."""
+    from varbench.evaluators import REGISTRY as EVALUATORS
+    from varbench.harness.prompts import LOADERS
+    from varbench.policies import REGISTRY as METHODS
+
+    (tmp_path / "vb_ext_kinds.py").write_text("def func(x): return x\nclass Thing:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(WrongKindError, match=r"method 'vb_ext_kinds:func' imports, but is a function.*Policy"):
+        METHODS.load("vb_ext_kinds:func")
+    with pytest.raises(WrongKindError, match=r"evaluator 'vb_ext_kinds:Thing' imports, but is the class .*Evaluator"):
+        EVALUATORS.load("vb_ext_kinds:Thing")
+    with pytest.raises(WrongKindError, match=r"benchmark loader 'vb_ext_kinds:Thing' imports, but is the class"):
+        LOADERS.load("vb_ext_kinds:Thing")
+    assert report_line(WrongKindError("x")).startswith("[varbench] bad setting: ")
+    assert callable(LOADERS.load("vb_ext_kinds:func"))                  # a function fits the loader slot
+
+
+def test_an_empty_shard_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    """Finding 5: a shard takes whole blocks, and a block holds whole generation and scoring batches
+    (SCORE_BATCH images: 16 prompts at 1 sample each), so 6 prompts make one block and ``shard=1/2`` would get
+    none. Every shard of the count refuses alike (shard 0 too, so no part is written that could never be
+    assembled), as an incompatible combination, before any work: exit 2, nothing written. 32 prompts make 2
+    blocks: 2 shards fit."""
+    from varbench.harness.job import prepare_job
+    from varbench.harness.preflight import check_files
+    from varbench.harness.scoring import SCORE_BATCH
+    from varbench.testing.jobs import job_config
+
+    assert SCORE_BATCH == 16            # the block size the numbers above rest on
+    base = ["model=toy", "benchmark=toy", "benchmark.samples_per_prompt=1", "runtime.batch_size=4",
+            "evaluator=[]", "timing=none"]
+    for shard in ("0/2", "1/2"):
+        cfg = [*base, "benchmark.n_prompts=6", f"shard={shard}"]
+        with pytest.raises(IncompatibleSettingsError, match=r"make 1 block.*Use at most 1 shard"):
+            check_files([job_config(tmp_path, *cfg)])
+        with pytest.raises(IncompatibleSettingsError):
+            prepare_job(job_config(tmp_path, *cfg))
+    assert not (tmp_path / "store").exists()
+    code, out = _run_cli(["-m", *base, "benchmark.n_prompts=6", "shard=0/2,1/2", *_common(tmp_path)], monkeypatch, capsys)
+    assert code == 2 and "[varbench] incompatible combination: shard=0/2" in out and "Traceback" not in out, out
+    assert not (tmp_path / "store").exists()
+    check_files([job_config(tmp_path, *base, "benchmark.n_prompts=32", "shard=1/2")])   # 2 blocks: fits
+
+
+def test_a_plus_on_an_existing_key_says_drop_the_plus(tmp_path, monkeypatch, capsys):
+    """Finding 8: ``+method.knobs.r_max`` where nova's r_max exists (in a sweep's jobs, not in the primary
+    config): one line, exit 2, the dry run and a real run alike."""
+    argv = ["+experiment=nova_sweep", "model=toy", "+method.knobs.r_max=0.5", *_common(tmp_path)]
+    for extra in (["--dry-run"], []):
+        code, out = _run_cli([*argv, *extra], monkeypatch, capsys)
+        assert code == 2, out
+        assert "[varbench] config error: +method.knobs.r_max=0.5: method.knobs.r_max exists: drop the +" in out, out
+        assert "Traceback" not in out and "ConfigCompositionException" not in out
+    assert not (tmp_path / "store").exists()
+
+
+def test_hydra_full_error_still_gives_the_full_trace(tmp_path, monkeypatch, capsys):
+    """``HYDRA_FULL_ERROR=1``: the translation steps aside, Hydra's own exception comes through."""
+    from hydra.errors import ConfigCompositionException
+
+    from varbench.cli.dry_run import dry_run
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ConfigCompositionException):
+        dry_run(["+experiment=nova_sweep", "model=toy", "+method.knobs.r_max=0.5", *_common(tmp_path)])
+
+
+def test_a_bad_setting_is_called_a_bad_setting(tmp_path, monkeypatch, capsys):
+    """Finding 9: refused before any job, as a bad setting (not "1 file the sweep needs is missing")."""
+    code, out = _run_cli(["-m", "model=toy", "method=baseline", "benchmark.limit=2,-1", *_common(tmp_path)],
+                         monkeypatch, capsys)
+    assert code == 2, out
+    assert "[varbench] bad setting: benchmark.limit must be >= 1, got -1" in out, out
+    assert "missing" not in out and "Traceback" not in out
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_missing_config_dir_is_missing_and_an_unknown_nested_option_is_selectable(tmp_path, monkeypatch, capsys):
+    code, out = _run_cli(["model=toy", "--config-dir", str(tmp_path / "nope"), "--dry-run"], monkeypatch, capsys)
+    assert code == 2 and "--config-dir" in out and "does not exist" in out, out
+    from varbench.cli.overrides import check_overrides
+
+    check_overrides(["model=toy", "benchmark=protocol/toy"])             # a nested option is an option
+
+
+# -- the strict readers other loaders call (varbench/core/inputs.py) --------------------------------
+@pytest.mark.parametrize("reader, data, where", [
+    (read_text, b"ok\n\xc3(", ":2 (byte 3)"),                        # a broken 2-byte sequence after "ok\n"
+    (read_json, b'{"a": 1,\n "a": 2}', ":2:2 (byte 10)"),             # the second "a"
+    (read_json, b'[1, 2,]', ":1:7 (byte 6)"),
+    (lambda p, w: list(read_jsonl(p, w)), b'{"p": "\xc3\xa9"}\n{"p" 1}\n', ":2:6 (byte 17)"),   # line 1: 12 bytes (é is 2)
+    (read_yaml, b"a: 1\nb:\n\t- x\n", ":3:1"),                         # a tab where indentation belongs
+])
+def test_the_strict_readers_name_file_and_position(reader, data, where, tmp_path):
+    f = tmp_path / "f"
+    f.write_bytes(data)
+    with pytest.raises(MalformedFileError) as e:
+        reader(f, "test file")
+    assert str(e.value).startswith(f"{f}{where}"), str(e.value)
+
+
+def test_the_tolerance_rule_a_bom_and_blank_lines_pass(tmp_path):
+    f = tmp_path / "f.jsonl"
+    f.write_bytes(b'\xef\xbb\xbf{"p": 1}\n\n  \n{"p": 2}\n')
+    assert list(read_jsonl(f, "x")) == [(0, {"p": 1}), (3, {"p": 2})]       # line indices as prompt indices count
+    assert read_text(f, "x").startswith('{"p"')
+
+
+def test_first_words_per_kind():
+    from varbench.core.missing import MissingFilesError
+
+    assert report_line(BadSettingError("x")).startswith("[varbench] bad setting: ")
+    assert report_line(IncompatibleSettingsError("x")).startswith("[varbench] incompatible combination: ")
+    assert report_line(MalformedFileError("f", "x")).startswith("[varbench] unreadable or malformed file: f: x")
+    assert report_line(EntryLoadError("x")).startswith("[varbench] EntryLoadError: ")
+    assert "missing" in str(MissingFilesError("1 file the job needs is missing"))
