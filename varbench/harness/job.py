@@ -551,6 +551,7 @@ def assemble_shards(job: Job) -> bool:
     with job.entry.lock(wait_s=job.lock_wait_s), uninterruptible():
         if job.entry.is_done():
             return True
+        check_shards_belong(job, shards)                    # before anything is written into the entry
         for name in (job.cfg.get("evaluator") or {}):       # the entry's own sample files, from every shard
             rows = [r for s in shards if (s / f"samples_{name}.jsonl").exists() for r in read_jsonl(s / f"samples_{name}.jsonl")]
             write_samples(job.entry.dir, name, latest_rows(rows))
@@ -570,6 +571,29 @@ def assemble_shards(job: Job) -> bool:
 
 class ShardAssemblyError(FixableError):
     """A sharded entry cannot be rebuilt from its folder (no finished shard, or moved files)."""
+
+
+def check_shards_belong(job: Job, shards: Sequence[Path]) -> None:
+    """Every part is of this entry, by its config identity (not only by count): each shard's recorded
+    config (``job.json``) must hash to this entry (:func:`varbench.core.hashing.entry_hash`, with this
+    job's weight, prompt and method-file hashes). A part copied in from another job (another seed, a
+    moved folder) is a :class:`ShardAssemblyError` naming it, raised before anything is written."""
+    for s in shards:
+        meta = s / "job.json"
+        if not meta.exists():
+            continue
+        try:
+            cfg = read_json(meta)["config"]
+            key = entry_hash(pin_runtime(cfg, job.device, job.dtype), job.weights, job.prompt_set.sha256,
+                             method_files=job.method_files)
+        except (KeyError, TypeError) as e:
+            raise ShardAssemblyError(f"{meta} has no readable config ({type(e).__name__}: {e}); nothing was "
+                                     "written: delete that shard folder and run the shard again") from None
+        if key != job.entry.entry_hash:
+            raise ShardAssemblyError(f"shard {s.name} of {job.entry.dir} belongs to another job: its config "
+                                     f"({meta}) hashes to {key[:12]}, not this entry's {job.entry.entry_hash[:12]} "
+                                     "(copied or moved files?); nothing was written: delete that shard folder "
+                                     "and run the shard again")
 
 
 def job_from_shards(entry_dir: str | Path) -> Job:
