@@ -276,3 +276,51 @@ def test_first_words_per_kind():
     assert report_line(MalformedFileError("f", "x")).startswith("[varbench] unreadable or malformed file: f: x")
     assert report_line(EntryLoadError("x")).startswith("[varbench] EntryLoadError: ")
     assert "missing" in str(MissingFilesError("1 file the job needs is missing"))
+
+
+# -- section 3: a single job scores its model's protocol ------------------------------------------
+def test_a_single_job_takes_its_models_protocol_and_any_protocol_is_selectable(tmp_path):
+    """``python -m varbench model=toy method=baseline`` (no experiment) composes the toy protocol (toy prompts,
+    toy GenEval, fidelity), as a sweep does; ``benchmark=protocol/toy`` and a protocol of the user's own in
+    ``--config-dir`` are options by name (before: the smoke prompts with no evaluator; "no benchmark option")."""
+    from varbench.cli.overrides import check_overrides
+    from varbench.cli.sweep_plan import plan_command
+
+    [job] = plan_command(["model=toy", "method=baseline", *_common(tmp_path)]).jobs
+    assert job.cfg.benchmark.name == "toy" and sorted(job.cfg.evaluator) == ["fidelity", "toy_geneval"]
+    [job] = plan_command(["model=tiny", *_common(tmp_path)]).jobs
+    assert job.cfg.benchmark.name == "smoke" and list(job.cfg.evaluator) == ["fidelity"]
+    [job] = plan_command(["model=toy", "benchmark=smoke", *_common(tmp_path)]).jobs   # told otherwise
+    assert job.cfg.benchmark.name == "smoke" and not job.cfg.get("evaluator")
+    check_overrides(["model=toy", "benchmark=protocol/toy"])
+    from varbench.cli.dry_run import dry_run_lines
+
+    # the dry run says where a job's time goes: 60 toy prompts x 2 images, then the timed pass
+    [stages] = [x for x in dry_run_lines(plan_command(["model=toy", *_common(tmp_path)])) if "per job:" in x]
+    assert "generate 120 images, score them (toy_geneval, fidelity), then a timed pass of" in stages
+    assert "timing=quick is the fast first look" in stages
+    conf = tmp_path / "conf" / "benchmark" / "protocol"
+    conf.mkdir(parents=True)
+    (conf / "mine.yaml").write_text("defaults:\n  - /benchmark/toy@_here_\n  - /evaluator/toy_geneval@_global_.evaluator\n"
+                                    "  - _self_\nn_prompts: 12\n")
+    argv = ["model=toy", "benchmark=protocol/mine", "--config-dir", str(tmp_path / "conf"), *_common(tmp_path)]
+    check_overrides(argv)
+    [job] = plan_command(argv).jobs
+    assert job.cfg.benchmark.n_prompts == 12 and list(job.cfg.evaluator) == ["toy_geneval"]
+
+
+@pytest.mark.integration
+def test_a_single_toy_job_writes_the_protocols_quality_columns(tmp_path, monkeypatch, capsys):
+    """The issue's done-when: a single job's record has the toy protocol's quality (toy GenEval and fidelity)."""
+    import json
+
+    monkeypatch.setattr(sys, "argv", ["varbench", "model=toy", "method=baseline", "benchmark.limit=4", "timing=quick",
+                                      "runtime.progress=false", "aggregate=false", *_common(tmp_path),
+                                      f"hydra.run.dir={tmp_path}/run"])
+    from varbench.cli.app import cli
+
+    cli()
+    [rec] = [json.loads(p.read_text()) for p in (tmp_path / "store").rglob("record.json")]
+    assert rec["benchmark"]["name"] == "toy"
+    assert any(k.startswith("toy_geneval/") for k in rec["metrics"]), rec["metrics"]
+    assert any(k.startswith("fidelity/") for k in rec["metrics"]), rec["metrics"]

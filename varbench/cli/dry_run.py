@@ -144,6 +144,37 @@ def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
     return JobLine("", entry, status, seconds, source)
 
 
+def timed_generations(timing) -> int:
+    """Generations the timed pass runs per job (adaptive methods' prompt count; static methods time
+    ``prompts_static``): prompts × (repeats + warm-up) × batch sizes, twice with the paired baseline."""
+    if not timing or not timing.get("enabled", True):
+        return 0
+    prompts = int(timing.get("prompts") or 1)
+    per = int(timing.get("repeats") or 1) + (int(timing.get("warmup_per_prompt")) if str(timing.get("warmup_per_prompt")).isdigit() else 0)
+    n = prompts * per * len(timing.get("batch_sizes") or [1]) + int(timing.get("warmup") or 0)
+    return n * (2 if timing.get("paired_baseline") else 1)
+
+
+def stage_line(cfg) -> str:
+    """Where a job's time goes: images generated and scored, then the timed pass (often most of a
+    small job's wall time on a CPU), with the quick protocol's size for a first look."""
+    try:
+        spp = int(cfg.benchmark.get("samples_per_prompt") or 1)
+        from varbench.harness.prompts import load_prompt_set
+
+        n_images = len(load_prompt_set(cfg.benchmark).items) * spp
+    except Exception:  # noqa: BLE001 - a prompt problem is named below
+        return ""
+    timed = timed_generations(cfg.get("timing"))
+    evaluators = ", ".join(cfg.get("evaluator") or {}) or "none"
+    line = f"  per job: generate {n_images} images, score them ({evaluators})"
+    if timed:
+        line += (f", then a timed pass of ≈ {timed} generations (timing.prompts × (repeats + warm-up) × batch sizes"
+                 f"{', × 2 with the paired baseline' if cfg.timing.get('paired_baseline') else ''}); "
+                 "timing=quick is the fast first look, timing=none skips it")
+    return line
+
+
 def dry_run_lines(plan: SweepPlan) -> list[str]:
     """The dry run's report (see the module docstring)."""
     from varbench.core.missing import MissingFilesError
@@ -174,6 +205,9 @@ def dry_run_lines(plan: SweepPlan) -> list[str]:
     out.append(f"  {len(todo)} to run, {len(lines_) - len(todo)} finished; {total}"
                + (f" for the {len(known)} with an estimate, {unknown} without" if unknown and known else "")
                + "; one after another on this machine")
+    stages = stage_line(first)
+    if stages:
+        out.append(stages)
     try:
         check_files([j.cfg for j in plan.jobs], labels)
     except MissingFilesError as e:
