@@ -180,7 +180,8 @@ class LazyRegistry(MutableMapping):
         if wanted:
             what = f"the class {obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) else \
                 f"a {type(obj).__name__}" + (f" ({getattr(obj, '__name__', '')})" if getattr(obj, "__name__", "") else "")
-            raise WrongKindError(f"{kind} {name!r} imports, but is {what}; a {kind} slot takes {wanted}")
+            raise WrongKindError(f"{kind} {name!r} imports, but is {what}, not {wanted} (what a {kind} slot takes): "
+                                 f"point at your {kind} instead")
         return obj
 
     # -- the mapping ----------------------------------------------------------------------------
