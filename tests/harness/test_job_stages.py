@@ -169,6 +169,9 @@ def test_a_job_failing_before_any_output_leaves_no_empty_folders(tmp_path, monke
         raise RuntimeError("model failed to build")
 
     monkeypatch.setattr(job_mod, "_build", boom)
+    # scoring batches of 2: the 5 prompts make 3 blocks, so shard 0/3 has prompts (an empty shard is refused
+    # before any work, issue 40)
+    monkeypatch.setattr(job_mod, "SCORE_BATCH", 2)
     with pytest.raises(RuntimeError, match="failed to build"):
         run_job(_cfg(tmp_path))
     entries = tmp_path / "store" / "smoke" / "entries"

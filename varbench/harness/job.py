@@ -100,6 +100,18 @@ class Job:
     observers: list = dataclasses.field(default_factory=list)      # JobObserver hooks (varbench.harness.events)
     context: JobContext = dataclasses.field(default_factory=JobContext)   # what the command line chose
     started: bool = False      # job_started was announced (so job_finished / job_failed follow)
+    #: wall seconds of each stage this process ran ({"build", "generate", "score", "time"}): the result
+    #: line says which one the time went to (on a loaded CPU the timed pass is most of a small job)
+    stage_s: dict = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        """Add the block's wall time to ``stage_s[name]``."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - t
 
     @property
     def prompts_per_block(self) -> int:
@@ -476,11 +488,16 @@ def _run_whole(job: Job) -> dict | None:
         if _finished(job):                           # another job finished it while this one waited
             return None
         _start(job)
-        rt, policy = _build(job)
-        n_new = generate_stage(job, rt, policy)
+        with job.stage("build"):
+            rt, policy = _build(job)
+        with job.stage("generate"):
+            n_new = generate_stage(job, rt, policy)
         print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
-        score_stage(job, reference_stage(job, rt))
-        record = assemble_record(job, rt, time_stage(job, rt, policy), [job.entry.dir])
+        with job.stage("score"):
+            score_stage(job, reference_stage(job, rt))   # the baseline's reference images count as scoring's
+        with job.stage("time"):
+            timing = time_stage(job, rt, policy)
+        record = assemble_record(job, rt, timing, [job.entry.dir])
         with uninterruptible():
             job.entry.write_record(record, force=bool(job.cfg.runtime.force))
             job.entry.mark_done()
