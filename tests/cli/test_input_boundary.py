@@ -150,13 +150,77 @@ def _plugin_site(tmp_path, monkeypatch, module_source: str, entry: str) -> None:
     monkeypatch.setattr(LOADERS, "_outside", None)
 
 
-def test_a_prompt_loader_that_fails_to_import_is_named_not_called_missing(tmp_path, monkeypatch, capsys):
-    """Finding 4: the `EntryLoadError` line the README promises, not "1 file the job needs is missing"."""
-    _plugin_site(tmp_path, monkeypatch, "import vb_no_such_dependency\ndef load(cfg): pass\n",
-                 "broken = vb_ext_prompts:load")
-    code, out = _run_cli(["model=toy", "benchmark.loader=broken", *_common(tmp_path)], monkeypatch, capsys)
-    assert code == 2 and "[varbench] EntryLoadError: benchmark loader 'broken'" in out, out
-    assert "vb_no_such_dependency" in out and "missing" not in out.replace("vb_no_such", ""), out
+def loader_fails_to_import(tmp_path, monkeypatch):      # finding 4
+    _plugin_site(tmp_path, monkeypatch, "import vb_no_such_dependency\ndef load(cfg): pass\n", "broken = vb_ext_prompts:load")
+    return ["model=toy", "benchmark=smoke", "benchmark.loader=broken"], "benchmark loader 'broken'"
+
+
+def plus_on_an_existing_key(tmp_path, monkeypatch):      # finding 8: r_max exists in the sweep's nova jobs
+    return ["+experiment=nova_sweep", "model=toy", "+method.knobs.r_max=0.5"], \
+        "+method.knobs.r_max=0.5: method.knobs.r_max exists: drop the +"
+
+
+def tilde_on_an_absent_key(tmp_path, monkeypatch):
+    return ["model=toy", "~method.knobs.zzz"], "~method.knobs.zzz: method.knobs.zzz does not exist"
+
+
+def override_syntax(tmp_path, monkeypatch):
+    return ["model=toy", "method.knobs=[1"], "override grammar"
+
+
+def limit_out_of_range(tmp_path, monkeypatch):          # finding 9
+    return ["-m", "model=toy", "method=baseline", "benchmark.limit=2,-1"], "benchmark.limit must be >= 1, got -1"
+
+
+def shard_without_prompts(tmp_path, monkeypatch):       # finding 5 (6 toy prompts at 1 sample: one block)
+    return ["-m", "model=toy", "benchmark=toy", "benchmark.n_prompts=6", "benchmark.samples_per_prompt=1",
+            "runtime.batch_size=4", "timing=none", "shard=0/2,1/2"], "shard=0/2 with 6 prompt(s)"
+
+
+def store_is_a_dangling_link(tmp_path, monkeypatch):
+    import os
+
+    os.symlink(tmp_path / "unmounted", tmp_path / "link")
+    return ["model=toy", "benchmark=smoke", "benchmark.limit=1", "evaluator=[]", "timing=none",
+            f"paths.store_dir={tmp_path}/link"], f"{tmp_path}/link is a symbolic link to {tmp_path}/unmounted"
+
+
+#: (input kind, fault): (builder, first words of the one line, whether --dry-run refuses too)
+CLI_CASES = {
+    ("prompt loader entry point", "import fails"): (loader_fails_to_import, "EntryLoadError", False),
+    ("+override", "key exists"): (plus_on_an_existing_key, "config error", True),
+    ("~override", "key absent"): (tilde_on_an_absent_key, "config error", True),
+    ("override", "syntax"): (override_syntax, "config error", True),
+    ("benchmark.limit", "out of range"): (limit_out_of_range, "bad setting", False),   # a dry run lists it
+    ("shard", "a shard without prompts"): (shard_without_prompts, "incompatible combination", False),
+    ("paths.store_dir", "dangling link"): (store_is_a_dangling_link, "StoreWriteError", False),
+}
+
+
+@pytest.mark.parametrize("mode", ["--dry-run", "run"])
+@pytest.mark.parametrize("kind, fault", list(CLI_CASES), ids=[f"{k}-{f}" for k, f in CLI_CASES])
+def test_a_command_line_fault_is_one_line_of_its_kind_exit_2(kind, fault, mode, tmp_path, monkeypatch, capsys):
+    """Findings 4, 5, 8, 9 (and siblings): the real run refuses before any job with exit 2 and one line whose
+    first words say the kind (never "missing" for what is not missing); the dry run refuses alike, or lists
+    the fault in its report (exit 0) where the other jobs can still be shown; no traceback, nothing stored."""
+    build, first_words, dry_refuses = CLI_CASES[kind, fault]
+    argv, says = build(tmp_path, monkeypatch)
+    common = _common(tmp_path)
+    if any(a.startswith("paths.store_dir=") for a in argv):
+        common = [c for c in common if not c.startswith("paths.store_dir=")]
+    code, out = _run_cli([*argv, *common] + (["--dry-run"] if mode == "--dry-run" else []), monkeypatch, capsys)
+    assert "Traceback" not in out, out
+    if mode == "--dry-run" and not dry_refuses:
+        assert code == 0 and "nothing is run" in out, out
+        if first_words != "StoreWriteError":
+            assert f"[varbench] {first_words}: " in out and says in out, out
+            assert "missing" not in out, out
+    else:
+        assert code == 2, out
+        line = next(x for x in out.splitlines() if x.startswith("[varbench] ") and not x.startswith("[varbench] dry run"))
+        assert line.startswith(f"[varbench] {first_words}: ") and says in line, out
+        assert "is missing" not in line and "files the" not in line, line
+    assert not (tmp_path / "store").exists() and not (tmp_path / "unmounted").exists()
 
 
 def test_a_module_attr_of_the_wrong_kind_is_a_bad_setting(tmp_path, monkeypatch):
@@ -177,7 +241,7 @@ def test_a_module_attr_of_the_wrong_kind_is_a_bad_setting(tmp_path, monkeypatch)
     assert callable(LOADERS.load("vb_ext_kinds:func"))                  # a function fits the loader slot
 
 
-def test_an_empty_shard_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+def test_an_empty_shard_is_refused_before_any_work(tmp_path):
     """Finding 5: a shard takes whole blocks, and a block holds whole generation and scoring batches
     (SCORE_BATCH images: 16 prompts at 1 sample each), so 6 prompts make one block and ``shard=1/2`` would get
     none. Every shard of the count refuses alike (shard 0 too, so no part is written that could never be
@@ -198,22 +262,7 @@ def test_an_empty_shard_is_refused_before_any_work(tmp_path, monkeypatch, capsys
         with pytest.raises(IncompatibleSettingsError):
             prepare_job(job_config(tmp_path, *cfg))
     assert not (tmp_path / "store").exists()
-    code, out = _run_cli(["-m", *base, "benchmark.n_prompts=6", "shard=0/2,1/2", *_common(tmp_path)], monkeypatch, capsys)
-    assert code == 2 and "[varbench] incompatible combination: shard=0/2" in out and "Traceback" not in out, out
-    assert not (tmp_path / "store").exists()
     check_files([job_config(tmp_path, *base, "benchmark.n_prompts=32", "shard=1/2")])   # 2 blocks: fits
-
-
-def test_a_plus_on_an_existing_key_says_drop_the_plus(tmp_path, monkeypatch, capsys):
-    """Finding 8: ``+method.knobs.r_max`` where nova's r_max exists (in a sweep's jobs, not in the primary
-    config): one line, exit 2, the dry run and a real run alike."""
-    argv = ["+experiment=nova_sweep", "model=toy", "+method.knobs.r_max=0.5", *_common(tmp_path)]
-    for extra in (["--dry-run"], []):
-        code, out = _run_cli([*argv, *extra], monkeypatch, capsys)
-        assert code == 2, out
-        assert "[varbench] config error: +method.knobs.r_max=0.5: method.knobs.r_max exists: drop the +" in out, out
-        assert "Traceback" not in out and "ConfigCompositionException" not in out
-    assert not (tmp_path / "store").exists()
 
 
 def test_hydra_full_error_still_gives_the_full_trace(tmp_path, monkeypatch, capsys):
@@ -225,16 +274,6 @@ def test_hydra_full_error_still_gives_the_full_trace(tmp_path, monkeypatch, caps
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(ConfigCompositionException):
         dry_run(["+experiment=nova_sweep", "model=toy", "+method.knobs.r_max=0.5", *_common(tmp_path)])
-
-
-def test_a_bad_setting_is_called_a_bad_setting(tmp_path, monkeypatch, capsys):
-    """Finding 9: refused before any job, as a bad setting (not "1 file the sweep needs is missing")."""
-    code, out = _run_cli(["-m", "model=toy", "method=baseline", "benchmark.limit=2,-1", *_common(tmp_path)],
-                         monkeypatch, capsys)
-    assert code == 2, out
-    assert "[varbench] bad setting: benchmark.limit must be >= 1, got -1" in out, out
-    assert "missing" not in out and "Traceback" not in out
-    assert not (tmp_path / "store").exists()
 
 
 def test_a_missing_config_dir_is_missing_and_an_unknown_nested_option_is_selectable(tmp_path, monkeypatch, capsys):
@@ -324,3 +363,17 @@ def test_a_single_toy_job_writes_the_protocols_quality_columns(tmp_path, monkeyp
     assert rec["benchmark"]["name"] == "toy"
     assert any(k.startswith("toy_geneval/") for k in rec["metrics"]), rec["metrics"]
     assert any(k.startswith("fidelity/") for k in rec["metrics"]), rec["metrics"]
+
+
+def test_shards_of_mixed_counts_are_warned_about(tmp_path, caplog):
+    """``shard=0/2`` and ``shard=1/3`` in one entry: nothing can be sealed, and now it is said."""
+    from varbench.harness.job import other_shard_counts, ready_sharded_entries
+
+    entry = tmp_path / "exp" / "entries" / "abc"
+    for name in ("0-of-2", "1-of-2", "1-of-3"):
+        (entry / "shards" / name).mkdir(parents=True)
+        (entry / "shards" / name / "SHARD_DONE").write_text("{}")
+    assert other_shard_counts(entry, 2) == ["1-of-3"] and other_shard_counts(entry, 3) == ["0-of-2", "1-of-2"]
+    with caplog.at_level("WARNING", logger="varbench"):
+        assert ready_sharded_entries(tmp_path) == []
+    assert "holds shards of 2 different counts (0-of-2, 1-of-2, 1-of-3): none is assembled" in caplog.text

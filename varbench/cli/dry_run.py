@@ -126,7 +126,9 @@ def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
     except ConfigError as e:
         return JobLine("", "-", f"{e.first_words}: {e}", None, "")
     except FixableError as e:
-        return JobLine("", "-", f"cannot start: {type(e).__name__}", None, "see the missing files below")
+        missing = isinstance(e, FileNotFoundError)
+        return JobLine("", "-", f"cannot start: {e.first_words or type(e).__name__}", None,
+                       "see the missing files below" if missing else "see below")
     spp = job.prompt_set.samples_per_prompt
     items = [it for it, s in job.keys if s == 0]
     n_images = len(items) * spp

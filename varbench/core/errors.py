@@ -54,6 +54,12 @@ class StoreWriteError(FixableError, OSError):
     def __init__(self, err: OSError, path: str | os.PathLike | None = None):
         where = os.fspath(path) if path is not None else (err.filename or "?")
         super().__init__(err.errno, err.strerror or str(err), where)
+        link = dangling_link(where) or (dangling_link(err.filename) if err.filename else None)
+        if link is not None:          # "File exists" says nothing about a link to a folder that is gone
+            self.message = (f"cannot write {where}: {link} is a symbolic link to {os.readlink(link)}, which does not "
+                            "exist. Fix: create that folder (e.g. mount the disk it is on), remove the link, or point "
+                            "paths.store_dir / paths.results_dir elsewhere")
+            return
         self.message = (f"cannot write {where}: {err.strerror or err}. Fix: "
                         + _WRITE_FIX.get(err.errno, "make that folder writable, or point paths.store_dir / "
                                                     "paths.results_dir at a writable folder"))
@@ -63,6 +69,19 @@ class StoreWriteError(FixableError, OSError):
 
     def __reduce__(self):          # picklable across launcher processes (submitit/joblib send errors back)
         return (_rebuild_write_error, (self.errno, self.strerror, self.filename))
+
+
+def dangling_link(path: str | os.PathLike) -> str | None:
+    """``path`` or the nearest of its parents that is a symbolic link whose target does not exist
+    (a store folder linked to an unmounted disk); None when there is none."""
+    p = os.path.abspath(os.fspath(path))
+    while True:
+        if os.path.islink(p) and not os.path.exists(p):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
 
 
 def _rebuild_write_error(code, strerror, filename):

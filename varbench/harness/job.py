@@ -562,6 +562,11 @@ def assemble_shards(job: Job) -> bool:
     Called by each shard when it finishes (the last one wins the entry lock and assembles)."""
     shards = [job.entry.dir / "shards" / Shard(i, job.shard.count).name for i in range(job.shard.count)]
     missing = [s.name for s in shards if not (s / "SHARD_DONE").exists()]
+    others = other_shard_counts(job.entry.dir, job.shard.count)
+    if others:
+        print(f"[varbench] warning: {job.entry.dir / 'shards'} also holds shards of another count ({', '.join(others)}): "
+              f"the record is assembled from the {job.shard.count} shards of this count only; the others are "
+              "ignored (relaunch them with shard=i/" f"{job.shard.count}, or delete their folders)")
     if missing:
         print(f"[varbench] shard {job.shard.name} done; waiting for shard(s) {', '.join(missing)} to assemble the record")
         return False
@@ -584,6 +589,16 @@ def assemble_shards(job: Job) -> bool:
         job.entry.mark_done()
     print(f"[varbench] record (assembled from {job.shard.count} shards): {job.entry.record_path}")
     return True
+
+
+def other_shard_counts(entry_dir: Path, count: int) -> list[str]:
+    """The shard folders of ``entry_dir`` made with another ``n`` than ``count`` (``shard=1/3`` next to
+    ``shard=0/2``): they can never join this count's record."""
+    folder = Path(entry_dir) / "shards"
+    if not folder.is_dir():
+        return []
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and "-of-" in d.name
+                  and d.name.rsplit("-of-", 1)[1] != str(count))
 
 
 class ShardAssemblyError(FixableError):
@@ -638,6 +653,10 @@ def ready_sharded_entries(path: str | Path) -> list[Path]:
         entry = shards_dir.parent
         names = [d.name for d in shards_dir.iterdir() if d.is_dir()]
         counts = {int(n.rsplit("-of-", 1)[1]) for n in names if "-of-" in n}
+        if len(counts) > 1 and not (entry / "DONE").exists():
+            log.warning("%s holds shards of %s different counts (%s): none is assembled; relaunch every shard with "
+                        "one count (shard=i/n) or delete the other count's folders", shards_dir, len(counts),
+                        ", ".join(sorted(names)))
         if (entry / "DONE").exists() or len(counts) != 1:
             continue
         n = counts.pop()
