@@ -377,3 +377,24 @@ def test_shards_of_mixed_counts_are_warned_about(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="varbench"):
         assert ready_sharded_entries(tmp_path) == []
     assert "holds shards of 2 different counts (0-of-2, 1-of-2, 1-of-3): none is assembled" in caplog.text
+
+
+@pytest.mark.integration
+def test_the_real_command_exits_2_in_one_line_and_hydra_full_error_gives_the_trace(tmp_path):
+    """Finding 3 through a real ``python -m varbench`` process (before: a 34-frame Hydra traceback, exit 1);
+    with ``HYDRA_FULL_ERROR=1`` the strict read steps aside and Hydra's own trace comes back."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    argv, path, where = config_dir_yaml_broken(tmp_path)
+    cmd = [sys.executable, "-m", "varbench", *argv[2:], *argv[:2], *_common(tmp_path)]   # --config-dir DIR first:
+    # Hydra's own parser (which the full-error run reaches) takes flags before the overrides
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"[varbench] unreadable or malformed file: {path}:3:6 (byte 37): is not valid YAML")
+    full = subprocess.run(cmd, cwd=root, env={**env, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True,
+                          timeout=300)
+    assert full.returncode == 1 and "Traceback" in full.stderr and "yaml" in full.stderr, full.stderr[-2000:]

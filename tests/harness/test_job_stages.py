@@ -80,6 +80,9 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
 
     with pytest.raises(ShardAssemblyError, match=r"shard 1-of-2 .* belongs to another job.*nothing was written"):
         assemble_shards(job_from_shards(e0))
+    capsys.readouterr()
+    assert assemble_entry(e0) == 2                                # the command: one line, exit 2
+    assert "belongs to another job" in capsys.readouterr().err
     assert not (e0 / "record.json").exists() and not (e0 / "DONE").exists()
     assert {p: p.read_bytes() for p in e0.rglob("*") if p.is_file() and "LOCK" not in p.name} == before
 
