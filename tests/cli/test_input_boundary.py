@@ -398,3 +398,15 @@ def test_the_real_command_exits_2_in_one_line_and_hydra_full_error_gives_the_tra
     full = subprocess.run(cmd, cwd=root, env={**env, "HYDRA_FULL_ERROR": "1"}, capture_output=True, text=True,
                           timeout=300)
     assert full.returncode == 1 and "Traceback" in full.stderr and "yaml" in full.stderr, full.stderr[-2000:]
+
+
+def test_every_packaged_config_passes_the_strict_read():
+    """The packaged configs obey the rule a user's --config-dir is held to (no key given twice, every
+    file a mapping, UTF-8), so the strict read never refuses what varbench ships."""
+    from varbench.core.resources import CONF_DIR
+
+    files = sorted(Path(CONF_DIR).rglob("*.yaml"))
+    assert len(files) > 100
+    for f in files:
+        data = read_yaml(f, "packaged config")
+        assert data is None or isinstance(data, dict), f

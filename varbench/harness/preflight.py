@@ -14,7 +14,7 @@ not UTF-8, a folder where a file belongs), a setting out of range (``benchmark.l
 that does not import, settings that cannot work together (a shard left without prompts): each is
 raised as its own error (:class:`~varbench.core.errors.MalformedFileError`, ``BadSettingError``,
 ``EntryLoadError``, ``IncompatibleSettingsError``), first among the problems, before any job starts
-(:func:`check_inputs`). A job whose config fails in a way this check does not look at is left to
+(:func:`check_files`). A job whose config fails in a way this check does not look at is left to
 fail on its own (a sweep goes on past one bad job).
 """
 from __future__ import annotations
@@ -161,10 +161,8 @@ def job_inputs(cfg: DictConfig) -> JobInputs:
         validate_config(cfg)
     except BadSettingError as e:
         problems.append(e)             # a value out of range: refused before any job
-    # (a method refused on this model, an IncompatibleSettingsError, stays its job's: a sweep such as
-    # toy_table lists methods some models refuse, and its other jobs go on)
-    except Exception:  # noqa: BLE001 - anything else the job reports in its own words (as before)
-        pass
+    except Exception:  # noqa: BLE001 - anything else the job reports in its own words (as before): a method
+        pass           # refused on this model stays that job's failure (toy_table lists such methods; the rest run)
     missing = (model_files_missing(cfg) + method_files_missing(cfg, problems) + prompt_files_missing(cfg, problems)
                + evaluator_files_missing(cfg, problems))
     shard = shard_problem(cfg)
@@ -176,7 +174,8 @@ def job_inputs(cfg: DictConfig) -> JobInputs:
 def check_files(cfgs: Sequence[DictConfig], labels: Sequence[str] | None = None) -> None:
     """The preflight: raise the first input problem of the jobs ``cfgs`` (a malformed file, a bad
     setting, an incompatible combination, a plugin that fails to import: :func:`job_inputs`), else one
-    :class:`MissingFilesError` naming every file they need and lack (see the module docstring); ``labels``: how to name each job (its overrides), for files only some need."""
+    :class:`MissingFilesError` naming every file they need and lack (see the module docstring);
+    ``labels``: how to name each job (its overrides), for files only some need."""
     labels = list(labels) if labels is not None else [f"job {i}" for i in range(len(cfgs))]
     needed: dict[tuple[str, str], tuple[MissingFile, list[str]]] = {}
     problems: list[FixableError] = []
