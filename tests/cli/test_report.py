@@ -47,3 +47,15 @@ def test_result_line_marks_an_unreliable_interval_and_falls_back_to_ar_ms():
     rec = _record()
     rec["timing"] = None
     assert "not timed" in result_line(rec)
+
+
+def test_the_result_line_says_which_stage_the_time_went_to():
+    """Issue 40, section 3: a 2-core toy job whose timed pass is most of it says so and names timing=quick;
+    shares are of the stages' sum (48 + 15 + 4 + 3 = 70 s: 69%, 21%, 6%, 4%)."""
+    from varbench.cli.report import stage_text
+
+    text = stage_text({"build": 3.0, "generate": 15.0, "score": 4.0, "time": 48.0})
+    assert text == (" · time: timed pass 69% (48 s), generation 21% (15 s), scoring 6% (4 s), model build 4% (3 s)"
+                    " (timing=quick for a fast first look)")
+    assert "timing=quick" not in stage_text({"generate": 30.0, "time": 10.0})
+    assert stage_text({}) == ""

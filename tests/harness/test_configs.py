@@ -33,7 +33,8 @@ def test_every_option_composes(group, option):
 def test_every_evaluator_composes_and_is_registered(option):
     from varbench import evaluators
 
-    cfg = _compose([f"evaluator=[{option}]"])
+    # benchmark=smoke: the default protocol (protocol/${model}) brings its own evaluators, which evaluator=[...] adds to
+    cfg = _compose(["benchmark=smoke", f"evaluator=[{option}]"])
     assert list(cfg.evaluator) == [option]
     assert cfg.evaluator[option].name in evaluators.REGISTRY
 

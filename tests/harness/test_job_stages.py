@@ -68,6 +68,24 @@ def test_shards_assemble_one_record_with_the_unsharded_scores_bit_for_bit(tmp_pa
                            "--baseline", "skip_last"]) == 0
     assert (e0 / "DONE").exists() and "assembled the record of sharded entry" in capsys.readouterr().out
 
+    # a part of another job copied in (issue 40: config identity, not file count): refused before any write
+    (e0 / "DONE").unlink()
+    (e0 / "record.json").unlink()
+    meta = e0 / "shards" / "1-of-2" / "job.json"
+    other = json.loads(meta.read_text())
+    other["config"]["generation"]["seed"] = 7                     # another seed: another entry
+    meta.write_text(json.dumps(other))
+    before = {p: p.read_bytes() for p in e0.rglob("*") if p.is_file() and "LOCK" not in p.name}
+    from varbench.harness.job import ShardAssemblyError, job_from_shards, assemble_shards
+
+    with pytest.raises(ShardAssemblyError, match=r"shard 1-of-2 .* belongs to another job.*nothing was written"):
+        assemble_shards(job_from_shards(e0))
+    capsys.readouterr()
+    assert assemble_entry(e0) == 2                                # the command: one line, exit 2
+    assert "belongs to another job" in capsys.readouterr().err
+    assert not (e0 / "record.json").exists() and not (e0 / "DONE").exists()
+    assert {p: p.read_bytes() for p in e0.rglob("*") if p.is_file() and "LOCK" not in p.name} == before
+
 
 @pytest.mark.integration
 def test_scoring_resumes_per_batch_after_a_crash(tmp_path, monkeypatch, capsys):
@@ -154,6 +172,9 @@ def test_a_job_failing_before_any_output_leaves_no_empty_folders(tmp_path, monke
         raise RuntimeError("model failed to build")
 
     monkeypatch.setattr(job_mod, "_build", boom)
+    # scoring batches of 2: the 5 prompts make 3 blocks, so shard 0/3 has prompts (an empty shard is refused
+    # before any work, issue 40)
+    monkeypatch.setattr(job_mod, "SCORE_BATCH", 2)
     with pytest.raises(RuntimeError, match="failed to build"):
         run_job(_cfg(tmp_path))
     entries = tmp_path / "store" / "smoke" / "entries"

@@ -183,12 +183,12 @@ GOOD = json.dumps({"tag": "single_object", "prompt": "a cat"})
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("", "{f} holds no prompts"),
-    ("\n\n", "{f} holds no prompts"),
-    (GOOD + "\n" + json.dumps({"tag": "x"}) + "\n", "{f}:2 has no \"prompt\" text"),
-    (GOOD + "\n" + GOOD + "\n{not json\n", "{f}:3 is not a JSON object"),
-    (GOOD + "\n" + json.dumps(["a cat"]) + "\n", "{f}:2 has no \"prompt\" text"),
-    (json.dumps({"prompt": 3}) + "\n", "{f}:1 has no \"prompt\" text"),
+    ("", "{f}: holds no prompts"),
+    ("\n\n", "{f}: holds no prompts"),
+    (GOOD + "\n" + json.dumps({"tag": "x"}) + "\n", "{f}:2: has no \"prompt\" text"),
+    (GOOD + "\n" + GOOD + "\n{not json\n", "{f}:3:2 (byte "),     # line, column and byte offset (issue 40)
+    (GOOD + "\n" + json.dumps(["a cat"]) + "\n", "{f}:2: has no \"prompt\" text"),
+    (json.dumps({"prompt": 3}) + "\n", "{f}:1: has no \"prompt\" text"),
 ])
 def test_bad_prompt_file_names_file_and_line(tmp_path, monkeypatch, text, needle):
     f = _geneval(tmp_path, monkeypatch, text)
@@ -273,10 +273,10 @@ def test_empty_geneval_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(prompts, "_resolve_file", lambda *a, **k: ("0" * 64, None))
     f = tmp_path / "evaluation_metadata.jsonl"
     f.write_text("")
-    with pytest.raises(PromptSetError, match=f"{f} holds no prompts"):
+    with pytest.raises(PromptSetError, match=f"{f}: holds no prompts"):
         load_prompt_set({"loader": "geneval", "path": str(f)})
     f.write_text(json.dumps({"tag": "single_object", "prompt": "a cat"}) + "\n" + json.dumps({"tag": "x"}) + "\n")
-    with pytest.raises(PromptSetError, match=f"{f}:2 has no \"prompt\" text"):
+    with pytest.raises(PromptSetError, match=f"{f}:2: has no \"prompt\" text"):
         load_prompt_set({"loader": "geneval", "path": str(f)})
 
 

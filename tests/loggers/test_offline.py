@@ -177,3 +177,75 @@ def test_relocate_names_what_will_not_sync(wb, capsys):
 
     assert main(["--relocate", str(wb / "nothing")]) == 2
     assert "no W&B run folder" in capsys.readouterr().err
+
+
+def test_a_cut_copy_is_named_and_left_as_it_was(wb, capsys):
+    """Issue 40, finding 1: a ``.wandb`` file cut short (a partial copy with an old mtime, as ``rsync -a``
+    leaves it), cut before its exit record, once as logged and once after an earlier relocation: the
+    cut is found (a chunk whose bytes never arrived), the file is left byte for byte, the command exits 1
+    naming it; before the fix it said "1 of 1 run(s) ready" and wrote the file without its last bytes."""
+    from varbench.loggers.offline import LIVE_S
+
+    folder = _log_run(wb)
+    relocated = wb / "relocated"
+    shutil.copytree(folder, relocated)
+    assert relocate(relocated).problems == []
+    for k, src in enumerate((folder, relocated)):
+        cut = wb / f"cut{k}"
+        shutil.copytree(src, cut)
+        f = run_file(cut)
+        data = f.read_bytes()
+        log = read_log(f)
+        exit_at = next(i for i, r in enumerate(records(cut)) if r.WhichOneof("record_type") == "exit")
+        start = len(write_log(type(log)(log.header, log.payloads[:exit_at])))   # where the exit record's chunk begins
+        f.write_bytes(data[:start + 7 + 3])                  # its header and 3 of its bytes arrived
+        old = time.time() - 2 * LIVE_S
+        os.utime(f, (old, old))
+        before = f.read_bytes()
+        with pytest.raises(GarbledFileError, match=rf"{f} is cut: .*from byte {start} on.*left as it was"):
+            relocate(cut)
+        assert f.read_bytes() == before
+        capsys.readouterr()
+        assert main(["--relocate", str(cut)]) == 1
+        out = capsys.readouterr().out
+        assert str(f) in out and "is cut" in out and "0 of 1 run(s) ready" in out
+        assert f.read_bytes() == before
+
+
+def test_paths_escaping_the_folder_are_refused_before_anything_is_written(wb, monkeypatch):
+    """Issue 40, finding 2: a run whose records name ``wandb-data/../../..`` paths (its large-artifact
+    manifest file staged that way): relocation resolves every new path first and refuses, naming it;
+    the manifest outside the folder and the ``.wandb`` file are left byte for byte (before the fix, the
+    manifest outside was rewritten, then the run reported as lying outside)."""
+    import wandb.sdk.interface.interface as interface
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    from varbench.core.errors import ConfigError
+    from varbench.loggers.offline import Log
+
+    monkeypatch.setattr(interface, "MANIFEST_FILE_SIZE_THRESHOLD", 0)
+    folder = _log_run(wb)
+    f = run_file(folder)
+    log = read_log(f)
+    outside = wb / "outside"
+    outside.mkdir()
+    payloads = []
+    for p in log.payloads:
+        rec = pb.Record()
+        rec.ParseFromString(p)
+        m = rec.artifact.manifest if rec.WhichOneof("record_type") == "artifact" else None
+        if m is not None and m.manifest_file_path:
+            escaped = outside / "manifest.json.gz"
+            shutil.copy(m.manifest_file_path, escaped)      # the manifest lies outside; the record says so by ..
+            m.manifest_file_path = str(folder / DATA_DIR / ".." / ".." / "outside" / "manifest.json.gz")
+            p = rec.SerializeToString()
+        payloads.append(p)
+    f.write_bytes(write_log(Log(log.header, payloads)))
+    moved = wb / "carried"
+    shutil.move(str(folder), str(moved))
+    (wb / "outside").rename(wb / "keep")                    # the copy's ../.. now leads to wb/outside ...
+    shutil.copytree(wb / "keep", wb / "outside")            # ... which holds a manifest that must stay as it is
+    frozen = {p: p.read_bytes() for p in [run_file(moved), wb / "outside" / "manifest.json.gz"]}
+    with pytest.raises(ConfigError, match=r"would point outside .*nothing was rewritten"):
+        relocate(moved)
+    assert {p: p.read_bytes() for p in frozen} == frozen

@@ -95,11 +95,12 @@ def cli() -> None:
     own = {a for a in argv if a in OWN_FLAGS}
     argv = [a for a in argv if a not in OWN_FLAGS]
     sys.argv[1:] = argv                                # Hydra never sees varbench's own flags
+    fixable_exits(check_config, argv)      # a --config-dir file that does not parse: file, line, column; exit 2
     fixable_exits(check_overrides, argv)   # a typo'd option or key: one line naming the closest, exit 2
     if "--dry-run" in own:
         from varbench.cli.dry_run import dry_run
 
-        raise SystemExit(fixable_exits(dry_run, argv))
+        raise SystemExit(fixable_exits(dry_run, argv))     # Hydra's composition errors translated (hydra_errors.py)
     if "--no-preflight" not in own:
         fixable_exits(preflight, argv)     # every missing file of the sweep in one list, before any job starts
     with GracefulStop(immediate=False):
@@ -108,6 +109,16 @@ def cli() -> None:
 
 #: flags `varbench` reads itself (removed before Hydra parses the command line)
 OWN_FLAGS = ("--dry-run", "--no-preflight")
+
+
+def check_config(argv: list[str]) -> None:
+    """The user's ``--config-dir`` folders, read strictly before Hydra composes from them
+    (:func:`varbench.cli.hydra_errors.check_config_dirs`); skipped under ``HYDRA_FULL_ERROR=1``."""
+    from varbench.cli.hydra_errors import check_config_dirs, full_error
+    from varbench.cli.overrides import split_argv
+
+    if not full_error():
+        check_config_dirs(split_argv(argv)[1])
 
 
 def preflight(argv: list[str]) -> None:
@@ -120,12 +131,17 @@ def preflight(argv: list[str]) -> None:
 
     from varbench.core.errors import ConfigError
 
+    from varbench.cli.hydra_errors import full_error, translate
+
     try:
         plan = plan_command(argv)
     except ConfigError:
         raise                      # ours, naming the fix (e.g. an experiment without a method list for this model)
-    except Exception:  # noqa: BLE001 - Hydra's own message follows when the command runs
-        return
+    except Exception as e:  # noqa: BLE001 - Hydra's composition error, said in one line (exit 2)
+        fixable = None if full_error() else translate(e)
+        if fixable is None:
+            return                 # HYDRA_FULL_ERROR=1, or not an input fault: Hydra reports it with its trace
+        raise fixable from None
     if plan is None:
         return
     varying = plan.varying()

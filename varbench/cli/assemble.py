@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from varbench.harness.job import ShardAssemblyError, assemble_shards, job_from_shards, ready_sharded_entries
+from varbench.harness.job import assemble_shards, job_from_shards, ready_sharded_entries
 
 
 def assemble_entry(entry_dir: str | Path) -> int:
@@ -21,13 +21,15 @@ def assemble_entry(entry_dir: str | Path) -> int:
     not done, 2 when the entry cannot be rebuilt (said on stderr)."""
     from varbench.cli.run import logger_observers
 
+    from varbench.core.errors import FixableError
+
     try:
         job = job_from_shards(entry_dir)
-    except ShardAssemblyError as e:
+        if not assemble_shards(job):     # checks every part belongs to the entry before it writes
+            return 1
+    except FixableError as e:            # a part of another job, a garbled job.json, a bad setting in it
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if not assemble_shards(job):
-        return 1
     job.observers = logger_observers(job.cfg)
     job.notify("record_assembled", job.entry.read())
     return 0

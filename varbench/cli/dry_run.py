@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from varbench.cli.sweep_plan import SweepPlan, plan_command
-from varbench.core.errors import ConfigError, FixableError
+from varbench.core.errors import ConfigError, FixableError, report_line
 
 
 @dataclass
@@ -124,9 +124,11 @@ def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
     try:
         job = prepare_job(cfg, hydra_context())
     except ConfigError as e:
-        return JobLine("", "-", f"config error: {e}", None, "")
+        return JobLine("", "-", f"{e.first_words}: {e}", None, "")
     except FixableError as e:
-        return JobLine("", "-", f"cannot start: {type(e).__name__}", None, "see the missing files below")
+        missing = isinstance(e, FileNotFoundError)
+        return JobLine("", "-", f"cannot start: {e.first_words or type(e).__name__}", None,
+                       "see the missing files below" if missing else "see below")
     spp = job.prompt_set.samples_per_prompt
     items = [it for it, s in job.keys if s == 0]
     n_images = len(items) * spp
@@ -142,6 +144,37 @@ def describe_job(cfg, runs: Sequence[PastRun]) -> JobLine:
     seconds, source = estimate(runs, str(job.preset or cfg.method.name), str(cfg.model.name), resolution, n_images,
                                device_label(str(job.device)))
     return JobLine("", entry, status, seconds, source)
+
+
+def timed_generations(timing) -> int:
+    """Generations the timed pass runs per job (adaptive methods' prompt count; static methods time
+    ``prompts_static``): prompts × (repeats + warm-up) × batch sizes, twice with the paired baseline."""
+    if not timing or not timing.get("enabled", True):
+        return 0
+    prompts = int(timing.get("prompts") or 1)
+    per = int(timing.get("repeats") or 1) + (int(timing.get("warmup_per_prompt")) if str(timing.get("warmup_per_prompt")).isdigit() else 0)
+    n = prompts * per * len(timing.get("batch_sizes") or [1]) + int(timing.get("warmup") or 0)
+    return n * (2 if timing.get("paired_baseline") else 1)
+
+
+def stage_line(cfg) -> str:
+    """Where a job's time goes: images generated and scored, then the timed pass (often most of a
+    small job's wall time on a CPU), with the quick protocol's size for a first look."""
+    try:
+        spp = int(cfg.benchmark.get("samples_per_prompt") or 1)
+        from varbench.harness.prompts import load_prompt_set
+
+        n_images = len(load_prompt_set(cfg.benchmark).items) * spp
+    except Exception:  # noqa: BLE001 - a prompt problem is named below
+        return ""
+    timed = timed_generations(cfg.get("timing"))
+    evaluators = ", ".join(cfg.get("evaluator") or {}) or "none"
+    line = f"  per job: generate {n_images} images, score them ({evaluators})"
+    if timed:
+        line += (f", then a timed pass of ≈ {timed} generations (timing.prompts × (repeats + warm-up) × batch sizes"
+                 f"{', × 2 with the paired baseline' if cfg.timing.get('paired_baseline') else ''}); "
+                 "timing=quick is the fast first look, timing=none skips it")
+    return line
 
 
 def dry_run_lines(plan: SweepPlan) -> list[str]:
@@ -174,10 +207,15 @@ def dry_run_lines(plan: SweepPlan) -> list[str]:
     out.append(f"  {len(todo)} to run, {len(lines_) - len(todo)} finished; {total}"
                + (f" for the {len(known)} with an estimate, {unknown} without" if unknown and known else "")
                + "; one after another on this machine")
+    stages = stage_line(first)
+    if stages:
+        out.append(stages)
     try:
         check_files([j.cfg for j in plan.jobs], labels)
     except MissingFilesError as e:
         out += ["", *str(e).splitlines()]
+    except FixableError as e:          # a malformed file, a bad setting, an incompatible combination
+        out += ["", report_line(e)]
     else:
         out.append("  every file the jobs need is in place")
     out.append(f"  store: {store / str(first.experiment_name)}   results: "
@@ -186,8 +224,19 @@ def dry_run_lines(plan: SweepPlan) -> list[str]:
 
 
 def dry_run(argv: Sequence[str]) -> int:
-    """Print the dry run of a command line; 0, or 2 when it cannot be planned."""
-    plan = plan_command(argv)
+    """Print the dry run of a command line; 0, or 2 when it cannot be planned (Hydra's composition
+    errors said in one line, :mod:`varbench.cli.hydra_errors`, unless ``HYDRA_FULL_ERROR=1``)."""
+    from varbench.cli.hydra_errors import full_error, translate
+
+    try:
+        plan = plan_command(argv)
+    except FixableError:
+        raise
+    except Exception as e:  # noqa: BLE001 - translated when it is an input fault, else its traceback
+        fixable = None if full_error() else translate(e)
+        if fixable is None:
+            raise
+        raise fixable from None
     if plan is None:
         raise ConfigError("--dry-run cannot expand this command's sweep (a glob(...) sweep or a flag such as --cfg); "
                           "list the values explicitly")

@@ -58,8 +58,8 @@ def option_files(group: str, search: Iterable[Path]) -> dict[str, Path] | None:
         folder = Path(root) / group
         if folder.is_dir():
             any_dir = True
-            for p in sorted(folder.glob("*.yaml")):
-                found.setdefault(p.stem, p)
+            for p in sorted(folder.rglob("*.yaml")):   # nested options too: benchmark=protocol/toy
+                found.setdefault(p.relative_to(folder).with_suffix("").as_posix(), p)
     return found if any_dir else None
 
 

@@ -132,7 +132,24 @@ class ResultLine(JobObserver):
 
     def job_finished(self, job: Any, record: Mapping | None) -> None:
         if record is not None:                 # None: a shard that did not assemble the record
-            print(result_line(record, job_position(_job_num())) + _eta(float(record.get("wall_s") or 0.0), False))
+            print(result_line(record, job_position(_job_num())) + _eta(float(record.get("wall_s") or 0.0), False)
+                  + stage_text(getattr(job, "stage_s", None) or {}))
+
+
+#: how the result line names the job's stages (varbench.harness.job.Job.stage_s)
+STAGE_NAMES = {"build": "model build", "generate": "generation", "score": "scoring", "time": "timed pass"}
+
+
+def stage_text(stage_s: Mapping[str, float]) -> str:
+    """`` · time: timed pass 71% (48 s), generation 22% ...``: where this job's wall time went, largest
+    first; when the timed pass took most of it, the way to a fast first look (``timing=quick``)."""
+    total = sum(stage_s.values())
+    if total <= 0:
+        return ""
+    parts = [f"{STAGE_NAMES.get(k, k)} {v / total:.0%} ({v:.0f} s)" for k, v in
+             sorted(stage_s.items(), key=lambda kv: -kv[1]) if v / total >= 0.01]
+    hint = " (timing=quick for a fast first look)" if stage_s.get("time", 0.0) > total / 2 else ""
+    return " · time: " + ", ".join(parts) + hint
 
 
 def _eta(wall_s: float, skipped: bool) -> str:

@@ -12,9 +12,12 @@ and ``WeightsNotFound``, :class:`varbench.core.locks.LockTimeoutError`, :class:`
 ``EntryFinishedError``, ``EntryLockedError``, :class:`varbench.toy.load.ToyWeightsError`,
 :class:`varbench.harness.prompts.PromptSetError`, the evaluators' ``WeightsNotFoundError`` / ``WrongWeightsError``,
 :class:`varbench.harness.store.ImageHashError`, :class:`varbench.policies.skipvar_features.DecisionModelError`,
-:class:`varbench.analysis.aggregate.AggregationError`, and the two defined here: :class:`GarbledFileError` (a
-state file that does not parse) and :class:`StoreWriteError` (a file varbench cannot write: a
-read-only or full disk).
+:class:`varbench.analysis.aggregate.AggregationError`, and the ones defined here: :class:`GarbledFileError` (a
+state file that does not parse), :class:`StoreWriteError` (a file varbench cannot write: a
+read-only or full disk), and the input kinds of :mod:`varbench.core.inputs`' boundary, each with its own
+first words (:func:`report_line`): :class:`BadSettingError` ("bad setting"), :class:`IncompatibleSettingsError`
+("incompatible combination"), :class:`MalformedFileError` ("unreadable or malformed file"); what is
+missing is :class:`varbench.core.missing.MissingFilesError` alone.
 """
 from __future__ import annotations
 
@@ -30,7 +33,12 @@ _PLACE_ERRNOS = frozenset(getattr(errno, n) for n in ("EACCES", "EPERM", "EROFS"
 
 
 class FixableError(Exception):
-    """An error whose message names the file or setting at fault and the fix (printed alone, exit 2)."""
+    """An error whose message names the file or setting at fault and the fix (printed alone, exit 2).
+
+    ``first_words``: what the command prints before the message (``[varbench] <first words>: ...``),
+    so each kind of input fault reads as itself (see :func:`report_line`); None: the class name."""
+
+    first_words: str | None = None
 
 
 class GarbledFileError(FixableError, ValueError):
@@ -46,6 +54,12 @@ class StoreWriteError(FixableError, OSError):
     def __init__(self, err: OSError, path: str | os.PathLike | None = None):
         where = os.fspath(path) if path is not None else (err.filename or "?")
         super().__init__(err.errno, err.strerror or str(err), where)
+        link = dangling_link(where) or (dangling_link(err.filename) if err.filename else None)
+        if link is not None:          # "File exists" says nothing about a link to a folder that is gone
+            self.message = (f"cannot write {where}: {link} is a symbolic link to {os.readlink(link)}, which does not "
+                            "exist. Fix: create that folder (e.g. mount the disk it is on), remove the link, or point "
+                            "paths.store_dir / paths.results_dir elsewhere")
+            return
         self.message = (f"cannot write {where}: {err.strerror or err}. Fix: "
                         + _WRITE_FIX.get(err.errno, "make that folder writable, or point paths.store_dir / "
                                                     "paths.results_dir at a writable folder"))
@@ -55,6 +69,19 @@ class StoreWriteError(FixableError, OSError):
 
     def __reduce__(self):          # picklable across launcher processes (submitit/joblib send errors back)
         return (_rebuild_write_error, (self.errno, self.strerror, self.filename))
+
+
+def dangling_link(path: str | os.PathLike) -> str | None:
+    """``path`` or the nearest of its parents that is a symbolic link whose target does not exist
+    (a store folder linked to an unmounted disk); None when there is none."""
+    p = os.path.abspath(os.fspath(path))
+    while True:
+        if os.path.islink(p) and not os.path.exists(p):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
 
 
 def _rebuild_write_error(code, strerror, filename):
@@ -87,6 +114,50 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
 class ConfigError(FixableError, ValueError):
     """A config value that cannot work; the message names the setting."""
 
+    first_words = "config error"
+
+
+class BadSettingError(ConfigError):
+    """One setting's value is out of its range or of the wrong type (``benchmark.limit=-1``); the
+    message names the setting, the value and what it takes."""
+
+    first_words = "bad setting"
+
+
+class IncompatibleSettingsError(ConfigError):
+    """Settings that are each valid but cannot work together (a shard count that leaves a shard
+    without prompts, an evaluator on prompts it cannot score); the message names both."""
+
+    first_words = "incompatible combination"
+
+
+class MalformedFileError(FixableError, ValueError):
+    """A file the user gave (a config, a prompt or question file, a W&B run file) is there but cannot
+    be read as what it should be: not UTF-8, not parseable, the wrong shape, a folder where a file
+    belongs. The message names the file and where it went wrong (line and column, or byte offset).
+
+    ``path``, ``line``, ``column`` (1-based) and ``byte`` (0-based offset) are kept as attributes."""
+
+    first_words = "unreadable or malformed file"
+
+    def __init__(self, path: str | os.PathLike, problem: str, *, line: int | None = None,
+                 column: int | None = None, byte: int | None = None, fix: str = ""):
+        self.path, self.problem, self.fix = os.fspath(path), problem, fix
+        self.line, self.column, self.byte = line, column, byte
+        where = self.path
+        if line is not None:
+            where += f":{line}" + (f":{column}" if column is not None else "")
+        if byte is not None:
+            where += f" (byte {byte})" if line is not None else f" at byte {byte}"
+        super().__init__(f"{where}: {problem}" + (f". Fix: {fix}" if fix else ""))
+
+    def __reduce__(self):          # picklable across launcher processes
+        return (_rebuild_malformed, (type(self), self.path, self.problem, self.line, self.column, self.byte, self.fix))
+
+
+def _rebuild_malformed(cls, path, problem, line, column, byte, fix):
+    return cls(path, problem, line=line, column=column, byte=byte, fix=fix)
+
 
 def names_its_fix(exc: BaseException) -> bool:
     """True for a :class:`FixableError` (its message says what to do)."""
@@ -94,6 +165,7 @@ def names_its_fix(exc: BaseException) -> bool:
 
 
 def report_line(exc: BaseException) -> str:
-    """The one line the command prints for a fixable error: ``config error: ...`` or ``<Type>: ...``."""
-    what = "config error" if isinstance(exc, ConfigError) else type(exc).__name__
+    """The one line the command prints for a fixable error: its class's ``first_words`` (``bad
+    setting: ...``, ``unreadable or malformed file: ...``, ``config error: ...``) or ``<Type>: ...``."""
+    what = getattr(exc, "first_words", None) or type(exc).__name__
     return f"[varbench] {what}: {exc}"

@@ -33,9 +33,9 @@ import importlib.metadata
 import logging
 import re
 import traceback
-from typing import Any, Iterator, Mapping, MutableMapping, Optional
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Optional
 
-from varbench.core.errors import FixableError
+from varbench.core.errors import BadSettingError, FixableError
 
 log = logging.getLogger("varbench")
 
@@ -53,6 +53,12 @@ class UnknownName(KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class WrongKindError(BadSettingError, TypeError):
+    """A ``module:attr`` name (or an entry point) that imports, but is not the kind of thing its slot
+    takes: a function where a method slot takes a `Policy` subclass, a module where an evaluator
+    class belongs. The message names the setting's value, what it is and what the slot takes."""
 
 
 class EntryLoadError(FixableError, ImportError):
@@ -119,8 +125,13 @@ class LazyRegistry(MutableMapping):
     """name -> target ("module:attr" string, imported on first `load`, or the object itself), plus
     the entry points of `group` (discovered on the first lookup) and any "module:attr" name."""
 
-    def __init__(self, kind: str, entries: Optional[Mapping[str, Any]] = None, group: Optional[str] = None):
+    def __init__(self, kind: str, entries: Optional[Mapping[str, Any]] = None, group: Optional[str] = None,
+                 expects: Optional[Callable[[Any], Optional[str]]] = None):
         self.kind = kind
+        #: what the slot takes: ``expects(obj)`` is None for a fitting object, else what it should be
+        #: ("a subclass of varbench.engine.policy.Policy"); checked on outside entries (entry points and
+        #: "module:attr" names) when they load, so a wrong kind fails with one line, not deep in a job
+        self.expects = expects
         #: the entry-point group read for outside entries (None: packaged entries only)
         self.group = group
         self._targets: dict[str, Any] = dict(entries or {})
@@ -163,6 +174,15 @@ class LazyRegistry(MutableMapping):
         except Exception as e:  # noqa: BLE001 - someone else's package: one clear line instead of its traceback
             raise EntryLoadError(f"{kind} {name!r}: {_describe_ep(ep)} cannot be loaded: {_summary(e)}. Fix or "
                                  f"reinstall that distribution, or uninstall it") from None
+
+    def _check_kind(self, name: str, kind: str, obj: Any) -> Any:
+        wanted = self.expects(obj) if self.expects is not None else None
+        if wanted:
+            what = f"the class {obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) else \
+                f"a {type(obj).__name__}" + (f" ({getattr(obj, '__name__', '')})" if getattr(obj, "__name__", "") else "")
+            raise WrongKindError(f"{kind} {name!r} imports, but is {what}, not {wanted} (what a {kind} slot takes): "
+                                 f"point at your {kind} instead")
+        return obj
 
     # -- the mapping ----------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
@@ -231,9 +251,9 @@ class LazyRegistry(MutableMapping):
                     module, _, attr = target.partition(":")
                     target = getattr(importlib.import_module(module), attr)
             elif isinstance(name, str) and name in self.outside():
-                target = self._load_entry_point(name, kind)
+                target = self._check_kind(name, kind, self._load_entry_point(name, kind))
             elif is_import_path(name):
-                target = import_object(name, kind)
+                target = self._check_kind(name, kind, import_object(name, kind))
             else:
                 raise self.unknown(name, kind)
             self._loaded[name] = target

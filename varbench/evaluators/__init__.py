@@ -12,7 +12,12 @@ from varbench.evaluators.base import EvalResult, Evaluator, Sample  # noqa: F401
 
 #: evaluator name -> "module:Class". Modules import lazily. Installed packages add theirs through the
 #: `varbench.evaluators` entry-point group; an evaluator `name: pkg.module:Class` needs no entry at all.
-REGISTRY = LazyRegistry("evaluator", group=EVALUATORS_GROUP)
+def _an_evaluator_class(obj) -> str | None:
+    """None for an `Evaluator` subclass (what an evaluator slot takes); else what it should be."""
+    return None if isinstance(obj, type) and issubclass(obj, Evaluator) else "a subclass of varbench.evaluators.base.Evaluator"
+
+
+REGISTRY = LazyRegistry("evaluator", group=EVALUATORS_GROUP, expects=_an_evaluator_class)
 
 
 def register(name: str, target: str) -> None:

@@ -197,7 +197,9 @@ class ImageRewardEvaluator(Evaluator):
             return
         path, tok_dir = self._files()
         self._sha = check_sha256(path, self.expected_sha256, what="ImageReward checkpoint")
-        config = json.loads(Path(self.model_config).read_text()) if self.model_config else REAL_CONFIG
+        from varbench.core.inputs import read_json   # strict: a malformed file names its line, column and byte
+
+        config = read_json(Path(self.model_config), "ImageReward model config") if self.model_config else REAL_CONFIG
         model = ImageRewardModel(config)
         mapped, _ = map_imagereward_state_dict(load_state_dict(path, what="ImageReward checkpoint"))
         pos = mapped.get("text.embeddings.position_ids")

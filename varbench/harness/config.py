@@ -19,7 +19,7 @@ from typing import Any, Mapping
 log = logging.getLogger("varbench")
 
 
-from varbench.core.errors import ConfigError
+from varbench.core.errors import BadSettingError, ConfigError, IncompatibleSettingsError
 from varbench.harness.build import model_family
 from varbench.harness.per_model import apply_model_knobs, preset_refusal  # noqa: F401 - preset_refusal: its old import path
 from varbench.policies.knobs import check_knobs as check_schema_knobs, describe_type, type_matches
@@ -46,42 +46,42 @@ def _int(section: str, node: Any, key: str, lo: int | None = None, *, required: 
     if v is None and (null or not required):
         return
     if not _is_int(v):
-        raise ConfigError(f"{section}.{key} must be an integer{' or null' if null else ''}, got {v!r}")
+        raise BadSettingError(f"{section}.{key} must be an integer{' or null' if null else ''}, got {v!r}")
     if lo is not None and v < lo:
-        raise ConfigError(f"{section}.{key} must be >= {lo}, got {v}")
+        raise BadSettingError(f"{section}.{key} must be >= {lo}, got {v}")
 
 
 def _bool(section: str, node: Any, key: str) -> None:
     v = _get(node, key)
     if v is not None and not isinstance(v, bool):
-        raise ConfigError(f"{section}.{key} must be true or false, got {v!r}")
+        raise BadSettingError(f"{section}.{key} must be true or false, got {v!r}")
 
 
 def _num_or_list(section: str, node: Any, key: str, lo: float | None = None) -> None:
     v = _get(node, key)
     vals = list(v) if isinstance(v, (list, tuple)) else [v]
     if not vals or not all(_is_num(x) for x in vals):
-        raise ConfigError(f"{section}.{key} must be a number or a list of numbers, got {v!r}")
+        raise BadSettingError(f"{section}.{key} must be a number or a list of numbers, got {v!r}")
     if lo is not None and any(x < lo for x in vals):
-        raise ConfigError(f"{section}.{key} must be >= {lo}, got {v!r}")
+        raise BadSettingError(f"{section}.{key} must be >= {lo}, got {v!r}")
 
 
 def _check_runtime(rt: Any) -> None:
     _int("runtime", rt, "batch_size", 1)
     dev = _get(rt, "device", "auto")
     if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:")):
-        raise ConfigError(f"runtime.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
+        raise BadSettingError(f"runtime.device must be auto, cpu, cuda or cuda:N, got {dev!r}")
     dtype = _get(rt, "dtype", "auto")
     if dtype not in ("auto", "float32", "fp32", "bfloat16", "bf16"):
-        raise ConfigError(f"runtime.dtype must be auto, float32 or bfloat16, got {dtype!r}")
+        raise BadSettingError(f"runtime.dtype must be auto, float32 or bfloat16, got {dtype!r}")
     graphs = _get(rt, "cuda_graphs", "auto")
     if str(graphs).lower() not in ("auto", "true", "false"):
-        raise ConfigError(f"runtime.cuda_graphs must be auto, true or false, got {graphs!r}")
+        raise BadSettingError(f"runtime.cuda_graphs must be auto, true or false, got {graphs!r}")
     for key in ("fused_entropy", "force", "save_images", "progress"):
         _bool("runtime", rt, key)
     wait = _get(rt, "lock_wait_s")
     if wait is not None and (not _is_num(wait) or (wait < 0 and wait != -1)):
-        raise ConfigError(f"runtime.lock_wait_s must be a number of seconds >= 0 (or -1: wait forever), got {wait!r}")
+        raise BadSettingError(f"runtime.lock_wait_s must be a number of seconds >= 0 (or -1: wait forever), got {wait!r}")
 
 
 def _check_timing(tm: Any) -> None:
@@ -100,10 +100,10 @@ def _check_timing(tm: Any) -> None:
     _int("timing", tm, "bootstrap_resamples", 1, required=False)
     wpp = _get(tm, "warmup_per_prompt")
     if wpp is not None and wpp != "auto" and not (_is_int(wpp) and wpp >= 0):
-        raise ConfigError(f"timing.warmup_per_prompt must be an integer >= 0 or auto, got {wpp!r}")
+        raise BadSettingError(f"timing.warmup_per_prompt must be an integer >= 0 or auto, got {wpp!r}")
     bs = _get(tm, "batch_sizes", [])
     if not isinstance(bs, (list, tuple)) or not all(_is_int(b) and b >= 1 for b in bs):
-        raise ConfigError(f"timing.batch_sizes must be a list of integers >= 1, got {bs!r}")
+        raise BadSettingError(f"timing.batch_sizes must be a list of integers >= 1, got {bs!r}")
     if on and not bs:
         raise ConfigError("timing.batch_sizes is empty but timing.enabled=true; give e.g. [1] (or timing=none)")
 
@@ -117,7 +117,7 @@ def _schedule(model: Any, gen: Any) -> list[tuple[int, int]] | None:
         try:
             sched = [(int(h), int(w)) for h, w in sched]
         except (TypeError, ValueError):
-            raise ConfigError(f"model.schedule must be a list of [h, w] integer pairs, got {sched!r}") from None
+            raise BadSettingError(f"model.schedule must be a list of [h, w] integer pairs, got {sched!r}") from None
         # a fixed schedule decides the resolution: a pn or aspect ratio set for this run would be
         # recorded (and hashed) but not used, so two entries would hold the same images
         (h, w), model_pn = sched[-1], _get(model, "pn")
@@ -128,31 +128,31 @@ def _schedule(model: Any, gen: Any) -> list[tuple[int, int]] | None:
                 f"(pn {model_pn}, h_div_w {h / w:g}), or set model.schedule=null to use the released tables")
         return sched
     if pn not in RESOLUTION_PRESETS:
-        raise ConfigError(f"generation.pn must be one of {list(RESOLUTION_PRESETS)}, got {pn!r}")
+        raise BadSettingError(f"generation.pn must be one of {list(RESOLUTION_PRESETS)}, got {pn!r}")
     return scale_schedule(float(hw), str(pn))
 
 
 def _check_generation(gen: Any) -> None:
     seed = _get(gen, "seed")
     if not _is_int(seed) or seed < 0:
-        raise ConfigError(f"generation.seed must be one non-negative integer (a sweep of seeds is "
+        raise BadSettingError(f"generation.seed must be one non-negative integer (a sweep of seeds is "
                           f"-m generation.seed=0,1), got {seed!r}")
     hw = _get(gen, "h_div_w")
     if not _is_num(hw) or hw <= 0:
-        raise ConfigError(f"generation.h_div_w must be a positive number, got {hw!r}")
+        raise BadSettingError(f"generation.h_div_w must be a positive number, got {hw!r}")
     _num_or_list("generation", gen, "cfg")
     _num_or_list("generation", gen, "tau", 0)
     if any(x == 0 for x in (_get(gen, "tau") if isinstance(_get(gen, "tau"), (list, tuple)) else [_get(gen, "tau")])):
-        raise ConfigError(f"generation.tau must be > 0 (it divides the logits), got {_get(gen, 'tau')!r}")
+        raise BadSettingError(f"generation.tau must be > 0 (it divides the logits), got {_get(gen, 'tau')!r}")
     _int("generation", gen, "top_k", 0)
     top_p = _get(gen, "top_p")
     if not _is_num(top_p) or not 0 <= top_p <= 1:
-        raise ConfigError(f"generation.top_p must be a number in [0, 1] (0 = off), got {top_p!r}")
+        raise BadSettingError(f"generation.top_p must be a number in [0, 1] (0 = off), got {top_p!r}")
     if _get(gen, "more_smooth") is not None:
         _bool("generation", gen, "more_smooth")
     neg = _get(gen, "negative_prompt")
     if neg is not None and not isinstance(neg, str):
-        raise ConfigError(f"generation.negative_prompt must be text or null, got {neg!r}")
+        raise BadSettingError(f"generation.negative_prompt must be text or null, got {neg!r}")
 
 
 def _check_benchmark(b: Any) -> None:
@@ -176,7 +176,7 @@ def _check_shard(spec: Any) -> None:
     try:
         Shard.parse(spec)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        raise BadSettingError(str(e)) from None
 
 
 # -- knobs against the constructor's annotations ---------------------------------------------------
@@ -235,7 +235,7 @@ def validate_config(cfg: Any):
 
     name = cfg.method.get("name")
     if not isinstance(name, str):
-        raise ConfigError(f"method.name must be a method name, got {name!r}")
+        raise BadSettingError(f"method.name must be a method name, got {name!r}")
     if cfg.method.get("label") in (None, ""):  # every preset names itself; the knob schemas do not
         raise ConfigError(f"method.label is not set: method={name}_schema (or a preset without a label) is the "
                           f"knob schema behind {name}'s presets, not one of them; use method={name} or another "
@@ -247,11 +247,11 @@ def validate_config(cfg: Any):
     # a method that does not apply to the model's family says so before its knobs are checked against the schedule
     refused = preset_refusal(cfg.method, model_family(model), _get(model, "name"))
     if refused:
-        raise ConfigError(f"{_where(cfg, model)}: {refused}")
+        raise IncompatibleSettingsError(f"{_where(cfg, model)}: {refused}")
     knobs = cfg.method.get("knobs")
     knobs = OmegaConf.to_container(knobs, resolve=True) if knobs is not None else {}
     if not isinstance(knobs, dict):
-        raise ConfigError(f"method.knobs must be a mapping, got {knobs!r}")
+        raise BadSettingError(f"method.knobs must be a mapping, got {knobs!r}")
     if getattr(cls, "Knobs", None) is not None:
         check_schema_knobs(name, knobs, len(sched) if sched is not None else None)
     else:
@@ -274,9 +274,9 @@ def check_backbone(cfg: Any, policy, model: Mapping[str, Any]) -> None:
     family = model_family(model)
     reason = policy.backbone_refusal(family)
     if reason:
-        raise ConfigError(f"{_where(cfg, model)}: {reason}")
+        raise IncompatibleSettingsError(f"{_where(cfg, model)}: {reason}")
     if family != "hart" and _get(cfg.generation, "more_smooth") is not None:
-        raise ConfigError(f"generation.more_smooth is HART's codebook mixing; model={_get(model, 'name')} has none "
+        raise IncompatibleSettingsError(f"generation.more_smooth is HART's codebook mixing; model={_get(model, 'name')} has none "
                           "(remove the setting)")
 
 

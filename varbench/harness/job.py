@@ -100,6 +100,18 @@ class Job:
     observers: list = dataclasses.field(default_factory=list)      # JobObserver hooks (varbench.harness.events)
     context: JobContext = dataclasses.field(default_factory=JobContext)   # what the command line chose
     started: bool = False      # job_started was announced (so job_finished / job_failed follow)
+    #: wall seconds of each stage this process ran ({"build", "generate", "score", "time"}): the result
+    #: line says which one the time went to (on a loaded CPU the timed pass is most of a small job)
+    stage_s: dict = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        """Add the block's wall time to ``stage_s[name]``."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - t
 
     @property
     def prompts_per_block(self) -> int:
@@ -172,8 +184,30 @@ def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
     entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
                                                                        method_files=mfiles))
     store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
-    return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, Shard.parse(cfg.get("shard")),
+    shard = Shard.parse(cfg.get("shard"))
+    check_shard_fits(shard, prompt_set, int(cfg.runtime.batch_size))
+    return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, shard,
                method_preset(cfg, context), t0, method_files=mfiles, context=context)
+
+
+def check_shard_fits(shard: Shard, prompt_set: PromptSet, batch_size: int) -> None:
+    """Refuse (:class:`~varbench.core.errors.IncompatibleSettingsError`, before any work) a shard count
+    that leaves some shard without prompts. A shard takes whole blocks (a block holds a whole
+    generation and scoring batch, :mod:`varbench.harness.sharding`), so ``benchmark.limit=6`` with
+    ``runtime.batch_size=4`` makes 2 blocks: at most 2 shards. Every shard of the count refuses alike
+    (shard 0 too), so no part is written that could never be assembled."""
+    if shard.count == 1:
+        return
+    spp = prompt_set.samples_per_prompt
+    n_blocks = len(key_blocks(prompt_set.items, spp, block_prompts(spp, batch_size, SCORE_BATCH)))
+    if n_blocks < shard.count:
+        from varbench.core.errors import IncompatibleSettingsError
+
+        raise IncompatibleSettingsError(
+            f"shard={shard.index}/{shard.count} with {len(prompt_set.items)} prompt(s) of {spp} image(s) at "
+            f"runtime.batch_size={batch_size}: the prompts make {n_blocks} block(s) (a block holds whole batches, "
+            f"varbench/harness/sharding.py), so {shard.count - n_blocks} of {shard.count} shards would get no "
+            f"prompts. Use at most {n_blocks} shard(s), or more prompts")
 
 
 # -- stages ----------------------------------------------------------------------------------
@@ -454,11 +488,16 @@ def _run_whole(job: Job) -> dict | None:
         if _finished(job):                           # another job finished it while this one waited
             return None
         _start(job)
-        rt, policy = _build(job)
-        n_new = generate_stage(job, rt, policy)
+        with job.stage("build"):
+            rt, policy = _build(job)
+        with job.stage("generate"):
+            n_new = generate_stage(job, rt, policy)
         print(f"[varbench] images: {n_new} generated, stored under {job.store.dir}")
-        score_stage(job, reference_stage(job, rt))
-        record = assemble_record(job, rt, time_stage(job, rt, policy), [job.entry.dir])
+        with job.stage("score"):
+            score_stage(job, reference_stage(job, rt))   # the baseline's reference images count as scoring's
+        with job.stage("time"):
+            timing = time_stage(job, rt, policy)
+        record = assemble_record(job, rt, timing, [job.entry.dir])
         with uninterruptible():
             job.entry.write_record(record, force=bool(job.cfg.runtime.force))
             job.entry.mark_done()
@@ -506,10 +545,6 @@ def _run_shard(job: Job) -> dict | None:
     with _no_empty_folder(job.entry.dir), _no_empty_folder(sdir), shard_entry.lock(wait_s=job.lock_wait_s):
         _start(job)
         if not (sdir / "SHARD_DONE").exists():
-            if not job.keys:
-                print(f"[varbench] shard {job.shard.name}: no prompts for this shard (the benchmark's "
-                      f"{len(job.prompt_set.items)} prompts make fewer blocks than {job.shard.count} shards; "
-                      f"a block holds a whole batch, see varbench/harness/sharding.py); use fewer shards")
             rt, policy = _build(job) if job.keys or job.shard.index == 0 else (None, None)  # shard 0 also times
             n_new = generate_stage(job, rt, policy)
             print(f"[varbench] shard {job.shard.name}: {n_new} image(s) generated")
@@ -527,12 +562,18 @@ def assemble_shards(job: Job) -> bool:
     Called by each shard when it finishes (the last one wins the entry lock and assembles)."""
     shards = [job.entry.dir / "shards" / Shard(i, job.shard.count).name for i in range(job.shard.count)]
     missing = [s.name for s in shards if not (s / "SHARD_DONE").exists()]
+    others = other_shard_counts(job.entry.dir, job.shard.count)
+    if others:
+        print(f"[varbench] warning: {job.entry.dir / 'shards'} also holds shards of another count ({', '.join(others)}): "
+              f"the record is assembled from the {job.shard.count} shards of this count only; the others are "
+              "ignored (relaunch them with shard=i/" f"{job.shard.count}, or delete their folders)")
     if missing:
         print(f"[varbench] shard {job.shard.name} done; waiting for shard(s) {', '.join(missing)} to assemble the record")
         return False
     with job.entry.lock(wait_s=job.lock_wait_s), uninterruptible():
         if job.entry.is_done():
             return True
+        check_shards_belong(job, shards)                    # before anything is written into the entry
         for name in (job.cfg.get("evaluator") or {}):       # the entry's own sample files, from every shard
             rows = [r for s in shards if (s / f"samples_{name}.jsonl").exists() for r in read_jsonl(s / f"samples_{name}.jsonl")]
             write_samples(job.entry.dir, name, latest_rows(rows))
@@ -550,8 +591,41 @@ def assemble_shards(job: Job) -> bool:
     return True
 
 
+def other_shard_counts(entry_dir: Path, count: int) -> list[str]:
+    """The shard folders of ``entry_dir`` made with another ``n`` than ``count`` (``shard=1/3`` next to
+    ``shard=0/2``): they can never join this count's record."""
+    folder = Path(entry_dir) / "shards"
+    if not folder.is_dir():
+        return []
+    return sorted(d.name for d in folder.iterdir() if d.is_dir() and "-of-" in d.name
+                  and d.name.rsplit("-of-", 1)[1] != str(count))
+
+
 class ShardAssemblyError(FixableError):
     """A sharded entry cannot be rebuilt from its folder (no finished shard, or moved files)."""
+
+
+def check_shards_belong(job: Job, shards: Sequence[Path]) -> None:
+    """Every part is of this entry, by its config identity (not only by count): each shard's recorded
+    config (``job.json``) must hash to this entry (:func:`varbench.core.hashing.entry_hash`, with this
+    job's weight, prompt and method-file hashes). A part copied in from another job (another seed, a
+    moved folder) is a :class:`ShardAssemblyError` naming it, raised before anything is written."""
+    for s in shards:
+        meta = s / "job.json"
+        if not meta.exists():
+            continue
+        try:
+            cfg = read_json(meta)["config"]
+            key = entry_hash(pin_runtime(cfg, job.device, job.dtype), job.weights, job.prompt_set.sha256,
+                             method_files=job.method_files)
+        except (KeyError, TypeError) as e:
+            raise ShardAssemblyError(f"{meta} has no readable config ({type(e).__name__}: {e}); nothing was "
+                                     "written: delete that shard folder and run the shard again") from None
+        if key != job.entry.entry_hash:
+            raise ShardAssemblyError(f"shard {s.name} of {job.entry.dir} belongs to another job: its config "
+                                     f"({meta}) hashes to {key[:12]}, not this entry's {job.entry.entry_hash[:12]} "
+                                     "(copied or moved files?); nothing was written: delete that shard folder "
+                                     "and run the shard again")
 
 
 def job_from_shards(entry_dir: str | Path) -> Job:
@@ -579,6 +653,10 @@ def ready_sharded_entries(path: str | Path) -> list[Path]:
         entry = shards_dir.parent
         names = [d.name for d in shards_dir.iterdir() if d.is_dir()]
         counts = {int(n.rsplit("-of-", 1)[1]) for n in names if "-of-" in n}
+        if len(counts) > 1 and not (entry / "DONE").exists():
+            log.warning("%s holds shards of %s different counts (%s): none is assembled; relaunch every shard with "
+                        "one count (shard=i/n) or delete the other count's folders", shards_dir, len(counts),
+                        ", ".join(sorted(names)))
         if (entry / "DONE").exists() or len(counts) != 1:
             continue
         n = counts.pop()

@@ -7,9 +7,15 @@ prompt file(s) and each evaluator's checkpoints (its
 :meth:`~varbench.evaluators.base.Evaluator.preflight`, with :func:`varbench.core.missing.collecting`
 open so one evaluator names all of its files), and raises one :class:`MissingFilesError` listing
 each missing file once: what it is, where it was searched, where it is published, and which jobs
-need it when not all do. A job whose config is wrong in another way is left to fail on its own (a
-sweep goes on past one bad job); only missing files stop the whole sweep, since each one fails
-every job that needs it, and one list beats one round per file.
+need it when not all do.
+
+"Missing" is said only of what is missing. A file that is there but malformed (a prompt file that is
+not UTF-8, a folder where a file belongs), a setting out of range (``benchmark.limit=-1``), a plugin
+that does not import, settings that cannot work together (a shard left without prompts): each is
+raised as its own error (:class:`~varbench.core.errors.MalformedFileError`, ``BadSettingError``,
+``EntryLoadError``, ``IncompatibleSettingsError``), first among the problems, before any job starts
+(:func:`check_files`). A job whose config fails in a way this check does not look at is left to
+fail on its own (a sweep goes on past one bad job).
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig
 
-from varbench.core.errors import ConfigError, FixableError
+from varbench.core.errors import ConfigError, FixableError, IncompatibleSettingsError
 from varbench.core.missing import MissingFile, MissingFilesError, collecting
 
 
@@ -38,20 +44,57 @@ def model_files_missing(cfg: DictConfig) -> list[MissingFile]:
     return out
 
 
-def prompt_files_missing(cfg: DictConfig) -> list[MissingFile]:
-    """The benchmark's prompt file when it cannot be loaded (missing or garbled), as its error says."""
+def is_missing(e: BaseException) -> bool:
+    """True for an error that says a file is absent (a ``FileNotFoundError``: the prompts', the
+    weights', the evaluators'); anything else (malformed, a bad setting, a plugin that fails to
+    import) is not "missing"."""
+    return isinstance(e, FileNotFoundError)
+
+
+@dataclasses.dataclass
+class JobInputs:
+    """What the preflight found wrong with one job's inputs: files absent, and other problems."""
+
+    missing: list[MissingFile] = dataclasses.field(default_factory=list)
+    problems: list[FixableError] = dataclasses.field(default_factory=list)
+
+
+def prompt_files_missing(cfg: DictConfig, problems: list | None = None) -> list[MissingFile]:
+    """The benchmark's prompt file when it is absent; any other fault of the prompt set (malformed, a
+    bad setting, a loader that does not import) goes to ``problems`` (or is raised when None)."""
     from varbench.harness.prompts import load_prompt_set
 
     try:
         load_prompt_set(cfg.benchmark)
-    except ConfigError:
-        return []                          # a bad setting: the job reports it
     except FixableError as e:
-        return [_from_error(f"benchmark {cfg.benchmark.get('name') or cfg.benchmark.get('loader')}", e)]
+        if is_missing(e):
+            return [_from_error(f"benchmark {cfg.benchmark.get('name') or cfg.benchmark.get('loader')}", e)]
+        if problems is None:
+            raise
+        problems.append(e)
     return []
 
 
-def evaluator_files_missing(cfg: DictConfig) -> list[MissingFile]:
+def shard_problem(cfg: DictConfig) -> FixableError | None:
+    """An :class:`~varbench.core.errors.IncompatibleSettingsError` when ``shard=i/n`` would leave some
+    shard without prompts (:func:`varbench.harness.job.check_shard_fits`); None otherwise."""
+    from varbench.harness.job import check_shard_fits
+    from varbench.harness.prompts import load_prompt_set
+    from varbench.harness.sharding import Shard
+
+    try:
+        shard = Shard.parse(cfg.get("shard"))
+        if shard.count == 1:
+            return None
+        check_shard_fits(shard, load_prompt_set(cfg.benchmark), int(cfg.runtime.batch_size))
+    except IncompatibleSettingsError as e:
+        return e
+    except (FixableError, ValueError, TypeError):
+        return None                        # a missing or malformed prompt file, a bad shard: named elsewhere
+    return None
+
+
+def evaluator_files_missing(cfg: DictConfig, problems: list | None = None) -> list[MissingFile]:
     """Each evaluator's checkpoints and folders that are not there."""
     from varbench.harness.prompts import load_prompt_set
     from varbench.harness.scoring import preflight
@@ -68,13 +111,16 @@ def evaluator_files_missing(cfg: DictConfig) -> list[MissingFile]:
             except ConfigError:
                 pass                       # e.g. GenEval on other prompts: the job reports it
             except FixableError as e:      # a check that raises instead of noting (an executable, a script)
-                notes.append(_from_error(f"evaluator {name}", e))
+                if is_missing(e) or problems is None:
+                    notes.append(_from_error(f"evaluator {name}", e))
+                else:
+                    problems.append(e)     # a malformed checkpoint, an evaluator that does not import
         out += [m if m.what.startswith("evaluator ") else dataclasses.replace(m, what=f"evaluator {name}: {m.what}")
                 for m in notes]
     return out
 
 
-def method_files_missing(cfg: DictConfig) -> list[MissingFile]:
+def method_files_missing(cfg: DictConfig, problems: list | None = None) -> list[MissingFile]:
     """The files the method declares for its knobs (`varbench.engine.policy.Policy.required_files`,
     e.g. ScaleKV's budget file, SkipVAR's decision models; a composed method's members through
     `compose`'s own declaration) that are not there. A packaged method and a plugin are asked alike;
@@ -87,6 +133,10 @@ def method_files_missing(cfg: DictConfig) -> list[MissingFile]:
     name = method.get("name")
     try:
         files = REGISTRY.load(str(name)).required_files(dict(method.get("knobs") or {}))
+    except FixableError as e:          # a plugin that does not import, or is the wrong kind for its slot
+        if problems is not None:
+            problems.append(e)
+        return []
     except Exception:  # noqa: BLE001 - an unknown or broken method: the job reports it in its own words
         return []
     return [MissingFile(f"method {f.owner or name}: {f.what}", f.path, f.published,
@@ -95,19 +145,47 @@ def method_files_missing(cfg: DictConfig) -> list[MissingFile]:
 
 
 def job_files_missing(cfg: DictConfig) -> list[MissingFile]:
-    """Every missing file of one job's config."""
-    return (model_files_missing(cfg) + method_files_missing(cfg) + prompt_files_missing(cfg)
-            + evaluator_files_missing(cfg))
+    """Every missing file of one job's config (its other problems: :func:`job_inputs`)."""
+    return job_inputs(cfg).missing
+
+
+def job_inputs(cfg: DictConfig) -> JobInputs:
+    """Every missing file of one job's config, and its other input problems: a setting out of range
+    (:func:`varbench.harness.config.validate_config`'s :class:`~varbench.core.errors.BadSettingError`),
+    a malformed prompt file, a plugin that does not import, a shard left without prompts."""
+    from varbench.core.errors import BadSettingError
+    from varbench.harness.config import validate_config
+
+    problems: list[FixableError] = []
+    try:
+        validate_config(cfg)
+    except BadSettingError as e:
+        problems.append(e)             # a value out of range: refused before any job
+    except Exception:  # noqa: BLE001 - anything else the job reports in its own words (as before): a method
+        pass           # refused on this model stays that job's failure (toy_table lists such methods; the rest run)
+    missing = (model_files_missing(cfg) + method_files_missing(cfg, problems) + prompt_files_missing(cfg, problems)
+               + evaluator_files_missing(cfg, problems))
+    shard = shard_problem(cfg)
+    if shard is not None:
+        problems.append(shard)
+    return JobInputs(missing, problems)
 
 
 def check_files(cfgs: Sequence[DictConfig], labels: Sequence[str] | None = None) -> None:
-    """Raise one :class:`MissingFilesError` naming every file the jobs ``cfgs`` need and lack (see the
-    module docstring); ``labels``: how to name each job (its overrides), for files only some need."""
+    """The preflight: raise the first input problem of the jobs ``cfgs`` (a malformed file, a bad
+    setting, an incompatible combination, a plugin that fails to import: :func:`job_inputs`), else one
+    :class:`MissingFilesError` naming every file they need and lack (see the module docstring);
+    ``labels``: how to name each job (its overrides), for files only some need."""
     labels = list(labels) if labels is not None else [f"job {i}" for i in range(len(cfgs))]
     needed: dict[tuple[str, str], tuple[MissingFile, list[str]]] = {}
+    problems: list[FixableError] = []
     for cfg, label in zip(cfgs, labels):
-        for m in job_files_missing(cfg):
+        found = job_inputs(cfg)
+        problems += found.problems
+        for m in found.missing:
             needed.setdefault((m.what, m.path), (m, []))[1].append(label)
+    if problems:            # what the user wrote wrong first: it may be why a file looks missing
+        raise problems[0]
     if not needed:
         return
     n = len(cfgs)

@@ -73,14 +73,41 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from varbench.core.errors import FixableError
+from varbench.core.errors import BadSettingError, FixableError, MalformedFileError
+from varbench.core import inputs
 from varbench.core.filehash import sha256_file
 from varbench.core.registry import PROMPT_LOADERS_GROUP, LazyRegistry
 from varbench.core.jsonio import atomic_write_bytes
 
 
 class PromptSetError(FixableError, RuntimeError):
-    """Prompt file absent, unreadable, or a download that did not match its pinned hash."""
+    """A prompt set that cannot be loaded. Its subclasses say why, each with its own first words:
+    :class:`PromptFileMissingError` (absent, or a download that failed or did not match its pin),
+    :class:`PromptFileError` (there, but malformed), :class:`PromptSettingError` (a ``benchmark.*``
+    value out of range)."""
+
+
+class PromptFileMissingError(PromptSetError, FileNotFoundError):
+    """The prompt file or folder is not there (and was not, or could not be, downloaded)."""
+
+    first_words = "missing"
+
+
+class PromptFileError(PromptSetError, MalformedFileError):
+    """The prompt file is there but is not what the loader reads: not UTF-8, not parseable, the wrong
+    shape, a folder where a file belongs (the file and its line/column or byte offset named)."""
+
+
+class PromptSettingError(PromptSetError, BadSettingError):
+    """A ``benchmark.*`` setting out of range or unknown (``limit``, ``samples_per_prompt``, ``loader``)."""
+
+
+def _strict(read, path: Path, what: str):
+    """``read(path, what)`` (a :mod:`varbench.core.inputs` reader) with its fault as a :class:`PromptFileError`."""
+    try:
+        return read(path, what)
+    except MalformedFileError as e:
+        raise PromptFileError(e.path, e.problem, line=e.line, column=e.column, byte=e.byte, fix=e.fix) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +266,7 @@ def download_file(pin: PinnedFile, dest: Path, urls: Sequence[str] | None = None
             continue
         atomic_write_bytes(dest, data)
         return dest
-    raise PromptSetError(
+    raise PromptFileMissingError(
         f"could not download {pin.name} into {dest}; nothing was written.\n  "
         + "\n  ".join(failures)
         + "\n  fix: download it by hand and set benchmark.path=..., or check the pinned URL."
@@ -250,7 +277,7 @@ def _missing_error(what: str, path: Path, url: str, path_hint: str, can_download
     fix = f"set benchmark.path={path_hint}"
     if can_download:
         fix += " (where the file is), or benchmark.allow_download=true to fetch it (sha256 verified)"
-    return PromptSetError(
+    return PromptFileMissingError(
         f"{what} not found.\n  searched: {path}\n  published at: {url}\n  fix: {fix}."
     )
 
@@ -258,6 +285,9 @@ def _missing_error(what: str, path: Path, url: str, path_hint: str, can_download
 def _resolve_file(pin: PinnedFile, path: Path, allow_download: bool, what: str,
                   urls: Sequence[str] | None = None) -> tuple[str, str | None]:
     """Make sure ``path`` exists (downloading if allowed); return (actual sha256, expected)."""
+    if path.exists() and not path.is_file():       # the kind of path is wrong: not "missing"
+        raise PromptFileError(path, f"is {'a folder' if path.is_dir() else 'not a regular file'}; the {what} "
+                                    "must be a file", fix=f"set benchmark.path=/path/to/{pin.name}")
     if not path.is_file():
         if not allow_download:
             raise _missing_error(what, path, (urls or pin.urls)[0], f"/path/to/{pin.name}", True)
@@ -271,11 +301,8 @@ def _resolve_file(pin: PinnedFile, path: Path, allow_download: bool, what: str,
     return actual, pin.sha256
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise PromptSetError(f"{path} is not valid JSON ({e}); is benchmark.path the right file?") from e
+def _read_json(path: Path, what: str = "prompt file") -> Any:
+    return _strict(inputs.read_json, path, what)
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,21 +313,14 @@ def _load_geneval(cfg: Any) -> tuple[list[PromptItem], dict]:
     sha, expected = _resolve_file(GENEVAL_FILE, path, bool(_get(cfg, "allow_download", False)),
                                   "GenEval prompt file evaluation_metadata.jsonl", _urls(cfg))
     items = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                meta = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptSetError(f"{path}:{i + 1} is not a JSON object ({e})") from e
-            if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
-                raise PromptSetError(f"{path}:{i + 1} has no \"prompt\" text (a GenEval line is a JSON object "
-                                     f"with \"prompt\", \"tag\", \"include\"); got {line.strip()[:80]!r}")
-            items.append(PromptItem(i, meta["prompt"], meta))
+    for i, meta in _strict(lambda p, w: list(inputs.read_jsonl(p, w)), path, "GenEval prompt file"):
+        if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
+            raise PromptFileError(path, f"has no \"prompt\" text (a GenEval line is a JSON object with "
+                                        f"\"prompt\", \"tag\", \"include\"); got {json.dumps(meta)[:80]}", line=i + 1)
+        items.append(PromptItem(i, meta["prompt"], meta))
     if not items:
-        raise PromptSetError(f"{path} holds no prompts (an empty file); benchmark.path must be GenEval's "
-                             "evaluation_metadata.jsonl")
+        raise PromptFileError(path, "holds no prompts (an empty file)", fix="benchmark.path must be GenEval's "
+                                                                  "evaluation_metadata.jsonl")
     return items, dict(source_path=str(path), sha256=sha, expected_sha256=expected,
                        source_url=GENEVAL_FILE.urls[0], files={path.name: sha})
 
@@ -309,12 +329,13 @@ def _load_imagereward(cfg: Any) -> tuple[list[PromptItem], dict]:
     path = Path(_get(cfg, "path", IMAGEREWARD_FILE.name)).expanduser()
     sha, expected = _resolve_file(IMAGEREWARD_FILE, path, bool(_get(cfg, "allow_download", False)),
                                   "ImageReward prompt file benchmark-prompts.json", _urls(cfg))
-    data = _read_json(path)
+    data = _read_json(path, "ImageReward prompt file")
     if not isinstance(data, list) or not data:
-        raise PromptSetError(f"{path} must be a non-empty JSON list of {{\"id\", \"prompt\"}} objects")
+        raise PromptFileError(path, f"must be a non-empty JSON list of {{\"id\", \"prompt\"}} objects, "
+                                    f"got {type(data).__name__}{' (empty)' if data == [] else ''}")
     for i, row in enumerate(data):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "id" not in row:
-            raise PromptSetError(f"{path}: entry {i} (0-based) needs \"id\" and \"prompt\" text, got {str(row)[:80]!r}")
+            raise PromptFileError(path, f"entry {i} (0-based) needs \"id\" and \"prompt\" text, got {str(row)[:80]!r}")
     items = [PromptItem(i, row["prompt"], {"id": row["id"]}) for i, row in enumerate(data)]
     return items, dict(source_path=str(path), sha256=sha, expected_sha256=expected,
                        source_url=IMAGEREWARD_FILE.urls[0], files={path.name: sha})
@@ -325,7 +346,7 @@ def _load_hpsv2(cfg: Any) -> tuple[list[PromptItem], dict]:
     styles = list(_get(cfg, "styles", HPS_STYLES))
     unknown = [s for s in styles if s not in HPS_FILES]
     if unknown:
-        raise PromptSetError(f"unknown HPSv2 style(s) {unknown}; choose from {list(HPS_STYLES)} "
+        raise PromptSettingError(f"unknown HPSv2 style(s) {unknown}; choose from {list(HPS_STYLES)} "
                              "(benchmark.styles=[...])")
     allow = bool(_get(cfg, "allow_download", False))
     files, items = {}, []
@@ -339,13 +360,13 @@ def _load_hpsv2(cfg: Any) -> tuple[list[PromptItem], dict]:
         path = folder / pin.name
         sha, _ = _resolve_file(pin, path, allow, f"HPSv2 benchmark prompts {pin.name} (style {s})")
         files[pin.name] = sha
-        prompts = _read_json(path)
+        prompts = _read_json(path, f"HPSv2 prompt file ({s})")
         if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
-            raise PromptSetError(f"{path} must be a JSON list of prompt strings")
+            raise PromptFileError(path, "must be a JSON list of prompt strings")
         if not prompts:
-            raise PromptSetError(f"{path} holds no prompts (an empty list); the official files have 800")
+            raise PromptFileError(path, "holds no prompts (an empty list); the official files have 800")
         if len(prompts) > 800:
-            raise PromptSetError(f"{path} has {len(prompts)} prompts; the official files have 800")
+            raise PromptFileError(path, f"has {len(prompts)} prompts; the official files have 800")
         items.extend(PromptItem(offsets[s] + j, p, {"style": s, "style_index": j})
                      for j, p in enumerate(prompts))
     expected = digest_listing({HPS_FILES[s].name: HPS_FILES[s].sha256 for s in styles})
@@ -363,8 +384,11 @@ def _natural_key(stem: str) -> tuple[str, int, str]:
 
 def _load_dpgbench(cfg: Any) -> tuple[list[PromptItem], dict]:
     folder = Path(_get(cfg, "path", "dpgbench/prompts")).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise PromptFileError(folder, "is a file; benchmark.path must be the DPG-Bench prompt folder of <id>.txt files",
+                              fix="set benchmark.path=/path/to/dpg_bench/prompts")
     if not folder.is_dir():
-        raise PromptSetError(
+        raise PromptFileMissingError(
             f"DPG-Bench prompt folder (1,065 <id>.txt files) not found.\n  searched: {folder}\n"
             f"  published at: {DPG_URL}\n  fix: set benchmark.path=/path/to/dpg_bench/prompts "
             "(automatic download is not offered for a 1,065-file folder: copy dpg_bench/prompts "
@@ -372,15 +396,17 @@ def _load_dpgbench(cfg: Any) -> tuple[list[PromptItem], dict]:
         )
     paths = sorted(folder.glob("*.txt"), key=lambda p: _natural_key(p.stem))
     if not paths:
-        raise PromptSetError(f"{folder} holds no .txt prompt files; benchmark.path must be dpg_bench/prompts")
+        raise PromptFileError(folder, "holds no .txt prompt files", fix="benchmark.path must be dpg_bench/prompts")
     files = {p.name: sha256_file(p) for p in paths}
     sha = digest_listing(files)
     if sha != DPG_FOLDER_SHA256:
         warnings.warn(f"{folder}: folder digest {sha} differs from the official DPG-Bench prompts "
                       f"({DPG_FOLDER_SHA256}); using it as given and recording the actual hash.",
                       stacklevel=3)
-    # Prompts are stored as given, minus surrounding whitespace (some files end with a newline).
-    items = [PromptItem(i, p.read_text(encoding="utf-8").strip(), {"id": p.stem}) for i, p in enumerate(paths)]
+    # Prompts are stored as given, minus surrounding whitespace (some files end with a newline);
+    # decoded strictly (varbench.core.inputs): a byte that is not UTF-8 names the file and its offset.
+    items = [PromptItem(i, _strict(inputs.read_text, p, "DPG-Bench prompt file").strip(), {"id": p.stem})
+             for i, p in enumerate(paths)]
     return items, dict(source_path=str(folder), sha256=sha, expected_sha256=DPG_FOLDER_SHA256,
                        source_url=DPG_URL, files=files)
 
@@ -423,7 +449,12 @@ def _urls(cfg: Any) -> tuple[str, ...] | None:
 #: return a PromptSet; both get ``limit``/``limit_per_tag``/``samples_per_prompt`` applied here.
 #: A `varbench.core.registry.LazyRegistry`: ``"module:function"`` entries are imported on first use;
 #: installed packages add loaders through the `varbench.prompt_loaders` entry-point group.
-LOADERS = LazyRegistry("benchmark loader", group=PROMPT_LOADERS_GROUP, entries={
+def _a_loader_function(obj) -> str | None:
+    """None for a function (what a loader slot takes: ``fn(cfg) -> PromptSet``); a class or module is not one."""
+    return None if callable(obj) and not isinstance(obj, type) else "a function fn(benchmark_cfg) -> PromptSet"
+
+
+LOADERS = LazyRegistry("benchmark loader", group=PROMPT_LOADERS_GROUP, expects=_a_loader_function, entries={
     "geneval": _load_geneval,
     "hpsv2": _load_hpsv2,
     "imagereward": _load_imagereward,
@@ -446,7 +477,7 @@ def register_loader(name: str, fn: Callable[[Any], PromptSet] | str) -> None:
 def _select(items: list[PromptItem], limit: int | None, limit_per_tag: int | None, loader: str) -> list[PromptItem]:
     if limit_per_tag is not None:
         if not any("tag" in it.metadata for it in items):
-            raise PromptSetError(f"benchmark.limit_per_tag needs prompts with a 'tag' (GenEval, smoke); "
+            raise PromptSettingError(f"benchmark.limit_per_tag needs prompts with a 'tag' (GenEval, smoke); "
                                  f"loader {loader!r} has none. Use benchmark.limit instead.")
         seen: dict[str, int] = {}
         kept = []
@@ -474,9 +505,9 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     if loader not in LOADERS:
         close = LOADERS.close_matches(loader, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise PromptSetError(f"unknown benchmark.loader {loader!r}.{hint} Available: {sorted(LOADERS)}")
+        raise PromptSettingError(f"unknown benchmark.loader {loader!r}.{hint} Available: {sorted(LOADERS)}")
     if _get(cfg, "rewriter", None):
-        raise PromptSetError("benchmark.rewriter is not supported: varbench scores the official prompts "
+        raise PromptSettingError("benchmark.rewriter is not supported: varbench scores the official prompts "
                              "as written (Infinity's GenEval † numbers used an LLM rewriter). Set it to null.")
     got = LOADERS.load(loader)(cfg)
     if isinstance(got, PromptSet):  # a registered loader: keep its fingerprint, apply selection here
@@ -493,12 +524,12 @@ def load_prompt_set(cfg: Any) -> PromptSet:
     limit, per_tag = _get(cfg, "limit", None), _get(cfg, "limit_per_tag", None)
     for key, val in (("limit", limit), ("limit_per_tag", per_tag)):
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
-            raise PromptSetError(f"benchmark.{key} must be a positive integer or null, got {val!r}")
+            raise PromptSettingError(f"benchmark.{key} must be a positive integer or null, got {val!r}")
     all_items = items
     items = _select(items, limit, per_tag, loader)
     spp = int(_get(cfg, "samples_per_prompt", default_spp))
     if spp < 1:
-        raise PromptSetError(f"benchmark.samples_per_prompt must be >= 1, got {spp}")
+        raise PromptSettingError(f"benchmark.samples_per_prompt must be >= 1, got {spp}")
     return PromptSet(name=str(_get(cfg, "name", loader)), items=items, samples_per_prompt=spp, loader=loader,
                      full_size=full_size, selection={"limit": limit, "limit_per_tag": per_tag},
                      all_items=all_items, **kw)
@@ -518,7 +549,7 @@ def load_toy_prompts(cfg) -> PromptSet:
     n, seed, spp = get("n_prompts", 120), get("seed", 0), get("samples_per_prompt", 4)
     for key, val, lo in (("n_prompts", n, 1), ("seed", seed, 0), ("samples_per_prompt", spp, 1)):
         if not isinstance(val, int) or isinstance(val, bool) or val < lo:
-            raise PromptSetError(f"benchmark.{key} must be an integer >= {lo}, got {val!r} (varbench/conf/benchmark/toy.yaml)")
+            raise PromptSettingError(f"benchmark.{key} must be an integer >= {lo}, got {val!r} (varbench/conf/benchmark/toy.yaml)")
     prompts = prompt_set(n, seed)
     payload = WORLD_VERSION + "\n" + "".join(json.dumps(p["metadata"], sort_keys=True) + "\n" for p in prompts)
     return PromptSet(

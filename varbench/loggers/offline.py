@@ -205,14 +205,24 @@ class Relocation:
 def relocate(run_dir: str | Path) -> Relocation:
     """Point every artifact path of the run in ``run_dir`` that lies in a run's ``wandb-data/``
     folder at this folder, rewriting the ``.wandb`` file atomically (and any manifest file), then
-    :func:`check` it. A second call changes nothing. A run that may still be running (no exit
-    record, file changed in the last :data:`LIVE_S` seconds) is a ConfigError, left untouched."""
+    :func:`check` it. A second call changes nothing.
+
+    Everything is read and checked before anything is written: the ``.wandb`` file to its end (a
+    copy cut anywhere, before or after an earlier relocation, is a GarbledFileError naming it, and
+    the file is left as it was), every manifest file, and every new path (one that would point out
+    of ``run_dir``, e.g. a recorded ``wandb-data/../../..``, is a ConfigError: nothing outside the run
+    folder is ever written). A run that may still be running (no exit record, file changed in the
+    last :data:`LIVE_S` seconds) is a ConfigError, left untouched."""
     from varbench.core.jsonio import atomic_write_bytes
     from wandb.proto import wandb_internal_pb2 as pb
 
     run_dir = Path(run_dir)
     path = run_file(run_dir)
     log = read_log(path)
+    if log.tail.strip(b"\0"):         # a record that never ended: a cut copy (or a run killed mid-write)
+        raise _garbled(f"{path} is cut: its {len(log.tail)} byte(s) from byte {path.stat().st_size - len(log.tail)} "
+                       "on are unreadable bytes after its last whole record (a partial copy; rewriting would drop "
+                       "them); it was left as it was: copy the run folder again")
     report = Relocation(run_dir)
     ended, artifacts = False, []
     for n, payload in enumerate(log.payloads):
@@ -222,17 +232,19 @@ def relocate(run_dir: str | Path) -> Relocation:
         ended |= kind == "exit"
         if kind == "artifact":
             artifacts.append((n, rec))
-    manifest_files = []
+    manifest_files, new_paths = [], []
     for n, rec in artifacts:
         manifest, hit = rec.artifact.manifest, 0
         for c in manifest.contents:
             if c.local_path and moved_path(c.local_path, run_dir) != c.local_path:
                 c.local_path = moved_path(c.local_path, run_dir)
+                new_paths.append((f"{rec.artifact.name}:{c.path}", c.local_path))
                 hit += 1
         if manifest.manifest_file_path:
             new = moved_path(manifest.manifest_file_path, run_dir)
             if new != manifest.manifest_file_path:
                 manifest.manifest_file_path = new
+                new_paths.append((f"{rec.artifact.name}:manifest", new))
                 hit += 1
             if Path(new).is_file():
                 manifest_files.append(Path(new))
@@ -246,11 +258,15 @@ def relocate(run_dir: str | Path) -> Relocation:
 
         raise ConfigError(f"{path} has no exit record and changed {age:.0f} s ago: its run may still be writing it "
                           "(rewriting it now would lose what comes next); relocate a run after it ends")
-    if in_log and ended and log.tail.strip(b"\0"):   # a finished run ends on a whole record: this copy is cut
-        raise _garbled(f"{path} has {len(log.tail)} unreadable bytes after its last whole record (a damaged or "
-                       "partial copy; rewriting would drop them): copy the run folder again")
-    for mf in manifest_files:          # first, so the .wandb file, rewritten last, names only relocated files
-        report.rewritten += _relocate_manifest_file(mf, run_dir)
+    manifests = {mf: _relocated_manifest(mf, run_dir) for mf in manifest_files}    # read (and checked) before any write
+    for mf, (lines, hit) in manifests.items():
+        new_paths += [(f"{mf.name}:{e.get('path')}", e["local_path"]) for e in lines if hit and e.get("local_path")]
+    _refuse_escapes(path, run_dir, new_paths + [("manifest file", str(mf)) for mf, (_, hit) in manifests.items() if hit])
+    for mf, (lines, hit) in manifests.items():   # first, so the .wandb file, rewritten last, names only relocated files
+        if hit:
+            body = "".join(json.dumps(e) + "\n" for e in lines).encode()
+            atomic_write_bytes(mf, gzip.compress(body, compresslevel=1))
+            report.rewritten += hit
     if in_log:
         atomic_write_bytes(path, write_log(log))
     report.problems = check(run_dir)
@@ -258,18 +274,35 @@ def relocate(run_dir: str | Path) -> Relocation:
     return report
 
 
-def _relocate_manifest_file(path: Path, run_dir: Path) -> int:
-    from varbench.core.jsonio import atomic_write_bytes
+def _refuse_escapes(path: Path, run_dir: Path, named: list[tuple[str, str]]) -> None:
+    """A ConfigError, before anything is written, when a path relocation would write or point at lies
+    outside ``run_dir`` once resolved (``..`` parts, a symlink out of the folder)."""
+    from varbench.core.errors import ConfigError
 
-    lines, hit = _manifest_lines(path), 0
+    root = run_dir.resolve()
+    out = [(what, p) for what, p in named if not Path(p).resolve().is_relative_to(root)]
+    if out:
+        what, p = out[0]
+        raise ConfigError(f"{path}: {len(out)} recorded path(s) would point outside {root} after relocation "
+                          f"(first: {what} -> {p}); nothing was rewritten. A run file naming paths outside its "
+                          "folder was not written by varbench's sink: publish the record again with "
+                          "`python -m varbench.publish --force`")
+
+
+def _relocated_manifest(path: Path, run_dir: Path) -> tuple[list[dict], int]:
+    """The lines of the manifest file ``path`` with their paths relocated (nothing written), and how
+    many changed."""
+    try:
+        lines = _manifest_lines(path)
+    except (OSError, EOFError, ValueError) as e:      # gzip.BadGzipFile is an OSError; a cut gzip an EOFError
+        raise _garbled(f"{path} (an artifact manifest) cannot be read to its end ({e}); it was left as it was: "
+                       "copy the run folder again") from None
+    hit = 0
     for e in lines:
         if e.get("local_path") and moved_path(e["local_path"], run_dir) != e["local_path"]:
             e["local_path"] = moved_path(e["local_path"], run_dir)
             hit += 1
-    if hit:
-        body = "".join(json.dumps(e) + "\n" for e in lines).encode()
-        atomic_write_bytes(path, gzip.compress(body, compresslevel=1))
-    return hit
+    return lines, hit
 
 
 def _digest(path: Path, algorithm: str) -> str:

@@ -6,7 +6,12 @@ from varbench.engine.policy import Policy  # noqa: F401
 
 #: method name -> "module:Class" (imported lazily); installed packages add theirs through the
 #: `varbench.methods` entry-point group, and `method.name: pkg.module:Class` needs no entry at all
-REGISTRY = LazyRegistry("method", group=METHODS_GROUP, entries={
+def _a_policy_class(obj) -> str | None:
+    """None for a `Policy` subclass (what a method slot takes); else what it should be."""
+    return None if isinstance(obj, type) and issubclass(obj, Policy) else "a subclass of varbench.engine.policy.Policy"
+
+
+REGISTRY = LazyRegistry("method", group=METHODS_GROUP, expects=_a_policy_class, entries={
     "baseline": "varbench.policies.baseline:Baseline",
     "fastvar": "varbench.policies.fastvar:FastVAR",
     "nova": "varbench.policies.nova:NOVA",

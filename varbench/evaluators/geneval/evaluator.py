@@ -328,7 +328,9 @@ class GenEvalEvaluator(Evaluator):
                       "clip_weights": str(clip_path), "clip_sha256": check_sha256(clip_path, None, what="CLIP")}
         conv = det_dir / "conversion.json"  # written by varbench.evaluators.geneval.convert_mmdet: provenance of mmdet weights
         if conv.is_file():
-            rec = json.loads(conv.read_text())
+            from varbench.core.inputs import read_json
+
+            rec = read_json(conv, "detector conversion record")
             self._info["detector_conversion"] = {k: rec.get(k) for k in
                                                  ("converter_version", "source_file", "source_sha256", "expected_source")}
 
@@ -455,11 +457,10 @@ _PATH_RE = re.compile(r"(\d+)[/\\]samples[/\\](\d+)\.\w+$")
 
 def parse_official_results(path: Path, expected: Optional[Sequence[tuple[int, int, str]]] = None) -> list[dict]:
     """Rows from upstream's results jsonl (`filename`, `tag`, `correct`, `reason`, ...)."""
+    from varbench.core.inputs import read_jsonl    # strict: a malformed line names its line, column and byte
+
     rows = []
-    for line in Path(path).read_text().splitlines():
-        if not line.strip():
-            continue
-        rec = json.loads(line)
+    for _, rec in read_jsonl(Path(path), "GenEval results file"):
         m = _PATH_RE.search(rec["filename"])
         if not m:
             raise ValueError(f"geneval: cannot parse prompt/sample index from {rec['filename']!r} in {str(path)!r}")
