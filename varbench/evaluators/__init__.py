@@ -9,6 +9,7 @@ from __future__ import annotations
 from varbench.core.registry import EVALUATORS_GROUP, LazyRegistry
 
 from varbench.evaluators.base import EvalResult, Evaluator, Sample  # noqa: F401
+from varbench.evaluators.per_image import PerImageEvaluator  # noqa: F401
 
 #: evaluator name -> "module:Class". Modules import lazily. Installed packages add theirs through the
 #: `varbench.evaluators` entry-point group; an evaluator `name: pkg.module:Class` needs no entry at all.
