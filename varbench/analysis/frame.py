@@ -395,6 +395,9 @@ METRIC_WORDS: dict[str, tuple[str, str]] = {
     "fidelity/psnr": ("PSNR against the baseline's image", "dB"),
     "fidelity/ssim": ("SSIM against the baseline's image", "0 to 1"),
     "fidelity/lpips": ("LPIPS distance to the baseline's image", "0 to 1"),
+    "fid/fid": ("FID against the baseline's images", "clean-fid"),
+    "clipscore/score": ("CLIP score", "100 x cosine"),
+    "mjhq_fid/fid": ("MJHQ-30K FID", "clean-fid"),
 }
 #: name parts of metrics where lower is better, for metrics neither a record nor an evaluator declares
 LOWER_IS_BETTER_NAMES = ("lpips", "fid", "kid", "mse", "mae", "distance", "error", "loss")

@@ -24,6 +24,7 @@ hpsv2          folder with ``<style>.json`` files          4 x 800 prompts, styl
                                                            ``{"style", "style_index"}``
 imagereward    ``benchmark-prompts.json`` (100 prompts)    metadata ``{"id"}``
 dpgbench       folder of ``<id>.txt`` files (1,065)        metadata ``{"id"}`` (the file stem)
+mjhq           MJHQ-30K's ``meta_data.json`` (30,000)      metadata ``{"id", "category"}``, in the file's order
 smoke          (none: built into this module)              8 GenEval-style prompts with a ``tag``
 toy            (none: generated, varbench.toy.world)       procedural GenEval-style scenes (lazy import)
 =============  ==========================================  ==========================================
@@ -385,6 +386,30 @@ def _load_dpgbench(cfg: Any) -> tuple[list[PromptItem], dict]:
                        source_url=DPG_URL, files=files)
 
 
+MJHQ_URL = "https://huggingface.co/datasets/playgroundai/MJHQ-30K (meta_data.json)"
+
+
+def _load_mjhq(cfg: Any) -> tuple[list[PromptItem], dict]:
+    """MJHQ-30K's prompts: ``meta_data.json`` maps each image id to ``{"category", "prompt"}``. No hash
+    is pinned (none is published with the file); the record carries the file's sha256."""
+    path = Path(_get(cfg, "path", "mjhq30k/meta_data.json")).expanduser()
+    if path.is_dir():
+        path = path / "meta_data.json"
+    if not path.is_file():
+        raise _missing_error("MJHQ-30K prompt file meta_data.json", path, MJHQ_URL, "/path/to/mjhq30k/meta_data.json", False)
+    data = _read_json(path)
+    if not isinstance(data, dict) or not data:
+        raise PromptSetError(f"{path} must be a JSON object mapping image ids to {{\"category\", \"prompt\"}}")
+    items = []
+    for i, (key, row) in enumerate(data.items()):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise PromptSetError(f"{path}: entry {key!r} needs a \"prompt\" text, got {str(row)[:80]!r}")
+        items.append(PromptItem(i, row["prompt"], {"id": str(key), "category": row.get("category")}))
+    sha = sha256_file(path)
+    return items, dict(source_path=str(path), sha256=sha, expected_sha256=None, source_url=MJHQ_URL,
+                       files={path.name: sha})
+
+
 #: Built-in smoke set: GenEval-format metadata (class names are COCO classes GenEval knows), one
 #: or two prompts per GenEval tag, short enough for tiny random models.
 SMOKE_METADATA: tuple[dict, ...] = (
@@ -428,6 +453,7 @@ LOADERS = LazyRegistry("benchmark loader", group=PROMPT_LOADERS_GROUP, entries={
     "hpsv2": _load_hpsv2,
     "imagereward": _load_imagereward,
     "dpgbench": _load_dpgbench,
+    "mjhq": _load_mjhq,
     "smoke": _load_smoke,
     # Lazy entries: imported on first use only.
     "toy": "varbench.harness.prompts:load_toy_prompts",
