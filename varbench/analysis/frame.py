@@ -227,6 +227,21 @@ def _memory_columns(mem: Any) -> dict[str, Any]:
             "memory_batch": mem.get("batch")}
 
 
+def _rewriter(bench: Mapping) -> str | None:
+    """"on" when the images were generated from rewritten prompts (``benchmark.rewrite``), "off" for a
+    GenEval run without (the two are reported apart: Infinity's 0.73 vs 0.69), None otherwise."""
+    if bench.get("rewrite"):
+        return "on"
+    return "off" if "geneval" in (bench.get("loader"), bench.get("name")) else None
+
+
+def _benchmark_label(bench: Mapping) -> str | None:
+    """The benchmark's name, with ``· rewriter: on|off`` where :func:`_rewriter` says which: rows with and
+    without rewritten prompts land in different sections of the table."""
+    name, rw = bench.get("name"), _rewriter(bench)
+    return f"{name} · rewriter: {rw}" if rw is not None and name is not None else name
+
+
 def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     """Flatten one record into the tidy frame's columns (see :func:`records_to_frame`)."""
     nan = float("nan")
@@ -255,8 +270,10 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "method_label": method_label(method),
         "resolution": f"{res[0]}x{res[1]}" if isinstance(res, (list, tuple)) and len(res) == 2 else (res or None),
         "h_div_w": model.get("h_div_w"),
-        "benchmark": bench.get("name"),
-        "benchmark_sha256": bench.get("sha256"),
+        "benchmark": _benchmark_label(bench),
+        "rewriter": _rewriter(bench),
+        # with a rewrite file: the prompts' and the rewrites' hash (PromptSet.key_sha256), so rows pair only alike
+        "benchmark_sha256": bench.get("key_sha256") or bench.get("sha256"),
         "prompts_sha256": bench.get("items_sha256"),
         # False: the prompt file's sha256 differs from the official one (None: no official hash pinned)
         "benchmark_sha256_matches": bench.get("sha256_matches"),

@@ -74,7 +74,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from varbench.core.errors import FixableError
+from varbench.core.errors import FixableError, GarbledFileError
 from varbench.core.filehash import sha256_file
 from varbench.core.registry import PROMPT_LOADERS_GROUP, LazyRegistry
 from varbench.core.jsonio import atomic_write_bytes
@@ -86,11 +86,19 @@ class PromptSetError(FixableError, RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class PromptItem:
-    """One prompt. ``index`` is stable across subsets (see module docstring)."""
+    """One prompt. ``index`` is stable across subsets (see module docstring). ``rewritten``: the text
+    the model is given instead, when ``benchmark.rewrite`` names a rewrite file (scoring still reads
+    ``prompt`` and ``metadata``)."""
 
     index: int
     prompt: str
     metadata: dict
+    rewritten: str | None = None
+
+    @property
+    def generation_prompt(self) -> str:
+        """The text the model generates from: the rewritten prompt when there is one."""
+        return self.prompt if self.rewritten is None else self.rewritten
 
 
 @dataclasses.dataclass
@@ -116,6 +124,8 @@ class PromptSet:
     #: every prompt before ``limit``/``limit_per_tag`` (None: ``items`` is the whole set); the job
     #: batches an image with its neighbours in this list, so a subset's images equal the full set's
     all_items: list[PromptItem] | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: the rewrite file (``benchmark.rewrite``) by name and sha256; None: prompts used as written
+    rewrite: dict | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -133,9 +143,19 @@ class PromptSet:
                              separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
+    @property
+    def key_sha256(self) -> str:
+        """What the store and record keys hash for the prompts: the prompt file(s)' ``sha256``, and with a
+        rewrite file also its sha256 (so keys without one are unchanged)."""
+        if not self.rewrite:
+            return self.sha256
+        return hashlib.sha256(f"{self.sha256}\nrewrite {self.rewrite['sha256']}".encode()).hexdigest()
+
     def describe(self) -> dict[str, Any]:
-        """The record's ``benchmark`` block; the runner adds ``seeds``."""
-        return {
+        """The record's ``benchmark`` block; the runner adds ``seeds``. ``rewrite`` and ``key_sha256``
+        only when a rewrite file was used."""
+        extra = {"rewrite": dict(self.rewrite), "key_sha256": self.key_sha256} if self.rewrite else {}
+        return {**extra, 
             "name": self.name,
             "loader": self.loader,
             "source": self.source_url,
@@ -410,6 +430,65 @@ def _load_mjhq(cfg: Any) -> tuple[list[PromptItem], dict]:
                        files={path.name: sha})
 
 
+def read_rewrite_file(path: str | Path) -> dict[str, str]:
+    """A prompt -> rewritten prompt map (``benchmark.rewrite``): one JSON object whose keys are the
+    benchmark's prompts as written and whose values are the texts to generate from, the format of
+    Infinity's ``evaluation/gen_eval/prompt_rewrite_cache.json``. A file that does not parse, is not
+    such an object, repeats a prompt or maps one to something other than non-empty text raises
+    :class:`GarbledFileError` naming the file and line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise PromptSetError(f"prompt rewrite file not found.\n  searched: {path}\n  published at: your own rewriter's "
+                             f"output (Infinity's format: evaluation/gen_eval/prompt_rewrite_cache.json)\n  fix: set "
+                             f"benchmark.rewrite=/path/to/rewrites.json, or null to use the prompts as written.")
+    text = path.read_text(encoding="utf-8")
+
+    def line_of(key: str) -> int:
+        needle = json.dumps(key, ensure_ascii=False)
+        for n, line in enumerate(text.splitlines(), 1):
+            if needle in line or json.dumps(key) in line:
+                return n
+        return 1
+
+    seen: set[str] = set()
+
+    def pairs(items):
+        for k, _ in items:
+            if k in seen:
+                raise GarbledFileError(f"{path}:{line_of(k)}: prompt {k[:60]!r} is rewritten twice; keep one rewrite per prompt")
+            seen.add(k)
+        return dict(items)
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as e:
+        raise GarbledFileError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); benchmark.rewrite must be one JSON "
+                               f"object {{\"<prompt>\": \"<rewritten prompt>\"}}") from None
+    if not isinstance(data, dict):
+        raise GarbledFileError(f"{path}:1: a {type(data).__name__}, not a JSON object {{\"<prompt>\": \"<rewritten prompt>\"}}")
+    for k, v in data.items():
+        if not isinstance(v, str) or not v.strip():
+            raise GarbledFileError(f"{path}:{line_of(k)}: the rewrite of {k[:60]!r} is {str(v)[:40]!r}, not a non-empty text")
+    return data
+
+
+def apply_rewrite(items: list[PromptItem], path: str | Path) -> tuple[list[PromptItem], dict]:
+    """``items`` with ``rewritten`` set from the rewrite file, and the record's ``rewrite`` block. Every
+    prompt of the set must have a rewrite (the job batches an image with its neighbours in the full
+    set, so a subset needs them too); otherwise ConfigError names how many lack one and which."""
+    from varbench.core.errors import ConfigError
+
+    mapping = read_rewrite_file(path)
+    lacking = [it for it in items if it.prompt not in mapping]
+    if lacking:
+        shown = "; ".join(f"{it.index}: {it.prompt[:50]!r}" for it in lacking[:3])
+        raise ConfigError(f"benchmark.rewrite: {path} has no rewrite for {len(lacking)} of the {len(items)} prompts "
+                          f"(e.g. {shown}); it must map every prompt of the benchmark, as written, to its rewrite")
+    p = Path(path).expanduser()
+    block = {"file": p.name, "sha256": sha256_file(p), "n_rewrites": len(mapping)}
+    return [dataclasses.replace(it, rewritten=mapping[it.prompt]) for it in items], block
+
+
 #: Built-in smoke set: GenEval-format metadata (class names are COCO classes GenEval knows), one
 #: or two prompts per GenEval tag, short enough for tiny random models.
 SMOKE_METADATA: tuple[dict, ...] = (
@@ -502,8 +581,9 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise PromptSetError(f"unknown benchmark.loader {loader!r}.{hint} Available: {sorted(LOADERS)}")
     if _get(cfg, "rewriter", None):
-        raise PromptSetError("benchmark.rewriter is not supported: varbench scores the official prompts "
-                             "as written (Infinity's GenEval † numbers used an LLM rewriter). Set it to null.")
+        raise PromptSetError("benchmark.rewriter (a rewriter to run) is not supported: give its output instead, "
+                             "benchmark.rewrite=<file> ({\"<prompt>\": \"<rewritten prompt>\"}, Infinity's "
+                             "prompt_rewrite_cache.json format), and set benchmark.rewriter to null.")
     got = LOADERS.load(loader)(cfg)
     if isinstance(got, PromptSet):  # a registered loader: keep its fingerprint, apply selection here
         kw = {k: getattr(got, k) for k in ("source_path", "sha256", "source_url", "expected_sha256", "files")}
@@ -516,6 +596,9 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         default_spp = 1
     if not items:
         raise PromptSetError(f"benchmark.loader {loader!r} gave no prompts (source: {kw.get('source_path') or loader})")
+    rewrite = None
+    if _get(cfg, "rewrite", None):   # generation reads the rewrites; scoring the prompts and metadata as written
+        items, rewrite = apply_rewrite(items, str(_get(cfg, "rewrite")))
     limit, per_tag = _get(cfg, "limit", None), _get(cfg, "limit_per_tag", None)
     for key, val in (("limit", limit), ("limit_per_tag", per_tag)):
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
@@ -527,7 +610,7 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         raise PromptSetError(f"benchmark.samples_per_prompt must be >= 1, got {spp}")
     return PromptSet(name=str(_get(cfg, "name", loader)), items=items, samples_per_prompt=spp, loader=loader,
                      full_size=full_size, selection={"limit": limit, "limit_per_tag": per_tag},
-                     all_items=all_items, **kw)
+                     all_items=all_items, rewrite=rewrite, **kw)
 
 
 def load_toy_prompts(cfg) -> PromptSet:
