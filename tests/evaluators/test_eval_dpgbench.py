@@ -179,3 +179,18 @@ def test_missing_files_are_named_with_where_to_get_them(tmp_path):
                         official_python=str(tmp_path / "nope")).preflight([{"id": "x"}])
     with pytest.raises(ValueError, match="DPG-Bench prompts"):
         build_evaluator("dpgbench", questions=str(CSV), backend=FAKE).preflight([{"tag": "counting"}])
+
+
+def test_the_sweep_preflight_lists_the_dpg_files_with_where_they_are_published(tmp_path):
+    from varbench.core.missing import MissingFilesError
+    from varbench.harness.preflight import check_files
+    from varbench.testing.jobs import job_config
+
+    cfg = job_config(tmp_path, "model=infinity_2b", "benchmark=dpgbench_protocol/infinity_2b", "evaluator=[dpgbench]",
+                     f"paths.data_dir={tmp_path}/data", f"paths.weights_dir={tmp_path}/w")
+    with pytest.raises(MissingFilesError) as info:
+        check_files([cfg])
+    text = str(info.value)
+    assert "dpg_bench.csv" in text and "TencentQQGYLab/ELLA" in text                 # the question file
+    assert "mplug_vqa_coco_large_en" in text and "ModelScope hub" in text           # the VQA weights
+    assert "dpgbench/prompts" in text                                                # the prompt folder

@@ -181,3 +181,20 @@ def test_released_inception_and_clip_load(tmp_path):
     clip.setup("cpu")
     clip.update([Sample(0, 0, "a black square", Image.new("RGB", (64, 64)))])
     assert 0 <= clip.compute().metrics["score"] <= 100
+
+
+# -- MJHQ-30K's prompts -----------------------------------------------------------------------------------
+def test_mjhq_prompts_come_from_meta_data_json_in_its_order(tmp_path):
+    from varbench.harness.prompts import PromptSetError, load_prompt_set
+
+    meta = {"b7": {"category": "animals", "prompt": "a fox"}, "a1": {"category": "people", "prompt": "a chef"}}
+    (tmp_path / "meta_data.json").write_text(json.dumps(meta))
+    ps = load_prompt_set({"loader": "mjhq", "path": str(tmp_path)})        # the folder or the file
+    assert [(it.index, it.prompt, it.metadata) for it in ps.items] == [
+        (0, "a fox", {"id": "b7", "category": "animals"}), (1, "a chef", {"id": "a1", "category": "people"})]
+    assert ps.expected_sha256 is None and len(ps.sha256) == 64
+    with pytest.raises(PromptSetError, match="(?s)meta_data.json.*playgroundai/MJHQ-30K"):
+        load_prompt_set({"loader": "mjhq", "path": str(tmp_path / "absent")})
+    (tmp_path / "meta_data.json").write_text(json.dumps({"x": {"category": "c"}}))
+    with pytest.raises(PromptSetError, match="'x' needs a \"prompt\""):
+        load_prompt_set({"loader": "mjhq", "path": str(tmp_path)})
