@@ -76,3 +76,16 @@ def test_loading_is_strict_by_released_names(tmp_path):
 def test_missing_files_name_the_release(tmp_path):
     with pytest.raises(WeightsNotFoundError, match="(?s)pytorch_model.bin.*mplug_visual-question-answering_coco_large_en"):
         required_files(tmp_path)
+
+
+@pytest.mark.requires_weights
+def test_released_mplug_large_loads_strictly_and_answers_yes_or_no():
+    import os
+
+    folder = Path(os.environ.get("VARBENCH_WEIGHTS", "/nonexistent")) / "mplug_vqa_coco_large_en"
+    if not all((folder / f).is_file() for f in ("pytorch_model.bin", "config.yaml", "config_bert.json", "vocab.txt")):
+        pytest.skip(f"mPLUG-large not under {folder} (ModelScope hub damo/mplug_visual-question-answering_coco_large_en)")
+    vqa = MPlugVQA(folder)
+    assert vqa.cfg["image_res"] == 504 and vqa.cfg["beam_size"] == 5 and vqa.cfg["max_length"] == 10
+    white = Image.new("RGB", (512, 512), (255, 255, 255))
+    assert vqa.answer([white, white], ["is this image white?", "is there a dog?"]) == ["yes", "no"]
