@@ -30,3 +30,5 @@ def test_fid_vs_baseline_and_clip_score_land_in_the_record_and_the_table(tmp_pat
     [g] = result.groups
     table = (g.folder / "table.md").read_text()
     assert "fid" in table.lower() and "clip" in table.lower()
+    # fid_tiny names the class fid, which compares with the baseline already: no Δ column for it
+    assert "Δ fid" not in table and "Δ clipscore" in table

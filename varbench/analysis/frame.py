@@ -380,6 +380,7 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
             rec = entry.read()
             rows.append(record_to_row(rec, str(entry_dir)))
             directions.update(recorded_directions(rec))
+            note_evaluator_classes(rec)
         except LegacySealError:
             legacy.append(entry_dir)
     if legacy:  # one message for all of them, with the command that fixes them
@@ -476,6 +477,19 @@ def relative_to_baseline(evaluator: str) -> bool:
 
 
 _RELATIVE: dict[str, bool] = {}
+
+
+def note_evaluator_classes(rec: Mapping) -> None:
+    """Teach :func:`relative_to_baseline` the record's own evaluator keys: a key that is not a registry name
+    (``fid_tiny``, ``dpgbench_tiny``: an option naming the class ``fid``) is relative when its class is."""
+    evs = (rec.get("config") or {}).get("evaluator") if isinstance(rec.get("config"), Mapping) else None
+    for key, ecfg in (evs or {}).items():
+        name = ecfg.get("name") if isinstance(ecfg, Mapping) else None
+        if key not in _RELATIVE and isinstance(name, str) and name != key:
+            try:
+                _RELATIVE[key] = relative_to_baseline(name)
+            except Exception:  # noqa: BLE001 - an outside class that does not import here: absolute, as before
+                pass
 
 
 def relative_metric(metric: str) -> bool:
