@@ -11,6 +11,7 @@ from varbench.evaluators.base import bootstrap_std
 from varbench.evaluators.fidelity import FidelityEvaluator
 from varbench.evaluators.hpsv2 import HPSv2Evaluator
 from varbench.evaluators.imagereward import ImageRewardEvaluator
+from varbench.toy.geneval import ToyGenEval
 
 
 class Brightness(PerImageEvaluator):                     # the whole plugin (docs/extending.md)
@@ -90,3 +91,7 @@ def test_a_plugin_without_score_says_what_to_write():
 def test_the_packaged_per_image_scorers_are_built_on_the_base(cls):
     assert issubclass(cls, PerImageEvaluator) and cls.metrics
     assert set(cls.metrics) <= set(cls.higher_is_better)
+
+
+def test_toy_geneval_is_built_on_the_base_with_geneval_aggregation():
+    assert issubclass(ToyGenEval, PerImageEvaluator) and ToyGenEval.aggregate is not PerImageEvaluator.aggregate
