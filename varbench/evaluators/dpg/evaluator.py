@@ -22,7 +22,6 @@ and aggregation refuses to compare records scored with different files).
 from __future__ import annotations
 
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -160,8 +159,9 @@ class DPGBenchEvaluator(Evaluator):
         if self.backend == "official" and self._pending:
             from varbench.evaluators.dpg.official import run_official
 
-            root = Path(self.image_dir or self._tmp or tempfile.mkdtemp(prefix="dpgbench_"))
-            self._tmp = str(root)
+            if self.image_dir is None and self._tmp is None:
+                self._tmp = tempfile.mkdtemp(prefix="dpgbench_")     # ours: removed by reset()
+            root = Path(self.image_dir or self._tmp)
             py, script = self._official_files()
             self._rows.extend(run_official(self._pending, self._items, py, script, self._qpath, root,
                                            self.official_timeout_s))
@@ -172,6 +172,11 @@ class DPGBenchEvaluator(Evaluator):
 
     def reset(self) -> None:
         self._rows, self._pending = [], []
+        if self._tmp:
+            import shutil
+
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
 
     def version_info(self) -> dict[str, Any]:
         return {"scorer": "dpgbench", "protocol": "ELLA compute_dpg_bench.py @3c228f1 (quirks kept: first CSV row "

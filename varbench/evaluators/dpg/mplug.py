@@ -39,7 +39,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 
-from varbench.evaluators.weights import WrongWeightsError, resolve_file
+from varbench.evaluators.weights import resolve_file
 
 PUBLISHED = ("ModelScope hub damo/mplug_visual-question-answering_coco_large_en (pytorch_model.bin, config.yaml, "
              "config_bert.json, vocab.txt; e.g. `modelscope download --model damo/mplug_visual-question-answering_coco_large_en`)")
