@@ -125,3 +125,9 @@ def test_a_rewritten_run_generates_from_the_rewrites_and_is_its_own_table_sectio
     result = aggregate_experiment(job_config(tmp_path, *common))
     tables = "\n".join((g.folder / "table.md").read_text() for g in result.groups)
     assert "benchmark=smoke · rewriter: on" in tables and "benchmark=smoke (" in tables
+
+
+def test_geneval_records_whether_its_images_came_from_rewritten_prompts():
+    assert _geneval_tree("evaluator=[geneval]")["evaluator"]["geneval"]["prompt_rewrite"] is False
+    on = _geneval_tree("evaluator=[geneval]", "benchmark.rewrite=/somewhere/rw.json")
+    assert on["evaluator"]["geneval"]["prompt_rewrite"] is True
