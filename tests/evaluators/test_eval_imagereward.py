@@ -68,7 +68,7 @@ def test_scores_match_upstream(ev):
     res = ev.compute()
     diffs = [abs(row["imagereward"] - g["score"]) for row, g in zip(res.per_sample, GOLD["rows"])]
     assert max(diffs) < 1e-5, diffs
-    ranked = ev.score_batch([Image.open(FIX / "images" / n) for n in GOLD["rank_images"]], [GOLD["rank_prompt"]] * 5)
+    ranked = ev.rewards([Image.open(FIX / "images" / n) for n in GOLD["rank_images"]], [GOLD["rank_prompt"]] * 5)
     assert max(abs(a - b) for a, b in zip(ranked, GOLD["rank_rewards"])) < 1e-5
     assert res.metrics["score"] == pytest.approx(sum(g["score"] for g in GOLD["rows"]) / 5, abs=1e-5)
     assert {"prompt_index", "sample_index", "imagereward"} <= set(res.per_sample[0])

@@ -67,6 +67,10 @@ def test_experiments_pick_the_models_protocol(exp, model):
         cfg = _compose(["+experiment=toy_table"])
         assert cfg.model.name == "toy" and cfg.benchmark.name == "toy" and set(cfg.evaluator) == {"toy_geneval", "fidelity"}
         return
+    if exp == "dpg_table":   # DPG-Bench on every model: mPLUG-large on the released ones, the tiny mPLUG otherwise
+        released = model in ("infinity_2b", "infinity_8b", "hart_0p7b")
+        assert cfg.benchmark.name == "dpgbench" and set(cfg.evaluator) == {"dpgbench" if released else "dpgbench_tiny"}
+        return
     if exp.startswith("device_bench"):   # timing only, on random weights: no protocol benchmark, no evaluator
         assert cfg.benchmark.name == "smoke" and not cfg.get("evaluator"), exp
         return

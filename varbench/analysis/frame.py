@@ -229,6 +229,21 @@ def _memory_columns(mem: Any) -> dict[str, Any]:
             "memory_batch": mem.get("batch")}
 
 
+def _rewriter(bench: Mapping) -> str | None:
+    """"on" when the images were generated from rewritten prompts (``benchmark.rewrite``), "off" for a
+    GenEval run without (the two are reported apart: Infinity's 0.73 vs 0.69), None otherwise."""
+    if bench.get("rewrite"):
+        return "on"
+    return "off" if "geneval" in (bench.get("loader"), bench.get("name")) else None
+
+
+def _benchmark_label(bench: Mapping) -> str | None:
+    """The benchmark's name, with ``· rewriter: on|off`` where :func:`_rewriter` says which: rows with and
+    without rewritten prompts land in different sections of the table."""
+    name, rw = bench.get("name"), _rewriter(bench)
+    return f"{name} · rewriter: {rw}" if rw is not None and name is not None else name
+
+
 def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
     """Flatten one record into the tidy frame's columns (see :func:`records_to_frame`)."""
     nan = float("nan")
@@ -257,8 +272,10 @@ def record_to_row(rec: Mapping, path: str | None = None) -> dict[str, Any]:
         "method_label": method_label(method),
         "resolution": f"{res[0]}x{res[1]}" if isinstance(res, (list, tuple)) and len(res) == 2 else (res or None),
         "h_div_w": model.get("h_div_w"),
-        "benchmark": bench.get("name"),
-        "benchmark_sha256": bench.get("sha256"),
+        "benchmark": _benchmark_label(bench),
+        "rewriter": _rewriter(bench),
+        # with a rewrite file: the prompts' and the rewrites' hash (PromptSet.key_sha256), so rows pair only alike
+        "benchmark_sha256": bench.get("key_sha256") or bench.get("sha256"),
         "prompts_sha256": bench.get("items_sha256"),
         # False: the prompt file's sha256 differs from the official one (None: no official hash pinned)
         "benchmark_sha256_matches": bench.get("sha256_matches"),
@@ -365,6 +382,7 @@ def records_to_frame(paths: Iterable[str | os.PathLike]):
             rec = entry.read()
             rows.append(record_to_row(rec, str(entry_dir)))
             directions.update(recorded_directions(rec))
+            note_evaluator_classes(rec)
         except LegacySealError:
             legacy.append(entry_dir)
     if legacy:  # one message for all of them, with the command that fixes them
@@ -397,6 +415,9 @@ METRIC_WORDS: dict[str, tuple[str, str]] = {
     "fidelity/psnr": ("PSNR against the baseline's image", "dB"),
     "fidelity/ssim": ("SSIM against the baseline's image", "0 to 1"),
     "fidelity/lpips": ("LPIPS distance to the baseline's image", "0 to 1"),
+    "fid/fid": ("FID against the baseline's images", "clean-fid"),
+    "clipscore/score": ("CLIP score", "100 x cosine"),
+    "mjhq_fid/fid": ("MJHQ-30K FID", "clean-fid"),
 }
 #: name parts of metrics where lower is better, for metrics neither a record nor an evaluator declares
 LOWER_IS_BETTER_NAMES = ("lpips", "fid", "kid", "mse", "mae", "distance", "error", "loss")
@@ -458,6 +479,19 @@ def relative_to_baseline(evaluator: str) -> bool:
 
 
 _RELATIVE: dict[str, bool] = {}
+
+
+def note_evaluator_classes(rec: Mapping) -> None:
+    """Teach :func:`relative_to_baseline` the record's own evaluator keys: a key that is not a registry name
+    (``fid_tiny``, ``dpgbench_tiny``: an option naming the class ``fid``) is relative when its class is."""
+    evs = (rec.get("config") or {}).get("evaluator") if isinstance(rec.get("config"), Mapping) else None
+    for key, ecfg in (evs or {}).items():
+        name = ecfg.get("name") if isinstance(ecfg, Mapping) else None
+        if key not in _RELATIVE and isinstance(name, str) and name != key:
+            try:
+                _RELATIVE[key] = relative_to_baseline(name)
+            except Exception:  # noqa: BLE001 - an outside class that does not import here: absolute, as before
+                pass
 
 
 def relative_metric(metric: str) -> bool:

@@ -45,9 +45,15 @@ GENEVAL_TAGS: tuple[tuple[str, str], ...] = (
     ("single_object", "Single obj."), ("two_object", "Two obj."), ("counting", "Counting"),
     ("colors", "Colors"), ("position", "Position"), ("color_attr", "Color attr."), ("overall", "Overall"))
 
+#: DPG-Bench's level-1 categories in the order ELLA's paper tables print them, with their column names
+DPG_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("global", "Global"), ("entity", "Entity"), ("attribute", "Attribute"), ("relation", "Relation"),
+    ("other", "Other"), ("overall", "Overall"))
+
 #: readable names of evaluators and metrics (with units where known)
 EVALUATOR_NAMES = {"geneval": "GenEval", "toy_geneval": "toy GenEval", "hpsv2": "HPSv2", "imagereward": "ImageReward",
-                   "fidelity": ""}
+                   "fidelity": "", "dpgbench": "DPG-Bench", "dpgbench_tiny": "DPG-Bench (tiny mPLUG)", "fid": "FID",
+                   "clipscore": "CLIP score", "mjhq_fid": "MJHQ-30K FID"}
 METRIC_NAMES = {"psnr": "PSNR (dB)", "ssim": "SSIM", "lpips": "LPIPS", "overall": "overall", "score": "score"}
 #: metrics whose header carries an arrow (↑ higher is better, ↓ lower; :func:`varbench.analysis.frame.higher_is_better`):
 #: their scale alone does not say which way is better
@@ -263,10 +269,29 @@ def geneval_evaluators(frame) -> list[str]:
     return [ev for ev in evs if all(f"{ev}/{tag}" in cols for tag, _ in GENEVAL_TAGS)]
 
 
+def dpg_evaluators(frame) -> list[str]:
+    """Evaluators with DPG-Bench's overall and its dropped-image count (``dpgbench``, ``dpgbench_tiny``, ...)."""
+    cols = set(frame.columns)
+    evs = sorted({c.split("/", 1)[0] for c in metric_columns(frame)})
+    return [ev for ev in evs if f"{ev}/overall" in cols and f"{ev}/n_failed" in cols]
+
+
+def _dpg_cell(r, ev: str, cat: str) -> str:
+    """``value ± err (n)``: a category's score x 100, its bootstrap ± over prompts, and the questions (the
+    overall: prompts) it averages."""
+    v = r.get(f"{ev}/{cat}")
+    if is_nan(v):
+        return "–"
+    err, n = r.get(f"{ev}/{cat}_err"), r.get(f"{ev}/n_{'prompts' if cat == 'overall' else cat}")
+    cell = f"{float(v):.2f}" + ("" if is_nan(err) else f" ± {float(err):.2f}")
+    return cell + ("" if is_nan(n) else f" (n={int(n)})")
+
+
 def build_sections(table, baseline: str = "baseline") -> list[Section]:
     """Sections (one per baseline) of the formatted table from the ordered wide/paired frame."""
     metrics = table_metrics(table)
     geneval = geneval_evaluators(table)
+    dpg = dpg_evaluators(table)
     header = ["method", "n (images / timed prompts×repeats)", "AR ms per prompt [p10, p90]", "paired speed-up AR [CI]",
               "paired speed-up e2e [CI]", "FLOPs × (transformer)", "FLOPs × (end to end)", KV_HEADER, PEAK_HEADER,
               MEMORY_X_HEADER]
@@ -282,6 +307,9 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
         sec = Section(_title(rows[0], key, rows), header[:kv_col] + [kv_header(rows[0].get("resolution"))] + header[kv_col + 1:])
         breakdowns = {ev: Section(f"{EVALUATOR_NAMES.get(ev, ev)} by tag", ["method"] + [h for _, h in GENEVAL_TAGS])
                       for ev in geneval}
+        breakdowns.update({f"dpg:{ev}": Section(f"{EVALUATOR_NAMES.get(ev, ev)} by category (DPG-Bench, x 100, ± over "
+                                                 f"prompts, n = questions; overall: n = prompts)",
+                                                 ["method"] + [h for _, h in DPG_CATEGORIES]) for ev in dpg})
         names = [_preset(r) for r in rows]
         for r in rows:
             is_base = _is_base(r, baseline)
@@ -317,7 +345,10 @@ def build_sections(table, baseline: str = "baseline") -> list[Section]:
                     cells.append(DASH if is_base else ("–" if is_nan(d) else f"{float(d):+.{digits}f}"))
             sec.rows.append(cells)
             for ev, sub in breakdowns.items():
-                sub.rows.append([name] + [_num(r.get(f"{ev}/{tag}"), 2) for tag, _ in GENEVAL_TAGS])
+                if ev.startswith("dpg:"):
+                    sub.rows.append([name] + [_dpg_cell(r, ev[4:], cat) for cat, _ in DPG_CATEGORIES])
+                else:
+                    sub.rows.append([name] + [_num(r.get(f"{ev}/{tag}"), 2) for tag, _ in GENEVAL_TAGS])
         sec.subtables = [s for s in breakdowns.values() if any(c != "–" for row in s.rows for c in row[1:])]
         sections.append(sec)
     return sections

@@ -41,7 +41,8 @@ from varbench.core.seeds import SEED_RULE_VERSION
 
 #: Paths whose *values* are replaced by the sha256 of the files they name (``weights``,
 #: ``benchmark_sha256``): a path differs between machines, the bytes do not.
-PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_path", "benchmark.path")
+PATH_KEYS: tuple[str, ...] = ("model.weights", "model.vae", "model.text_encoder_path", "benchmark.path",
+                              "benchmark.rewrite")   # the rewrite file: its sha256 joins benchmark_sha256 (key_sha256)
 
 #: Left out of the entry hash: where files go, result mirroring, and switches that change no number
 #: of the record (every name here exists in varbench/conf/).
@@ -197,7 +198,8 @@ def pair_key(rec: Mapping) -> str | None:
     if not isinstance(cfg, Mapping):
         return None
     weights = (rec.get("model") or {}).get("weights") or {}
-    bench_sha = (rec.get("benchmark") or {}).get("sha256")
+    bench = rec.get("benchmark") or {}
+    bench_sha = bench.get("key_sha256") or bench.get("sha256")   # key_sha256: prompts + rewrite file, when rewritten
     return config_hash(generation_key(cfg, weights, bench_sha, keys=PAIR_KEYS))
 
 

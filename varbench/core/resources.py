@@ -25,9 +25,18 @@ def shard_index(spec) -> int:
     return 0 if spec in (None, "", "None") else int(str(spec).split("/")[0])
 
 
+def is_set(value) -> bool:
+    """``${vb.is_set:${oc.select:benchmark.rewrite,null}}``: whether a setting holds something (not null or
+    empty), e.g. GenEval's recorded ``prompt_rewrite`` follows ``benchmark.rewrite``."""
+    return value not in (None, "", "None", "null")
+
+
 def register_resolvers() -> None:
-    """``${vb.package_dir:}`` -> the installed package folder; ``${vb.shard_index:...}`` (idempotent)."""
+    """``${vb.package_dir:}`` -> the installed package folder; ``${vb.shard_index:...}``; ``${vb.is_set:...}``
+    (idempotent)."""
     if not OmegaConf.has_resolver("vb.package_dir"):
         OmegaConf.register_new_resolver("vb.package_dir", lambda: str(PACKAGE_DIR))
     if not OmegaConf.has_resolver("vb.shard_index"):
         OmegaConf.register_new_resolver("vb.shard_index", shard_index)
+    if not OmegaConf.has_resolver("vb.is_set"):
+        OmegaConf.register_new_resolver("vb.is_set", is_set)

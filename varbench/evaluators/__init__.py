@@ -9,6 +9,7 @@ from __future__ import annotations
 from varbench.core.registry import EVALUATORS_GROUP, LazyRegistry
 
 from varbench.evaluators.base import EvalResult, Evaluator, Sample  # noqa: F401
+from varbench.evaluators.per_image import PerImageEvaluator  # noqa: F401
 
 #: evaluator name -> "module:Class". Modules import lazily. Installed packages add theirs through the
 #: `varbench.evaluators` entry-point group; an evaluator `name: pkg.module:Class` needs no entry at all.
@@ -33,3 +34,7 @@ register("hpsv2", "varbench.evaluators.hpsv2:HPSv2Evaluator")
 register("imagereward", "varbench.evaluators.imagereward:ImageRewardEvaluator")
 register("geneval", "varbench.evaluators.geneval.evaluator:GenEvalEvaluator")
 register("fidelity", "varbench.evaluators.fidelity:FidelityEvaluator")
+register("clipscore", "varbench.evaluators.clipscore:CLIPScoreEvaluator")
+register("fid", "varbench.evaluators.fid:FIDEvaluator")
+register("fid_dataset", "varbench.evaluators.fid:DatasetFIDEvaluator")
+register("dpgbench", "varbench.evaluators.dpg.evaluator:DPGBenchEvaluator")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from varbench.evaluators.common import mean_with_uncertainty, to_pil_rgb
-from varbench.evaluators.base import EvalResult, Evaluator, Sample
+from varbench.evaluators.base import Sample
+from varbench.evaluators.common import to_pil_rgb
+from varbench.evaluators.per_image import PerImageEvaluator
 
 #: torchvision checkpoint file each LPIPS backbone loads from `torch.hub.get_dir()/checkpoints`
 LPIPS_BACKBONE_FILES = {"alex": "alexnet-owt-7be5be79.pth", "vgg": "vgg16-397923af.pth",
@@ -30,7 +31,7 @@ def _to_tensor(img) -> torch.Tensor:
     return torch.from_numpy(arr).permute(2, 0, 1)[None]
 
 
-class FidelityEvaluator(Evaluator):
+class FidelityEvaluator(PerImageEvaluator):
     """PSNR (dB, higher = closer), SSIM (higher = closer), LPIPS (lower = closer, optional).
 
     Args:
@@ -43,6 +44,7 @@ class FidelityEvaluator(Evaluator):
     needs_reference = True
     relative_to_baseline = True   # already a comparison with the baseline: no delta in tables
     higher_is_better = {"psnr": True, "ssim": True, "lpips": False}
+    metrics = {"psnr": "psnr", "ssim": "ssim", "lpips": "lpips"}   # lpips only when its backbone is there
 
     def __init__(self, lpips: Any = "auto", lpips_net: str = "alex", device: str = "cpu"):
         if lpips_net not in LPIPS_BACKBONE_FILES:
@@ -51,7 +53,6 @@ class FidelityEvaluator(Evaluator):
         self._lpips = None
         self._lpips_status = "not set up"
         self._lpips_sha: Optional[str] = None
-        self._rows: list[dict] = []
 
     def _lpips_weights(self) -> Path:
         return Path(torch.hub.get_dir()) / "checkpoints" / LPIPS_BACKBONE_FILES[self.lpips_net]
@@ -68,9 +69,7 @@ class FidelityEvaluator(Evaluator):
             f"fidelity LPIPS: backbone file {w.name!r} not found; searched {str(w)!r}. It is published by "
             f"torchvision (download.pytorch.org/models/{w.name}); place it there or set lpips: auto/false.")
 
-    def setup(self, device: Optional[str] = None) -> None:
-        if device is not None:
-            self.device = device
+    def load(self, device: str) -> None:
         if self.lpips_mode is False or self._lpips is not None:
             self._lpips_status = "disabled" if self.lpips_mode is False else self._lpips_status
             return
@@ -83,42 +82,32 @@ class FidelityEvaluator(Evaluator):
             return
         from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
 
-        self._lpips = LearnedPerceptualImagePatchSimilarity(net_type=self.lpips_net, normalize=True).to(self.device).eval()
+        self._lpips = LearnedPerceptualImagePatchSimilarity(net_type=self.lpips_net, normalize=True).to(device).eval()
         from varbench.core.filehash import sha256_file
 
         self._lpips_status = f"on ({self.lpips_net}, {w.name})"
         self._lpips_sha = sha256_file(w)
 
     @torch.no_grad()
-    def update(self, samples: Sequence[Sample]) -> None:
+    def score(self, s: Sample) -> dict:
         from torchmetrics.functional.image import peak_signal_noise_ratio, structural_similarity_index_measure
 
-        for s in samples:
-            if s.reference is None:
-                raise ValueError(f"fidelity: Sample(prompt_index={s.prompt_index}, sample_index={s.sample_index}) has no "
-                                 f"reference image; run the baseline first and pass its image as Sample.reference.")
-            x, y = _to_tensor(s.image), _to_tensor(s.reference)
-            if x.shape != y.shape:
-                raise ValueError(f"fidelity: image {tuple(x.shape[2:])} and reference {tuple(y.shape[2:])} differ in size "
-                                 f"(prompt {s.prompt_index}, sample {s.sample_index}); compare same-resolution runs.")
-            row = {"prompt_index": s.prompt_index, "sample_index": s.sample_index,
-                   "psnr": float(peak_signal_noise_ratio(x, y, data_range=1.0)),
-                   "ssim": float(structural_similarity_index_measure(x, y, data_range=1.0))}
-            if self._lpips is not None:
-                row["lpips"] = float(self._lpips(x.to(self.device), y.to(self.device)))
-            self._rows.append(row)
+        if s.reference is None:
+            raise ValueError(f"fidelity: Sample(prompt_index={s.prompt_index}, sample_index={s.sample_index}) has no "
+                             f"reference image; run the baseline first and pass its image as Sample.reference.")
+        x, y = _to_tensor(s.image), _to_tensor(s.reference)
+        if x.shape != y.shape:
+            raise ValueError(f"fidelity: image {tuple(x.shape[2:])} and reference {tuple(y.shape[2:])} differ in size "
+                             f"(prompt {s.prompt_index}, sample {s.sample_index}); compare same-resolution runs.")
+        row = {"psnr": float(peak_signal_noise_ratio(x, y, data_range=1.0)),
+               "ssim": float(structural_similarity_index_measure(x, y, data_range=1.0))}
+        if self._lpips is not None:
+            row["lpips"] = float(self._lpips(x.to(self.device), y.to(self.device)))
+        return row
 
-    def compute(self) -> EvalResult:
-        metrics, unc = {}, {}
-        capped = [{**r, "psnr": min(r["psnr"], PSNR_CAP_DB) if not math.isnan(r["psnr"]) else r["psnr"]} for r in self._rows]
-        for key in ("psnr", "ssim", "lpips"):
-            if capped and key in capped[0]:
-                metrics[key], unc[key] = mean_with_uncertainty(capped, key)
-        metrics["n_images"] = float(len(self._rows))
-        return EvalResult(metrics=metrics, uncertainty=unc, per_sample=list(self._rows))
-
-    def reset(self) -> None:
-        self._rows = []
+    def aggregate(self, rows: list[dict]):
+        capped = [{**r, "psnr": min(r["psnr"], PSNR_CAP_DB) if not math.isnan(r["psnr"]) else r["psnr"]} for r in rows]
+        return super().aggregate(capped)
 
     def version_info(self) -> dict[str, Any]:
         import torchmetrics

@@ -23,9 +23,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from varbench.evaluators.common import mean_with_uncertainty, to_pil_rgb
+from varbench.evaluators.common import to_pil_rgb
+from varbench.evaluators.per_image import PerImageEvaluator
 from varbench.evaluators.weights import WrongWeightsError, check_sha256, load_state_dict, resolve_file, strict_load
-from varbench.evaluators.base import EvalResult, Evaluator, Sample
+from varbench.evaluators.base import Sample
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -61,7 +62,7 @@ def hps_preprocess(image, size: int = 224, antialias: bool = True) -> torch.Tens
     return TF.normalize(t, OPENAI_MEAN, OPENAI_STD)
 
 
-class HPSv2Evaluator(Evaluator):
+class HPSv2Evaluator(PerImageEvaluator):
     """HPSv2.1 (default) or v2.0 scorer.
 
     Args:
@@ -83,6 +84,9 @@ class HPSv2Evaluator(Evaluator):
 
     name = "hpsv2"
     needs_reference = False
+    metrics = {"score": "hps"}          # x100 cosine; per style as score_<style>
+    higher_is_better = {"score": True, **{f"score_{style}": True for style in HPS_STYLES}}
+    group_by = ("style", HPS_STYLES)
 
     def __init__(self, weights: Optional[str] = None, weights_dir: Optional[str] = None, filename: Optional[str] = None,
                  version: str = "v2.1", model_name: str = "ViT-H-14", model_config: Optional[str] = None,
@@ -97,12 +101,10 @@ class HPSv2Evaluator(Evaluator):
         self.version, self.model_name, self.model_config = version, model_name, model_config
         self.batch_size, self.device, self.antialias, self.precision = int(batch_size), device, bool(antialias), precision
         self.expected_sha256 = expected_sha256
-        self.higher_is_better = {"score": True, **{f"score_{s}": True for s in HPS_STYLES}}
         self._model = None
         self._tokenizer = None
         self._path: Optional[Path] = None
         self._sha: Optional[str] = None
-        self._rows: list[dict] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _checkpoint(self) -> Path:
@@ -113,11 +115,11 @@ class HPSv2Evaluator(Evaluator):
         self._checkpoint()
 
     def setup(self, device: Optional[str] = None) -> None:
-        if device is not None:
-            self.device = device
-        if self._model is not None:
-            self._model.to(self.device)
-            return
+        if self._model is not None and device is not None:
+            self._model.to(device)
+        super().setup(device)
+
+    def load(self, device: str) -> None:
         path = self._checkpoint()
         other = [v for v, f in HPS_FILES.items() if v != self.version and Path(path).name == f]
         if other:
@@ -135,12 +137,12 @@ class HPSv2Evaluator(Evaluator):
                                        output_dict=True)
         state = load_state_dict(path, what="HPS checkpoint", key="state_dict")
         strict_load(model, state, what=f"HPS {self.version} checkpoint", path=path)
-        self._model = model.eval().to(self.device)
+        self._model = model.eval().to(device)
         self._tokenizer = open_clip.get_tokenizer(self.model_name)
         self._path = path
 
     @torch.no_grad()
-    def score_batch(self, images: Sequence, prompts: Sequence[str]) -> list[float]:
+    def score_cosines(self, images: Sequence, prompts: Sequence[str]) -> list[float]:
         """Raw HPS (cosine, *not* x100) for aligned images/prompts."""
         if self._model is None:
             raise RuntimeError("hpsv2: call setup() before scoring")
@@ -153,26 +155,9 @@ class HPSv2Evaluator(Evaluator):
             cos = (img_f.float() * txt_f.float()).sum(-1)  # = diag(img @ txt.T); features are L2-normalised
         return cos.cpu().tolist()
 
-    def update(self, samples: Sequence[Sample]) -> None:
-        for i in range(0, len(samples), self.batch_size):
-            chunk = samples[i:i + self.batch_size]
-            cos = self.score_batch([s.image for s in chunk], [s.prompt for s in chunk])
-            for s, c in zip(chunk, cos):
-                self._rows.append({"prompt_index": s.prompt_index, "sample_index": s.sample_index,
-                                   "style": s.metadata.get("style"), "hps": 100.0 * c, "hps_cosine": c})
-
-    def compute(self) -> EvalResult:
-        metrics, unc = {}, {}
-        metrics["score"], unc["score"] = mean_with_uncertainty(self._rows, "hps")
-        for style in HPS_STYLES:
-            rows = [r for r in self._rows if r["style"] == style]
-            if rows:
-                metrics[f"score_{style}"], unc[f"score_{style}"] = mean_with_uncertainty(rows, "hps")
-        metrics["n_images"] = float(len(self._rows))
-        return EvalResult(metrics=metrics, uncertainty=unc, per_sample=list(self._rows))
-
-    def reset(self) -> None:
-        self._rows = []
+    def score_batch(self, samples: Sequence[Sample]) -> list[dict]:
+        cos = self.score_cosines([s.image for s in samples], [s.prompt for s in samples])
+        return [{"style": s.metadata.get("style"), "hps": 100.0 * c, "hps_cosine": c} for s, c in zip(samples, cos)]
 
     def version_info(self) -> dict[str, Any]:
         import torchvision

@@ -20,9 +20,9 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import nn
 
-from varbench.evaluators.common import mean_with_uncertainty
+from varbench.evaluators.per_image import PerImageEvaluator
 from varbench.evaluators.weights import WrongWeightsError, check_sha256, load_state_dict, resolve_file, strict_load
-from varbench.evaluators.base import EvalResult, Evaluator, Sample
+from varbench.evaluators.base import Sample
 
 #: published reward normalisation (ImageReward.py: self.mean / self.std)
 IR_MEAN = 0.16717362830052426
@@ -144,7 +144,7 @@ def load_tokenizer(tokenizer_dir: Path):
     return tok
 
 
-class ImageRewardEvaluator(Evaluator):
+class ImageRewardEvaluator(PerImageEvaluator):
     """ImageReward-v1.0 reward (higher = preferred by the ImageReward human-preference model).
 
     Args:
@@ -162,6 +162,7 @@ class ImageRewardEvaluator(Evaluator):
 
     name = "imagereward"
     higher_is_better = {"score": True}
+    metrics = {"score": "imagereward"}
     needs_reference = False
 
     def __init__(self, weights: Optional[str] = None, weights_dir: Optional[str] = None, filename: str = "ImageReward.pt",
@@ -173,7 +174,6 @@ class ImageRewardEvaluator(Evaluator):
         self._model: Optional[ImageRewardModel] = None
         self._tok = None
         self._path = self._sha = self._tok_path = None
-        self._rows: list[dict] = []
 
     def _files(self) -> tuple[Path, Path]:
         """(checkpoint, tokenizer folder), each checked to exist."""
@@ -190,11 +190,11 @@ class ImageRewardEvaluator(Evaluator):
         self._files()
 
     def setup(self, device: Optional[str] = None) -> None:
-        if device is not None:
-            self.device = device
-        if self._model is not None:
-            self._model.to(self.device)
-            return
+        if self._model is not None and device is not None:
+            self._model.to(device)
+        super().setup(device)
+
+    def load(self, device: str) -> None:
         path, tok_dir = self._files()
         self._sha = check_sha256(path, self.expected_sha256, what="ImageReward checkpoint")
         from varbench.core.inputs import read_json   # strict: a malformed file names its line, column and byte
@@ -205,7 +205,7 @@ class ImageRewardEvaluator(Evaluator):
         pos = mapped.get("text.embeddings.position_ids")
         strict_load(model, mapped, what="ImageReward checkpoint", path=path,
                     ignore_missing=("embeddings.position_ids",) if pos is None else ())
-        self._model = model.eval().to(self.device)
+        self._model = model.eval().to(device)
         self._tok = load_tokenizer(tok_dir)
         if len(self._tok) != config["text"]["vocab_size"]:
             raise WrongWeightsError(f"ImageReward tokenizer in {str(tok_dir)!r} has {len(self._tok)} tokens (with [DEC], "
@@ -216,7 +216,8 @@ class ImageRewardEvaluator(Evaluator):
         return self._tok(list(prompts), padding="max_length", truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
 
     @torch.no_grad()
-    def score_batch(self, images: Sequence, prompts: Sequence[str]) -> list[float]:
+    def rewards(self, images: Sequence, prompts: Sequence[str]) -> list[float]:
+        """Normalised ImageReward of aligned images/prompts."""
         if self._model is None:
             raise RuntimeError("imagereward: call setup() before scoring")
         from varbench.evaluators.common import to_pil_rgb
@@ -226,19 +227,8 @@ class ImageRewardEvaluator(Evaluator):
         r = self._model(pix.to(self.device), t.input_ids.to(self.device), t.attention_mask.to(self.device))
         return r.float().cpu().tolist()
 
-    def update(self, samples: Sequence[Sample]) -> None:
-        for i in range(0, len(samples), self.batch_size):
-            chunk = samples[i:i + self.batch_size]
-            for s, r in zip(chunk, self.score_batch([s.image for s in chunk], [s.prompt for s in chunk])):
-                self._rows.append({"prompt_index": s.prompt_index, "sample_index": s.sample_index, "imagereward": r})
-
-    def compute(self) -> EvalResult:
-        mean, unc = mean_with_uncertainty(self._rows, "imagereward")
-        return EvalResult(metrics={"score": mean, "n_images": float(len(self._rows))}, uncertainty={"score": unc},
-                          per_sample=list(self._rows))
-
-    def reset(self) -> None:
-        self._rows = []
+    def score_batch(self, samples: Sequence[Sample]) -> list[dict]:
+        return [{"imagereward": r} for r in self.rewards([s.image for s in samples], [s.prompt for s in samples])]
 
     def version_info(self) -> dict[str, Any]:
         import transformers

@@ -181,9 +181,9 @@ def prepare_job(cfg: DictConfig, context: JobContext | None = None) -> Job:
     weights = model_weight_hashes(cfg.model)     # sha256 of every weight file: retrained weights change the hashes
     mfiles = method_file_hashes(resolved.get("method") or {})   # e.g. SkipVAR's decision models, retrained in place
     store_root = Path(cfg.paths.store_dir)
-    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.sha256,
+    entry = RunEntry(store_root / str(cfg.experiment_name), entry_hash(resolved, weights, prompt_set.key_sha256,
                                                                        method_files=mfiles))
-    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.sha256, method_files=mfiles))
+    store = ImageStore(store_root, generation_hash(resolved, weights, prompt_set.key_sha256, method_files=mfiles))
     shard = Shard.parse(cfg.get("shard"))
     check_shard_fits(shard, prompt_set, int(cfg.runtime.batch_size))
     return Job(cfg, resolved, device, dtype, prompt_set, weights, entry, store, shard,
@@ -255,16 +255,16 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
                 continue
             with uninterruptible():   # SIGTERM finishes and commits the batch in flight, then stops
                 with measure_peak(rt.device) as peak:   # this call's peak memory, into its images' trace rows
-                    out = rt.generate([it.prompt for it, _ in batch],
+                    out = rt.generate([it.generation_prompt for it, _ in batch],
                                       [image_seed(cfg.generation.seed, it.index, s) for it, s in batch], policy, **kw)
                 rows, written = [], []
-                stages = stage_flops(rt, [it.prompt for it, _ in batch], out.summed_codes.shape[-2:],
+                stages = stage_flops(rt, [it.generation_prompt for it, _ in batch], out.summed_codes.shape[-2:],
                                      kw.get("negative_prompt"))   # text encoder + VAE decode per image
                 for b, (item, s) in enumerate(batch):
                     if (item.index, s) not in wanted:
                         continue
                     _, digest = store.write_image(item.index, s, Image.fromarray(out.images[b].cpu().numpy()),
-                                                  metadata={**item.metadata, "prompt": item.prompt})
+                                                  metadata=_image_metadata(item))
                     rows.append(trace_row(out, b, item.index, s, method_name, stages[b], peak))
                     written.append((item.index, s, digest))
                 append_jsonl(store.dir / "traces.jsonl", rows)   # traces first: a committed image always has its trace row
@@ -272,6 +272,15 @@ def generate_stage(job: Job, rt, policy, store: ImageStore | None = None, cfg: D
             bar.update(len(chunk))
         bar.close()
     return len(todo)
+
+
+def _image_metadata(item) -> dict:
+    """What is stored beside an image: the benchmark's metadata, its prompt, and the rewritten prompt
+    it was generated from when there is one."""
+    meta = {**item.metadata, "prompt": item.prompt}
+    if item.rewritten is not None:
+        meta["generated_from"] = item.rewritten
+    return meta
 
 
 def _announce_corrupt(store: ImageStore, bad: list[tuple[int, int]]) -> None:
@@ -290,7 +299,7 @@ def reference_stage(job: Job, rt) -> ImageStore | None:
         return None
     bcfg = _baseline_cfg(job.cfg)
     bres = pin_runtime(OmegaConf.to_container(bcfg, resolve=True), job.device, job.dtype)
-    ref = ImageStore(job.store.root, generation_hash(bres, job.weights, job.prompt_set.sha256))
+    ref = ImageStore(job.store.root, generation_hash(bres, job.weights, job.prompt_set.key_sha256))
     if ref.dir == job.store.dir:
         return ref                                         # this job is the baseline
     from varbench.policies.baseline import Baseline
@@ -331,7 +340,7 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     def run(p):
         def gen(bs, k=0):
             it = items[k]
-            return rt.generate([it.prompt] * bs, [image_seed(cfg.generation.seed, it.index, s) for s in range(bs)], p, **kw)
+            return rt.generate([it.generation_prompt] * bs, [image_seed(cfg.generation.seed, it.index, s) for s in range(bs)], p, **kw)
         return gen
 
     paired = tcfg.get("paired_baseline", True) and cfg.method.name != "baseline"

@@ -24,6 +24,7 @@ hpsv2          folder with ``<style>.json`` files          4 x 800 prompts, styl
                                                            ``{"style", "style_index"}``
 imagereward    ``benchmark-prompts.json`` (100 prompts)    metadata ``{"id"}``
 dpgbench       folder of ``<id>.txt`` files (1,065)        metadata ``{"id"}`` (the file stem)
+mjhq           MJHQ-30K's ``meta_data.json`` (30,000)      metadata ``{"id", "category"}``, in the file's order
 smoke          (none: built into this module)              8 GenEval-style prompts with a ``tag``
 toy            (none: generated, varbench.toy.world)       procedural GenEval-style scenes (lazy import)
 =============  ==========================================  ==========================================
@@ -73,7 +74,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from varbench.core.errors import BadSettingError, FixableError, MalformedFileError
+from varbench.core.errors import BadSettingError, FixableError, GarbledFileError, MalformedFileError
 from varbench.core import inputs
 from varbench.core.filehash import sha256_file
 from varbench.core.registry import PROMPT_LOADERS_GROUP, LazyRegistry
@@ -112,11 +113,19 @@ def _strict(read, path: Path, what: str):
 
 @dataclasses.dataclass(frozen=True)
 class PromptItem:
-    """One prompt. ``index`` is stable across subsets (see module docstring)."""
+    """One prompt. ``index`` is stable across subsets (see module docstring). ``rewritten``: the text
+    the model is given instead, when ``benchmark.rewrite`` names a rewrite file (scoring still reads
+    ``prompt`` and ``metadata``)."""
 
     index: int
     prompt: str
     metadata: dict
+    rewritten: str | None = None
+
+    @property
+    def generation_prompt(self) -> str:
+        """The text the model generates from: the rewritten prompt when there is one."""
+        return self.prompt if self.rewritten is None else self.rewritten
 
 
 @dataclasses.dataclass
@@ -142,6 +151,8 @@ class PromptSet:
     #: every prompt before ``limit``/``limit_per_tag`` (None: ``items`` is the whole set); the job
     #: batches an image with its neighbours in this list, so a subset's images equal the full set's
     all_items: list[PromptItem] | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: the rewrite file (``benchmark.rewrite``) by name and sha256; None: prompts used as written
+    rewrite: dict | None = None
 
     def __len__(self) -> int:
         return len(self.items)
@@ -159,9 +170,19 @@ class PromptSet:
                              separators=(",", ":"))
         return hashlib.sha256(payload.encode()).hexdigest()
 
+    @property
+    def key_sha256(self) -> str:
+        """What the store and record keys hash for the prompts: the prompt file(s)' ``sha256``, and with a
+        rewrite file also its sha256 (so keys without one are unchanged)."""
+        if not self.rewrite:
+            return self.sha256
+        return hashlib.sha256(f"{self.sha256}\nrewrite {self.rewrite['sha256']}".encode()).hexdigest()
+
     def describe(self) -> dict[str, Any]:
-        """The record's ``benchmark`` block; the runner adds ``seeds``."""
-        return {
+        """The record's ``benchmark`` block; the runner adds ``seeds``. ``rewrite`` and ``key_sha256``
+        only when a rewrite file was used."""
+        extra = {"rewrite": dict(self.rewrite), "key_sha256": self.key_sha256} if self.rewrite else {}
+        return {**extra, 
             "name": self.name,
             "loader": self.loader,
             "source": self.source_url,
@@ -411,6 +432,72 @@ def _load_dpgbench(cfg: Any) -> tuple[list[PromptItem], dict]:
                        source_url=DPG_URL, files=files)
 
 
+MJHQ_URL = "https://huggingface.co/datasets/playgroundai/MJHQ-30K (meta_data.json)"
+
+
+def _load_mjhq(cfg: Any) -> tuple[list[PromptItem], dict]:
+    """MJHQ-30K's prompts: ``meta_data.json`` maps each image id to ``{"category", "prompt"}``. No hash
+    is pinned (none is published with the file); the record carries the file's sha256."""
+    path = Path(_get(cfg, "path", "mjhq30k/meta_data.json")).expanduser()
+    if path.is_dir():
+        path = path / "meta_data.json"
+    if not path.is_file():
+        raise _missing_error("MJHQ-30K prompt file meta_data.json", path, MJHQ_URL, "/path/to/mjhq30k/meta_data.json", False)
+    data = _read_json(path)
+    if not isinstance(data, dict) or not data:
+        raise PromptSetError(f"{path} must be a JSON object mapping image ids to {{\"category\", \"prompt\"}}")
+    items = []
+    for i, (key, row) in enumerate(data.items()):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise PromptSetError(f"{path}: entry {key!r} needs a \"prompt\" text, got {str(row)[:80]!r}")
+        items.append(PromptItem(i, row["prompt"], {"id": str(key), "category": row.get("category")}))
+    sha = sha256_file(path)
+    return items, dict(source_path=str(path), sha256=sha, expected_sha256=None, source_url=MJHQ_URL,
+                       files={path.name: sha})
+
+
+def read_rewrite_file(path: str | Path) -> dict[str, str]:
+    """A prompt -> rewritten prompt map (``benchmark.rewrite``): one JSON object whose keys are the
+    benchmark's prompts as written and whose values are the texts to generate from, the format of
+    Infinity's ``evaluation/gen_eval/prompt_rewrite_cache.json``. Read by the one strict reader
+    (`varbench.core.inputs`): a file that is not UTF-8, does not parse, repeats a prompt, is not such
+    an object or maps a prompt to something other than non-empty text raises
+    :class:`MalformedFileError` naming the file and the line, column and byte."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise PromptSetError(f"prompt rewrite file not found.\n  searched: {path}\n  published at: your own rewriter's "
+                             f"output (Infinity's format: evaluation/gen_eval/prompt_rewrite_cache.json)\n  fix: set "
+                             f"benchmark.rewrite=/path/to/rewrites.json, or null to use the prompts as written.")
+    what = 'prompt rewrite file (benchmark.rewrite: {"<prompt>": "<rewritten prompt>"})'
+    data = inputs.read_json(path, what)
+    text = inputs.read_text(path, what)
+    if not isinstance(data, dict):
+        raise inputs.malformed(path, text, 0, f"is a JSON {type(data).__name__}, not a JSON object; the {what} must be "
+                                              "one JSON object")
+    for k, v in data.items():
+        if not isinstance(v, str) or not v.strip():
+            at = max(text.find(json.dumps(k, ensure_ascii=False)), text.find(json.dumps(k)), 0)
+            raise inputs.malformed(path, text, at, f"the rewrite of {k[:60]!r} is {str(v)[:40]!r}, not a non-empty text")
+    return data
+
+
+def apply_rewrite(items: list[PromptItem], path: str | Path) -> tuple[list[PromptItem], dict]:
+    """``items`` with ``rewritten`` set from the rewrite file, and the record's ``rewrite`` block. Every
+    prompt of the set must have a rewrite (the job batches an image with its neighbours in the full
+    set, so a subset needs them too); otherwise ConfigError names how many lack one and which."""
+    from varbench.core.errors import ConfigError
+
+    mapping = read_rewrite_file(path)
+    lacking = [it for it in items if it.prompt not in mapping]
+    if lacking:
+        shown = "; ".join(f"{it.index}: {it.prompt[:50]!r}" for it in lacking[:3])
+        raise ConfigError(f"benchmark.rewrite: {path} has no rewrite for {len(lacking)} of the {len(items)} prompts "
+                          f"(e.g. {shown}); it must map every prompt of the benchmark, as written, to its rewrite")
+    p = Path(path).expanduser()
+    block = {"file": p.name, "sha256": sha256_file(p), "n_rewrites": len(mapping)}
+    return [dataclasses.replace(it, rewritten=mapping[it.prompt]) for it in items], block
+
+
 #: Built-in smoke set: GenEval-format metadata (class names are COCO classes GenEval knows), one
 #: or two prompts per GenEval tag, short enough for tiny random models.
 SMOKE_METADATA: tuple[dict, ...] = (
@@ -459,6 +546,7 @@ LOADERS = LazyRegistry("benchmark loader", group=PROMPT_LOADERS_GROUP, expects=_
     "hpsv2": _load_hpsv2,
     "imagereward": _load_imagereward,
     "dpgbench": _load_dpgbench,
+    "mjhq": _load_mjhq,
     "smoke": _load_smoke,
     # Lazy entries: imported on first use only.
     "toy": "varbench.harness.prompts:load_toy_prompts",
@@ -507,8 +595,9 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise PromptSettingError(f"unknown benchmark.loader {loader!r}.{hint} Available: {sorted(LOADERS)}")
     if _get(cfg, "rewriter", None):
-        raise PromptSettingError("benchmark.rewriter is not supported: varbench scores the official prompts "
-                             "as written (Infinity's GenEval † numbers used an LLM rewriter). Set it to null.")
+        raise PromptSettingError("benchmark.rewriter (a rewriter to run) is not supported: give its output instead, "
+                                 "benchmark.rewrite=<file> ({\"<prompt>\": \"<rewritten prompt>\"}, Infinity's "
+                                 "prompt_rewrite_cache.json format), and set benchmark.rewriter to null.")
     got = LOADERS.load(loader)(cfg)
     if isinstance(got, PromptSet):  # a registered loader: keep its fingerprint, apply selection here
         kw = {k: getattr(got, k) for k in ("source_path", "sha256", "source_url", "expected_sha256", "files")}
@@ -521,6 +610,9 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         default_spp = 1
     if not items:
         raise PromptSetError(f"benchmark.loader {loader!r} gave no prompts (source: {kw.get('source_path') or loader})")
+    rewrite = None
+    if _get(cfg, "rewrite", None):   # generation reads the rewrites; scoring the prompts and metadata as written
+        items, rewrite = apply_rewrite(items, str(_get(cfg, "rewrite")))
     limit, per_tag = _get(cfg, "limit", None), _get(cfg, "limit_per_tag", None)
     for key, val in (("limit", limit), ("limit_per_tag", per_tag)):
         if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
@@ -532,7 +624,7 @@ def load_prompt_set(cfg: Any) -> PromptSet:
         raise PromptSettingError(f"benchmark.samples_per_prompt must be >= 1, got {spp}")
     return PromptSet(name=str(_get(cfg, "name", loader)), items=items, samples_per_prompt=spp, loader=loader,
                      full_size=full_size, selection={"limit": limit, "limit_per_tag": per_tag},
-                     all_items=all_items, **kw)
+                     all_items=all_items, rewrite=rewrite, **kw)
 
 
 def load_toy_prompts(cfg) -> PromptSet:

@@ -35,7 +35,8 @@ import numpy as np
 from varbench.toy import world
 
 from varbench.evaluators.geneval import rules as rules
-from varbench.evaluators.base import EvalResult, Evaluator, Sample, bootstrap_std
+from varbench.evaluators.base import EvalResult, Sample, bootstrap_std
+from varbench.evaluators.per_image import PerImageEvaluator
 
 #: Bump when detection or rules change what an image scores.
 EVALUATOR_VERSION = "toy_geneval-1"
@@ -203,7 +204,7 @@ def _check_metadata(metadata: dict, where: str) -> None:
 # evaluator
 
 
-class ToyGenEval(Evaluator):
+class ToyGenEval(PerImageEvaluator):
     """Exact GenEval-style accuracy on the toy world.
 
     Knobs (defaults keep ground-truth renders at 100 % and uniform noise at 0 %; loosening them
@@ -250,12 +251,8 @@ class ToyGenEval(Evaluator):
         self.max_objects = int(max_objects)
         self.n_boot = int(n_boot)
         self.seed = int(seed)
-        self._rows: list[dict] = []
         self._seen: set[tuple[int, int]] = set()
         self._tags: dict[int, str] = {}
-
-    def setup(self, device: str = "cpu") -> None:
-        """Nothing to load: the scorer is pure numpy."""
 
     def preflight(self, metadata) -> None:
         for i, m in enumerate(metadata):
@@ -268,34 +265,33 @@ class ToyGenEval(Evaluator):
         correct, reason = geneval_rules(objects, metadata)
         return correct, reason, objects
 
-    def update(self, samples: Sequence[Sample]) -> None:
-        for s in samples:
-            key = (int(s.prompt_index), int(s.sample_index))
-            where = f"sample (prompt {key[0]}, sample {key[1]})"
-            if key in self._seen:
-                raise ValueError(f"{where} was already scored; call reset() between runs")
-            _check_metadata(s.metadata, where)
-            tag = self._tags.setdefault(key[0], s.metadata["tag"])
-            if tag != s.metadata["tag"]:
-                raise ValueError(f"{where}: tag {s.metadata['tag']!r} differs from tag {tag!r} of an earlier "
-                                 "sample of the same prompt; prompt_index must identify one prompt")
-            correct, reason, objects = self.score_image(s.image, s.metadata)
-            self._seen.add(key)
-            self._rows.append({
-                "prompt_index": key[0],
-                "sample_index": key[1],
-                "tag": s.metadata["tag"],
-                "correct": bool(correct),
-                "reason": reason,
-                # GenEval's "details": per class, the boxes it saw (plus the colour we read)
-                "details": {c: [[*d.box, d.color] for d in v] for c, v in objects.items()},
-            })
+    def score(self, s: Sample) -> dict:
+        key = (int(s.prompt_index), int(s.sample_index))
+        where = f"sample (prompt {key[0]}, sample {key[1]})"
+        if key in self._seen:
+            raise ValueError(f"{where} was already scored; call reset() between runs")
+        _check_metadata(s.metadata, where)
+        tag = self._tags.setdefault(key[0], s.metadata["tag"])
+        if tag != s.metadata["tag"]:
+            raise ValueError(f"{where}: tag {s.metadata['tag']!r} differs from tag {tag!r} of an earlier "
+                             "sample of the same prompt; prompt_index must identify one prompt")
+        correct, reason, objects = self.score_image(s.image, s.metadata)
+        self._seen.add(key)
+        return {
+            "tag": s.metadata["tag"],
+            "correct": bool(correct),
+            "reason": reason,
+            # GenEval's "details": per class, the boxes it saw (plus the colour we read)
+            "details": {c: [[*d.box, d.color] for d in v] for c, v in objects.items()},
+        }
 
-    def compute(self) -> EvalResult:
-        if not self._rows:
+    def aggregate(self, rows: list[dict]):
+        """GenEval's aggregation: each tag's mean, the overall as the mean of the tag means, each with its
+        bootstrap over prompts (the overall's resamples prompts and recomputes the mean of tag means)."""
+        if not rows:
             raise RuntimeError("toy_geneval: no samples scored; call update() before compute()")
         by_prompt: dict[int, list[tuple[str, float]]] = defaultdict(list)
-        for r in self._rows:
+        for r in rows:
             by_prompt[r["prompt_index"]].append((r["tag"], float(r["correct"])))
         groups = [by_prompt[k] for k in sorted(by_prompt)]
 
@@ -308,11 +304,15 @@ class ToyGenEval(Evaluator):
                 unc[tag] = bootstrap_std(tag_groups, n_boot=self.n_boot, seed=self.seed)
         metrics["overall"] = rules.overall_of_groups(groups)
         unc["overall"] = bootstrap_std(groups, statistic=rules.overall_of_groups, n_boot=self.n_boot, seed=self.seed)
+        return metrics, unc
+
+    def compute(self) -> EvalResult:
+        metrics, unc = self.aggregate(self._rows)
         rows = sorted(self._rows, key=lambda r: (r["prompt_index"], r["sample_index"]))
         return EvalResult(metrics=metrics, uncertainty=unc, per_sample=rows)
 
     def reset(self) -> None:
-        self._rows = []
+        super().reset()
         self._seen = set()
         self._tags = {}
 
