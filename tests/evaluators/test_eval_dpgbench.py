@@ -54,7 +54,7 @@ def test_the_reader_keeps_ellas_quirks():
     ("item_id,text,keywords,proposition_id,dependency,category_broad,category_detailed,tuple,question_natural_language\n"
      "x,t,k,1,0,e,w,entity - whole (x),q\nx,t,k,2,0,e,w,entity - whole (x),q\nx,t,k,3,\"1,b\",e,w,entity - whole (x),q\n",
      ":4:", "not a comma-separated list"),
-    (b"item_id,text\nx,caf\xe9\n", ":2 (byte 17)", "not UTF-8"),              # latin-1: the one strict reader's line
+    (b"item_id,text\nx,caf\xe9\n", ":2 (byte 18)", "not UTF-8"),              # latin-1 é after 13 + 5 bytes: the one strict reader's line
 ])
 def test_a_malformed_question_file_names_file_and_line(tmp_path, text, where, what):
     path = tmp_path / "q.csv"
