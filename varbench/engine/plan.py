@@ -171,6 +171,23 @@ class ScalePlan:
     kv:             {block index: KVBudget}: after this scale's self-attention the block keeps at most
                     that many cached positions (ScaleKV); absent blocks keep everything. Blocks
                     skipped at this scale evict nothing.
+    residual_change_for: block ranges (first, last), inclusive, whose per-token change of the residual
+                    stream is wanted in the signals (`ScaleSignals.residual_change`): the mean over
+                    channels of (x_out - x_in)^2, x_in entering block `first` and x_out leaving block
+                    `last`, per row (both CFG halves), fp32. Tokens a pruned block passes through
+                    (fill "pass") change by exactly 0 there. Observes only (costs one (rows, n, C)
+                    copy per range while the range runs); no host read.
+    post_fill:      None, or (B, h*w) long: after the last block (before the head) token t of image b
+                    takes the hidden state of token post_fill[b, t], read before any fill (a gather; a
+                    token mapped to itself keeps its own). The same map serves both CFG halves of an
+                    image. With pruned blocks ("pass"), this fills pruned tokens' outputs from chosen
+                    kept (or pruned) source tokens (SparseVAR's anchor copy). Static shape.
+    code_mask:      None, or (B, h*w) bool: tokens whose sampled codes are zeroed before they are added
+                    to the summed codes (their bits are still sampled and recorded); under 2x2 patchify
+                    (8B) all four latent positions of a token. Static shape.
+    A policy whose kept count is data dependent (SparseVAR) reads the count to the host between steps
+    (in `observe`, one read per scale) and plans a static `n_keep`; each distinct count is one more
+    (scale, plan) shape (one more CUDA graph capture, or an eager step).
     """
 
     run: bool = True
@@ -184,6 +201,24 @@ class ScalePlan:
     tau: Optional[float] = None
     drop_uncond: bool = False
     kv: dict[int, KVBudget] = dataclasses.field(default_factory=dict)
+    residual_change_for: frozenset[tuple[int, int]] = frozenset()
+    post_fill: Optional[torch.Tensor] = None
+    code_mask: Optional[torch.Tensor] = None
+
+    def validate_token_maps(self, batch: int, n_tokens: int, depth: int) -> None:
+        """Check `residual_change_for`, `post_fill` and `code_mask` against a scale of `n_tokens` tokens
+        for `batch` images on a model of `depth` blocks (ValueError naming the field)."""
+        for rng in self.residual_change_for:
+            if len(rng) != 2 or not 0 <= rng[0] <= rng[1] < depth:
+                raise ValueError(f"residual_change_for has {rng!r}; a range is (first, last) with "
+                                 f"0 <= first <= last <= {depth - 1}")
+        for name, dtypes in (("post_fill", (torch.int64, torch.int32)), ("code_mask", (torch.bool,))):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if tuple(t.shape) != (batch, n_tokens) or t.dtype not in dtypes:
+                raise ValueError(f"ScalePlan.{name} must be ({batch}, {n_tokens}) {dtypes[0]}, got "
+                                 f"{tuple(t.shape)} {t.dtype}")
 
 
 def entropy_query_pick(n: int, k: int, scale: int, sampling: str, device) -> torch.Tensor:
@@ -224,6 +259,10 @@ class ScaleSignals:
                         Read it in `observe` (it changes at the next scale); copy what you keep.
     decode:             codes -> uint8 RGB (B, H, W, 3), the runtime's VAE decode (None without a VAE),
                         for policies that look at the intermediate image (SkipVAR's frequency features).
+    residual_change:    {(first, last): (rows, h*w) fp32} for the plan's `residual_change_for` ranges:
+                        per token, the mean over channels of the squared change of the residual stream
+                        from entering block `first` to leaving block `last` (rows as in the step:
+                        [cond; uncond] under CFG).
     """
 
     scale: int
@@ -239,6 +278,7 @@ class ScaleSignals:
     cfg: float
     summed_codes: Optional[torch.Tensor] = None
     decode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    residual_change: dict[tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +309,7 @@ class GenerationContext:
 def is_neutral(plan: ScalePlan) -> bool:
     """True if the plan changes nothing the model computes: every scale runs, every block in full,
     no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
-    only observe, so they do not count.) KV budgets do not count here either: whether one evicts
+    only observe, so they do not count; a post-block fill or a code mask does.) KV budgets do not count here either: whether one evicts
     depends on the cache length at run time, so the runtime marks a scale whose budget evicted
     something as not neutral itself (trace `neutral`)."""
     return (
@@ -278,4 +318,6 @@ def is_neutral(plan: ScalePlan) -> bool:
         and plan.cfg is None
         and plan.tau is None
         and not plan.drop_uncond
+        and plan.post_fill is None
+        and plan.code_mask is None
     )

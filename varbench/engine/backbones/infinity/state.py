@@ -56,6 +56,7 @@ class StepOut:
     attn_idx: dict
     counts: list                         # per block executed tokens (host ints)
     residual_store: Optional[dict]
+    residual_change: dict = dataclasses.field(default_factory=dict)   # (first, last) -> (rows, n) fp32
 
 
 def _condition(rt, text: TextBatch, negative: Optional[TextBatch], cfg_rows: bool):
@@ -218,6 +219,7 @@ class GenState:
             if not 0 <= bi < len(self.blocks):
                 raise ValueError(f"KV budget for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
             kb.validate()
+        plan.validate_token_maps(self.batch, n, len(self.blocks))
         out = self.run_core(si, plan, cfg, tau, top_k, top_p)
         if out.residual_store is not None:
             self.residuals[si] = out.residual_store
@@ -238,6 +240,7 @@ class GenState:
             attention_entropy=out.attn_ent, attention_query_index=out.attn_idx,
             executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(out.counts)},
             tau=tau, cfg=cfg, summed_codes=self.summed_codes, decode=self.rt.decode if self.rt.vae is not None else None,
+            residual_change=out.residual_change,
         )
 
     def run_core(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> StepOut:
@@ -255,7 +258,12 @@ class GenState:
         x = self._scale_input(si)
         counts_all, attn_ent, attn_idx = [], {}, {}
         residual_store = {} if plan.keep_residuals else None
+        change_from: dict[tuple[int, int], torch.Tensor] = {}   # block range -> the stream entering its first block
+        residual_change: dict[tuple[int, int], torch.Tensor] = {}
         for bi in range(len(self.blocks)):
+            for rng in plan.residual_change_for:
+                if rng[0] == bi:
+                    change_from[rng] = x
             bp = plan.blocks.get(bi, _FULL)
             counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
             x_in, appended = x, None
@@ -273,12 +281,24 @@ class GenState:
                 self.apply_kv_budget(si, bi, x_in, budget, appended, counts)
             self.kv.settle(bi, si == len(self.sched) - 1)   # nothing of this block left in the staging buffer
             counts_all.append(counts)
+            for rng in plan.residual_change_for:
+                if rng[1] == bi:   # the released order (x_out - x_in), squared, mean over channels
+                    residual_change[rng] = ((x.float() - change_from.pop(rng).float()) ** 2).mean(dim=-1)
+        if plan.post_fill is not None:
+            x = self._post_fill(x, plan.post_fill)
         logits = self.m.logits(x, self.cond[:self.rows])
         guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
         bits = sample_bits(guided, self.generators, top_k, top_p).view(self.batch, h, w, -1)
         entropy = bit_entropy(guided)
-        self._accumulate(si, bits)
-        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store)
+        self._accumulate(si, bits, plan.code_mask)
+        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store, residual_change)
+
+    def _post_fill(self, x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """`ScalePlan.post_fill`: token t of each row takes row's token source[image, t] (one gather, so
+        every source is read before any fill); the image's map serves each of its CFG halves."""
+        src = source.to(x.device, torch.long)
+        src = src.repeat(self.rows // self.batch, 1)
+        return x.gather(1, src.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
     def apply_kv_budget(self, si: int, bi: int, x_in: torch.Tensor, budget: KVBudget,
                         appended: Optional[torch.Tensor], counts: dict) -> None:
@@ -311,12 +331,19 @@ class GenState:
             x = self.rt.embed_codes(nxt).repeat(self.rows // self.batch, 1, 1)
         return x + self.m.lvl_embed.weight[si]
 
-    def _accumulate(self, si: int, bits_grid: torch.Tensor) -> None:
-        """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released."""
+    def _accumulate(self, si: int, bits_grid: torch.Tensor, code_mask: Optional[torch.Tensor] = None) -> None:
+        """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released. `code_mask`
+        (B, h*w) bool (`ScalePlan.code_mask`): those tokens' codes are zeroed first."""
         b = bits_grid
         if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d), the released pixel_shuffle order
             b = unpatchify_bits(b)
         codes = bits_to_codes(b).unsqueeze(1).permute(0, 4, 1, 2, 3)            # (B, d, 1, H, W)
+        if code_mask is not None:
+            bsz, h, w = bits_grid.shape[:3]
+            m = code_mask.to(codes.device).view(bsz, h, w)
+            if self.patch > 1:   # a token covers a patch x patch block of latent positions
+                m = m.repeat_interleave(self.patch, 1).repeat_interleave(self.patch, 2)
+            codes = codes.masked_fill(m[:, None, None], 0.0)
         if si != len(self.sched) - 1:
             self.summed_codes += F.interpolate(codes, size=self.latent_size, mode="trilinear")
         else:
