@@ -15,6 +15,9 @@ synthetic scenario (below) and the numbers are "FLOPs under that scenario", not 
             scale-only speed-up implies it lands); at the SVD scale, the first 3 and last 4 blocks
             look Global (a dominant component), the rest Detail (the paper's HART observation);
             token entropy maps are ramps, i.e. uniformly spread normalised entropies.
+  SparseVAR the residual change over its block range is a ramp over the grid (uniformly spread), so
+            40% of the tokens exceed 0.6 of the largest: every pruned scale (40², 48², 64²) keeps
+            int(0.4 L) tokens in every block. (Its recovered / zeroed split does not change FLOPs.)
 
 On HART-0.7B (`--model hart_0p7b`, 14 stages 1..64, 1024² only) the same signals, at the same grids:
 NOVA activates at 16² (stage 8: its t_min_tokens 256 is 16² on both models, so 16² is again the
@@ -131,9 +134,11 @@ def load_method(name: str, model: str | None = None) -> tuple[str, str, dict]:
     return r.name, r.display_name, r.knobs
 
 
-def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int, topro_D: int, svd_scale: int):
+def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int, topro_D: int, svd_scale: int,
+                     change_ranges=()):
     """Scale si's signals under the scenario (module docstring); on either backbone (stage 0 of HART is its
-    1x1 grid to a policy, as the runtime reports it)."""
+    1x1 grid to a policy, as the runtime reports it). `change_ranges`: the block ranges whose residual
+    change the plan asked for (SparseVAR: a ramp over the grid, in every row)."""
     h, w = ctx.schedule[si]
     L = h * w
     growth = lambda s: 0.1 if s < nova_act else (0.05 if s == nova_act else 0.01)  # noqa: E731
@@ -151,8 +156,10 @@ def scenario_signals(ctx: GenerationContext, si: int, attn_blocks, nova_act: int
             if si < topro_D and si != svd_scale:
                 m = torch.where(torch.arange(L) < int(0.3 * L), torch.zeros(L), torch.ones(L))
         attn[b] = m.expand(ctx.rows, L).clone()
+    change = {r: torch.linspace(0, 1, L).expand(ctx.rows, L).clone() for r in change_ranges}
     return ScaleSignals(scale=si, h=h, w=w, token_entropy=ent, logits=torch.zeros(ctx.batch, L, 1, 2), cond_logits=None,
-                        attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=ctx.cfg[si])
+                        attention_entropy=attn, attention_query_index={}, executed_tokens={}, tau=1.0, cfg=ctx.cfg[si],
+                        residual_change=change)
 
 
 def scenario_context(model: str, h_div_w: float, pn: str, batch: int) -> GenerationContext:
@@ -217,7 +224,8 @@ def scenario_plans(name: str, knobs: dict, ctx: GenerationContext, nova_act: int
         p = pol.plan(si)
         plans.append(p)
         if p.run:
-            pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale))
+            pol.observe(si, scenario_signals(ctx, si, p.attention_entropy_for, nova_act, topro_D, svd_scale,
+                                             p.residual_change_for))
     return pol, plans
 
 

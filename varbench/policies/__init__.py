@@ -15,6 +15,7 @@ REGISTRY = LazyRegistry("method", group=METHODS_GROUP, entries={
     "skipvar_fixed": "varbench.policies.skip:SkipVARFixed",
     "skipvar": "varbench.policies.skipvar:SkipVAR",
     "scalekv": "varbench.policies.scalekv:ScaleKV",
+    "sparsevar": "varbench.policies.sparsevar:SparseVAR",
     "compose": "varbench.policies.compose:Compose",
 })
 
