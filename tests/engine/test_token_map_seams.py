@@ -161,3 +161,31 @@ def test_per_image_plans_stack_their_token_maps_and_group_by_presence():
     m = merge_plans([a, b], cfg_rows=True)
     assert torch.equal(m.post_fill, torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
     assert torch.equal(m.code_mask, torch.tensor([[True, False, False, False], [False, False, False, True]]))
+
+
+def test_area_input_resize_makes_the_scale_input_from_area_averaged_codes(tiny_rt, tiny_baseline, monkeypatch):
+    """`input_resize="area"` at SCALE: the stream entering block 0 is the word embedding of the summed codes
+    so far, area-resized to 12x12, plus the level embedding (checked against that computation); the
+    default (trilinear) input differs from it, and the earlier scales' bits are the baseline's."""
+    import torch.nn.functional as F
+
+    seen = {}
+    orig = GenState.full_block
+
+    def spy(self, si, bi, x):
+        if si == SCALE and bi == 0:
+            seen["x"] = x.clone()
+        return orig(self, si, bi, x)
+
+    monkeypatch.setattr(GenState, "full_block", spy)
+    pol = Scripted({SCALE: lambda ctx: ScalePlan(input_resize="area")})
+    out = _gen(tiny_rt, pol)
+    codes = pol.seen[SCALE - 1].summed_codes
+    m = tiny_rt.model
+    for mode, equal in (("area", True), ("trilinear", False)):
+        nxt = F.interpolate(codes, size=(1, 12, 12), mode=mode).squeeze(-3).reshape(1, codes.shape[1], -1).permute(0, 2, 1)
+        want = tiny_rt.embed_codes(nxt).repeat(2, 1, 1) + m.lvl_embed.weight[SCALE]
+        assert torch.equal(seen["x"], want) == equal, mode
+    for si in range(SCALE):
+        assert torch.equal(out.bits[si], tiny_baseline.bits[si])
+    assert not is_neutral(ScalePlan(input_resize="area"))

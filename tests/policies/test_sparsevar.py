@@ -65,6 +65,7 @@ def test_keep_count_is_the_share_above_the_threshold_times_the_next_grid():
     assert not pol.plan(1).residual_change_for
     p2 = pol.plan(2)
     assert p2.residual_change_for == frozenset({(1, 2)}) and not p2.blocks
+    assert p2.input_resize == "area" and pol.plan(0).input_resize == "trilinear"   # the release, from scale 1
     change = torch.full((1, 16), 0.1)
     change[0, [3, 7, 9]] = torch.tensor([1.0, 0.7, 0.61])
     change[0, 0] = 0.6                                     # exactly 0.6 of the max: not above

@@ -52,7 +52,7 @@ def plan_signature(plan: ScalePlan) -> tuple:
     kv = tuple((bi, kb.n_keep, kb.keep is None, _selector_key(kb.selector)) for bi, kb in sorted(plan.kv.items()))
     return (plan.run, blocks, plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
             plan.attention_entropy_queries, tuple(sorted(plan.release_residuals)), plan.cfg, plan.tau, plan.drop_uncond, kv,
-            tuple(sorted(plan.residual_change_for)), plan.post_fill is None, plan.code_mask is None)
+            tuple(sorted(plan.residual_change_for)), plan.post_fill is None, plan.code_mask is None, plan.input_resize)
 
 
 def group_by_plan(plans: Sequence[ScalePlan]) -> list[list[int]]:

@@ -121,7 +121,7 @@ class StepGraphs:
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
                 plan.attention_entropy_queries, plan.attention_entropy_sampling, state.rows, tuple(state.kv.len), residuals,
                 cfg, tau, top_k, top_p, tuple(kv), tuple(sorted(plan.residual_change_for)),
-                plan.post_fill is None, plan.code_mask is None)
+                plan.post_fill is None, plan.code_mask is None, plan.input_resize)
 
     def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
         """The plan with every `keep` (and its `post_fill` / `code_mask` token maps) copied into a buffer

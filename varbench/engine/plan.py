@@ -185,6 +185,10 @@ class ScalePlan:
     code_mask:      None, or (B, h*w) bool: tokens whose sampled codes are zeroed before they are added
                     to the summed codes (their bits are still sampled and recorded); under 2x2 patchify
                     (8B) all four latent positions of a token. Static shape.
+    input_resize:   how the summed codes are resized to this scale's grid to make its input (scales >= 1):
+                    "trilinear" (released Infinity inference, the default) | "area" (the VAE's
+                    `z_interplote_down`, what Infinity's training used for next-scale inputs; Lvar's
+                    SparseVAR infers with it). Static.
     A policy whose kept count is data dependent (SparseVAR) reads the count to the host between steps
     (in `observe`, one read per scale) and plans a static `n_keep`; each distinct count is one more
     (scale, plan) shape (one more CUDA graph capture, or an eager step).
@@ -204,10 +208,13 @@ class ScalePlan:
     residual_change_for: frozenset[tuple[int, int]] = frozenset()
     post_fill: Optional[torch.Tensor] = None
     code_mask: Optional[torch.Tensor] = None
+    input_resize: Literal["trilinear", "area"] = "trilinear"
 
     def validate_token_maps(self, batch: int, n_tokens: int, depth: int) -> None:
         """Check `residual_change_for`, `post_fill` and `code_mask` against a scale of `n_tokens` tokens
-        for `batch` images on a model of `depth` blocks (ValueError naming the field)."""
+        for `batch` images on a model of `depth` blocks, and `input_resize` (ValueError naming the field)."""
+        if self.input_resize not in ("trilinear", "area"):
+            raise ValueError(f"ScalePlan.input_resize must be 'trilinear' or 'area', got {self.input_resize!r}")
         for rng in self.residual_change_for:
             if len(rng) != 2 or not 0 <= rng[0] <= rng[1] < depth:
                 raise ValueError(f"residual_change_for has {rng!r}; a range is (first, last) with "
@@ -309,7 +316,7 @@ class GenerationContext:
 def is_neutral(plan: ScalePlan) -> bool:
     """True if the plan changes nothing the model computes: every scale runs, every block in full,
     no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
-    only observe, so they do not count; a post-block fill or a code mask does.) KV budgets do not count here either: whether one evicts
+    only observe, so they do not count; a post-block fill, a code mask or an area input resize does.) KV budgets do not count here either: whether one evicts
     depends on the cache length at run time, so the runtime marks a scale whose budget evicted
     something as not neutral itself (trace `neutral`)."""
     return (
@@ -320,4 +327,5 @@ def is_neutral(plan: ScalePlan) -> bool:
         and not plan.drop_uncond
         and plan.post_fill is None
         and plan.code_mask is None
+        and plan.input_resize == "trilinear"
     )

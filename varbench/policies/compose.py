@@ -9,8 +9,9 @@ Changes: nothing of its own. Each member policy is reset, planned and observed a
          unconditional branch by any member drops it; KV budgets (ScaleKV's `ScalePlan.kv`) are a
          union by block (two members budgeting the same block at the same scale is refused), and the
          runtime's per-block KV capacity is the smallest any member asks for (`kv_capacity`);
-         block-range residual requests are a union, code masks an OR, and at most one member may
-         fill tokens after the last block (`post_fill`; two are refused).
+         block-range residual requests are a union, code masks an OR, at most one member may
+         fill tokens after the last block (`post_fill`; two are refused), and an area input resize
+         asked by a member applies (`input_resize`).
 Memory x compute: a KV budget (scalekv) composes with FastVAR, NOVA, SkipVAR and the skip
          baselines: they prune tokens, blocks, rows or scales, which only shortens what a block
          caches, so the budget's capacity still bounds it. Where a member pruned a scale's K/V
@@ -281,12 +282,16 @@ class Compose(Policy):
         code_mask = None
         for m in masks:   # a token zeroed by any member is zeroed
             code_mask = m if code_mask is None else code_mask | m
+        resizes = {p.input_resize for p in plans} - {"trilinear"}
+        if len(resizes) > 1:
+            raise ValueError(f"compose: members ask for different input resizes at scale {si}: {sorted(resizes)}")
         return ScalePlan(run=True, blocks=blocks, keep_residuals=keep, attention_entropy_for=att,
                          attention_entropy_queries=queries, cfg=overrides["cfg"], tau=overrides["tau"],
                          drop_uncond=any(p.drop_uncond for p in plans), release_residuals=release,
                          kv={bi: kb for bi, (_, kb) in sorted(kv.items())},
                          residual_change_for=frozenset().union(*(p.residual_change_for for p in plans)),
-                         post_fill=fills[0][1] if fills else None, code_mask=code_mask)
+                         post_fill=fills[0][1] if fills else None, code_mask=code_mask,
+                         input_resize=resizes.pop() if resizes else "trilinear")
 
     def kv_capacity(self) -> Optional[list[int]]:
         """Per block the smallest capacity a member asks for (members without a KV budget ask for

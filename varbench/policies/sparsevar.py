@@ -5,7 +5,9 @@ Method card
 Source: the only public implementation, Weepingchestnut/Lvar @ f94b7ec (`models/sparsevar/`; the
 official Caesarhhh/SparseVAR is README-only). Our reading of it, line by line: /work/notes/sparsevar_release.md
 (kept with the integrator's notes) and the fixture README tests/fixtures/sparsevar_release/README.md.
-Changes, from `start_prune_stage` (schedule index 10: 40x40 on the 13-scale 1M schedule) on, each scale si
+Changes, at every scale: the next scale's input is the summed codes AREA-resized to its grid (the VAE's
+`z_interplote_down`; Infinity's inference resizes trilinearly: `input_resize`). Then, from
+`start_prune_stage` (schedule index 10: 40x40 on the 13-scale 1M schedule) on, each scale si
 planned from scale si-1's signals:
   1. the residual-change signal of scale si-1: per token, mean over channels of the squared change of
      the residual stream from entering block `signal_blocks[0]` to leaving block `signal_blocks[1]`
@@ -90,7 +92,10 @@ class SparseVARKnobs(MethodKnobs, method="sparsevar"):
     anchor_candidates  release (every token is compared with the first four anchors of the list, (0, 0),
                        (0, s), (0, 2s), (0, 3s) on large grids: what the release's gather effectively
                        does) | nearest (each token's 4 nearest anchors, the evident intent). Speed-neutral.
-    prune              false: the policy only observes (every plan neutral; the baseline, for ablations).
+    prune              false: the policy only observes (no token is pruned, filled or zeroed).
+    input_resize       area (the release: SparseVAR_Infinity resizes the summed codes to the next scale's
+                       grid with the VAE's `z_interplote_down`, area, SV:824, at EVERY scale; Infinity's own
+                       inference and every other method use trilinear) | trilinear. Speed-neutral.
     """
 
     start_prune_stage: int = knob(10, scale="index")
@@ -101,6 +106,7 @@ class SparseVARKnobs(MethodKnobs, method="sparsevar"):
     anchor_features: str = knob("release", choices=("release", "token"))
     anchor_candidates: str = knob("release", choices=("release", "nearest"))
     prune: bool = knob(True)
+    input_resize: str = knob("area", choices=("area", "trilinear"))
 
 
 def release_signal_blocks(depth: int) -> tuple[int, int]:
@@ -222,8 +228,8 @@ class SparseVAR(Policy):
     adaptive = True                 # the kept count and set come from the prompt's own earlier scale
     per_image_decisions = True      # each image decides alone, as the release does at batch 1
     Knobs = SparseVARKnobs
-    #: the policy only observes
-    NEUTRAL = {"prune": False}
+    #: the policy only observes, with Infinity's own input resize
+    NEUTRAL = {"prune": False, "input_resize": "trilinear"}
     #: on the tiny runtime's '0.06M' (7 scales, up to 16x16): the last two scales pruned, blocks 1-2 ranked;
     #: a random model's residual change is nearly uniform (every token above 0.6 of the max: nothing pruned),
     #: so the threshold is raised to 0.95 (about a quarter of the tokens kept)
@@ -265,9 +271,10 @@ class SparseVAR(Policy):
 
     def plan(self, si: int) -> ScalePlan:
         want = frozenset({self.range}) if self._observes(si) else frozenset()
+        rs = self.input_resize if si > 0 else "trilinear"     # scale 0's input is the SOS, not codes
         p = self.pending
         if not (self.prune and self.start is not None and si >= self.start and p is not None and p[0] == si - 1):
-            return ScalePlan(residual_change_for=want)
+            return ScalePlan(residual_change_for=want, input_resize=rs)
         _, change, logits = p
         h, w = self.ctx.schedule[si]
         n = h * w
@@ -277,14 +284,14 @@ class SparseVAR(Policy):
         k = int(n * share)
         self.record[si] = {"share": float(share), "kept": n if k in (0, n) else k, "tokens": n}
         if k == 0 or k == n:
-            return ScalePlan(residual_change_for=want)
+            return ScalePlan(residual_change_for=want, input_resize=rs)
         d = decide(change, logits, self.ctx.schedule[si - 1], (h, w), k, self.anchor_stride,
                    self.recover_threshold, self.anchor_features, self.anchor_candidates)
         self.decisions[si] = d
         self.record[si].update(recovered=int(d.recover.sum()), zeroed=int(d.code_mask.sum()))
         bp = BlockPlan(mode="prune", keep=d.keep, n_keep=k, fill="pass", prune_kv=True)
         return ScalePlan(blocks={b: bp for b in range(self.ctx.depth)}, residual_change_for=want,
-                         post_fill=d.post_fill, code_mask=d.code_mask)
+                         post_fill=d.post_fill, code_mask=d.code_mask, input_resize=rs)
 
     def observe(self, si: int, signals: ScaleSignals) -> None:
         if not self._observes(si) or self.range not in signals.residual_change:
@@ -296,8 +303,8 @@ class SparseVAR(Policy):
         self.pending = (si, c, signals.logits.reshape(b, signals.h * signals.w, -1))
 
     def no_effect_reason(self) -> Optional[str]:
-        if not self.prune:
-            return "sparsevar: prune=false (observes only)"
+        if not self.prune and self.input_resize == "trilinear":
+            return "sparsevar: prune=false and input_resize=trilinear (observes only)"
         n = len(self.ctx.schedule)
         if self.start is None or self.start == 0:
             return (f"sparsevar: start_prune_stage={self.start_prune_stage} is not a scale after the first on this "

@@ -255,7 +255,7 @@ class GenState:
         reads of GPU values, so it can be captured as a CUDA graph."""
         h, w = self.sched[si]
         n = h * w
-        x = self._scale_input(si)
+        x = self._scale_input(si, plan.input_resize)
         counts_all, attn_ent, attn_idx = [], {}, {}
         residual_store = {} if plan.keep_residuals else None
         change_from: dict[tuple[int, int], torch.Tensor] = {}   # block range -> the stream entering its first block
@@ -315,16 +315,17 @@ class GenState:
         h, w = self.sched[si]
         apply_kv_budget(self.kv, si, bi, h, w, self.rows, self.batch, budget, appended, counts, query_proj)
 
-    def _scale_input(self, si: int) -> torch.Tensor:
+    def _scale_input(self, si: int, resize: str = "trilinear") -> torch.Tensor:
         """The residual stream entering scale si: SOS (+ start position) at scale 0, else the word
-        embedding of the summed codes interpolated to this grid; plus the level embedding."""
+        embedding of the summed codes resized to this grid (`ScalePlan.input_resize`: trilinear as
+        released, or area); plus the level embedding."""
         m = self.m
         if si == 0:
             x = self.cond.unsqueeze(1) + m.pos_start.expand(self.rows0, 1, -1)
             x = x[: self.rows]
         else:
             h, w = self.sched[si]
-            nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
+            nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode=resize).squeeze(-3)
             if self.patch > 1:
                 nxt = patchify_codes(nxt)
             nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
