@@ -217,10 +217,11 @@ class SparseVAR(Policy):
                        "code masks on any VAE (the release hard-codes the 2B's 32 channels)"),
         doc_rows=(DocRow("`sparsevar`",
                          source="Lvar's third-party SparseVAR (`models/sparsevar`, f94b7ec)",
-                         changes="from 40x40 on: keeps the tokens whose residual stream changed most (blocks "
-                                 "12-15 on 2B) at the previous scale, share above 0.6 of the max; pruned tokens "
-                                 "copy a stride-4 anchor's output when their upsampled logits agree (cos > 0.8), "
-                                 "else their codes are zeroed",
+                         changes="next-scale inputs area-resized (Infinity: trilinear); from 40x40 on: keeps the "
+                                 "tokens whose residual stream changed most (blocks 12-15 on 2B) at the previous "
+                                 "scale, share above 0.6 of the max; a pruned token copies the most similar of "
+                                 "four anchors (as released: the first four of a stride-4 grid) when their "
+                                 "upsampled logits agree (cos > 0.8), else its codes are zeroed",
                          reconstructed="third-party code (not the authors'); per-image decisions at batch > 1 "
                                        "(the release: batch 1); 8B code masks (the release: 2B VAE only)",
                          flops=("{flops:sparsevar}*", "{flops:e2e:sparsevar}*")),))
