@@ -79,6 +79,19 @@ def test_keep_count_is_the_share_above_the_threshold_times_the_next_grid():
     assert pol.stats()["scales"][3]["kept"] == 12
 
 
+def test_keep_multiple_rounds_the_count_up():
+    """Bucketing: 12 kept tokens become 16 with keep_multiple 8 (the next-largest changes join)."""
+    ctx = GenerationContext(schedule=((1, 1), (2, 2), (4, 4), (8, 8)), depth=4, embed_dim=64, num_heads=2, batch=1,
+                            cfg_rows=True, cfg=(3.0,) * 4, tau=(1.0,) * 4)
+    pol = SparseVAR(start_prune_stage=3, signal_blocks=[1, 2], keep_multiple=8)
+    pol.reset(ctx)
+    pol.plan(2)
+    change = torch.full((1, 16), 0.1)
+    change[0, [3, 7, 9]] = torch.tensor([1.0, 0.7, 0.61])
+    pol.observe(2, _signals(2, 4, 4, change))
+    assert pol.plan(3).blocks[0].n_keep == 16
+
+
 def test_neutral_and_refusal():
     ctx = GenerationContext(schedule=((1, 1), (2, 2), (4, 4)), depth=4, embed_dim=64, num_heads=2, batch=1,
                             cfg_rows=True, cfg=(3.0,) * 3, tau=(1.0,) * 3)

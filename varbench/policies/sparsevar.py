@@ -47,8 +47,10 @@ Deviations (ours):
     discarded (BS:190, 323): not run here (no effect on outputs; the release's timings include it);
   - a scale that keeps every token runs the plain full plan (the release gathers it into its sort
     order: same values up to summation order).
-Kept count: data dependent, read to the host once per scale in `observe` (between steps); each count is
-its own static plan shape (CUDA graph mode captures each distinct count; eager otherwise).
+Kept count: data dependent, read to the host once per scale (in `plan`, between steps, from the signals
+`observe` kept); each count is its own static plan shape (CUDA graph mode captures each distinct count;
+eager otherwise). `keep_multiple` buckets the counts (rounded up), trading a few kept tokens for fewer
+shapes and, at batch > 1, fewer sub-batch splits.
 Not on HART: the release has no HART path (refused with the reason).
 """
 from __future__ import annotations
@@ -96,6 +98,10 @@ class SparseVARKnobs(MethodKnobs, method="sparsevar"):
     input_resize       area (the release: SparseVAR_Infinity resizes the summed codes to the next scale's
                        grid with the VAE's `z_interplote_down`, area, SV:824, at EVERY scale; Infinity's own
                        inference and every other method use trilinear) | trilinear. Speed-neutral.
+    keep_multiple      round each kept count UP to a multiple of this (1 = the release's exact count):
+                       bucketing, so fewer distinct counts occur (fewer CUDA graph captures; at batch > 1
+                       images whose counts round alike share a sub-batch instead of splitting). Larger ->
+                       a few more tokens kept (slower, closer to the baseline), fewer shapes.
     """
 
     start_prune_stage: int = knob(10, scale="index")
@@ -107,6 +113,7 @@ class SparseVARKnobs(MethodKnobs, method="sparsevar"):
     anchor_candidates: str = knob("release", choices=("release", "nearest"))
     prune: bool = knob(True)
     input_resize: str = knob("area", choices=("area", "trilinear"))
+    keep_multiple: int = knob(1, ge=1)
 
 
 def release_signal_blocks(depth: int) -> tuple[int, int]:
@@ -283,6 +290,8 @@ class SparseVAR(Policy):
         # this scale's tokens in fp32, truncated; 0 keeps every token (`[-0:]`)
         share = ((change / change.max()) > self.keep_threshold).float().mean(1).max()
         k = int(n * share)
+        if self.keep_multiple > 1 and k > 0:
+            k = min(n, -(-k // self.keep_multiple) * self.keep_multiple)
         self.record[si] = {"share": float(share), "kept": n if k in (0, n) else k, "tokens": n}
         if k == 0 or k == n:
             return ScalePlan(residual_change_for=want, input_resize=rs)
