@@ -36,7 +36,8 @@ the kept set; a keep count of 0 keeps every token (the release's `[-0:]`); the u
 
 Deviations (ours):
   - batch > 1: each image decides alone, exactly as at batch 1 (per-image forks; images whose kept
-    counts differ run as separate sub-batches). The release instead takes the max change over the whole
+    counts differ run as separate sub-batches; an image's signals, hence its decisions, equal those it
+    gets alone up to the rounding of batched matmuls: `check_method`'s batch check). The release instead takes the max change over the whole
     batch and the largest share over images (one count), forces the anchors into the kept set and
     truncates every image's set to the shortest image's, and zeroes codes through `view(1, 32, -1)`,
     which mixes images (and fails on any VAE but the 2B's 32 channels);
