@@ -73,9 +73,16 @@ def make_policy(preset: str, depth: int = 32, model: str = "infinity_2b"):
 
     m = resolve_method(preset, model=model)
     knobs = dict(m.knobs)
-    if m.name == "scalekv" and knobs.get("budget_file") and not Path(knobs["budget_file"]).is_file():
-        # the released budget file is data not shipped: a stand-in of its shape (the dry run checks machinery)
-        knobs = {**knobs, "budget_file": None, "budgets": synthetic_budgets(scale_schedule(1.0, "1M"), depth)}
+
+    def standin_budget(name, kn):
+        if name == "scalekv" and kn.get("budget_file") and not Path(kn["budget_file"]).is_file():
+            # the released budget file is data not shipped: a stand-in of its shape (the dry run checks machinery)
+            return {**kn, "budget_file": None, "budgets": synthetic_budgets(scale_schedule(1.0, "1M"), depth)}
+        return kn
+
+    knobs = standin_budget(m.name, knobs)
+    if m.name == "compose":   # a composition's ScaleKV member too
+        knobs["policies"] = [{**p, "knobs": standin_budget(p["name"], dict(p.get("knobs") or {}))} for p in knobs["policies"]]
     if "decision_models" in knobs:  # the released folder is weights: the toy's decision models stand in
         knobs["decision_models"] = resolve_method("skipvar_toy").knobs["decision_models"]
     return m.build(**knobs)

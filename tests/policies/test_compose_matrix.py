@@ -49,6 +49,9 @@ def preset(name):
     ("nova_on_fastvar@toy", ["fastvar_generalised", "nova_toy"]),   # its per-model toy block
     ("sparvar_scalekv@toy", ["sparvar@toy", "scalekv_toy"]),         # the refused cell repeats both toy blocks
     ("sparvar_scalekv", ["sparvar", "scalekv"]),
+    ("sparsevar_scalekv@toy", ["sparsevar@toy", "scalekv_toy"]),
+    ("sparsevar_scalekv@infinity_2b", ["sparsevar@infinity_2b", "scalekv"]),
+    ("sparsevar_scalekv@infinity_8b", ["sparsevar@infinity_8b", "scalekv_8b"]),
 ])
 def test_a_composition_runs_its_members_presets(composed, members):
     name, _, knobs = preset(composed)
@@ -114,11 +117,11 @@ def _methods(model):
 
 @pytest.mark.parametrize("model, methods", [
     ("toy", ["baseline", "scalekv_toy", "fastvar_generalised", "fastvar_scalekv_toy", "nova_toy", "nova_scalekv_toy",
-             "skipvar_toy", "skipvar_scalekv_toy", "sparvar", "sparvar_scalekv"]),
+             "skipvar_toy", "skipvar_scalekv_toy", "sparvar", "sparvar_scalekv", "sparsevar", "sparsevar_scalekv"]),
     ("infinity_2b", ["baseline", "scalekv", "fastvar", "fastvar_scalekv", "nova", "nova_scalekv", "skipvar",
-                     "skipvar_scalekv", "sparvar", "sparvar_scalekv"]),
+                     "skipvar_scalekv", "sparvar", "sparvar_scalekv", "sparsevar", "sparsevar_scalekv"]),
     ("infinity_8b", ["baseline", "scalekv_8b", "fastvar", "fastvar_scalekv_8b", "nova", "nova_scalekv_8b", "skipvar",
-                     "skipvar_scalekv_8b", "sparvar", "sparvar_scalekv"]),
+                     "skipvar_scalekv_8b", "sparvar", "sparvar_scalekv", "sparsevar", "sparsevar_scalekv"]),
 ])
 def test_the_experiment_runs_the_models_matrix_on_one_prompt_set_and_seed(model, methods):
     plan, got = _methods(model)

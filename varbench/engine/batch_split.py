@@ -51,7 +51,8 @@ def plan_signature(plan: ScalePlan) -> tuple:
                    for bi, bp in sorted(plan.blocks.items()) if bp.mode != "full")
     kv = tuple((bi, kb.n_keep, kb.keep is None, _selector_key(kb.selector)) for bi, kb in sorted(plan.kv.items()))
     return (plan.run, blocks, plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
-            plan.attention_entropy_queries, tuple(sorted(plan.release_residuals)), plan.cfg, plan.tau, plan.drop_uncond, kv)
+            plan.attention_entropy_queries, tuple(sorted(plan.release_residuals)), plan.cfg, plan.tau, plan.drop_uncond, kv,
+            tuple(sorted(plan.residual_change_for)), plan.post_fill is None, plan.code_mask is None, plan.input_resize)
 
 
 def group_by_plan(plans: Sequence[ScalePlan]) -> list[list[int]]:
@@ -101,7 +102,10 @@ def merge_plans(plans: Sequence[ScalePlan], cfg_rows: bool) -> ScalePlan:
         blocks[bi] = bp
     kv = {bi: (dataclasses.replace(kb, keep=_merge_keep([p.kv[bi].keep for p in plans], cfg_rows)) if kb.keep is not None else kb)
           for bi, kb in first.kv.items()}
-    return dataclasses.replace(first, blocks=blocks, kv=kv)
+    # per-image token maps ((1, n) each) stack by image, as the runtime's (B, n) maps are laid out
+    maps = {name: torch.cat([getattr(p, name) for p in plans]) for name in ("post_fill", "code_mask")
+            if getattr(first, name) is not None}
+    return dataclasses.replace(first, blocks=blocks, kv=kv, **maps)
 
 
 def select_signals(sig: ScaleSignals, image: int, batch: int) -> ScaleSignals:
@@ -116,7 +120,8 @@ def select_signals(sig: ScaleSignals, image: int, batch: int) -> ScaleSignals:
         attention_entropy={b: rows(e) for b, e in sig.attention_entropy.items()},
         attention_query_index=({b: rows(p) for b, p in sig.attention_query_index.items()}
                                if isinstance(sig.attention_query_index, dict) else rows(sig.attention_query_index)),
-        summed_codes=rows(sig.summed_codes))
+        summed_codes=rows(sig.summed_codes),
+        residual_change={r: rows(c) for r, c in sig.residual_change.items()})
 
 
 def scatter_images(parts: Sequence[tuple[Sequence[int], Optional[torch.Tensor]]], batch: int,

@@ -80,7 +80,8 @@ class StepGraphs:
             step.graph.replay()
         state.kv.len = list(step.kv_len)
         out = step.out  # static tensors: overwritten by the next replay, so keep copies of what outlives it
-        return dataclasses.replace(out, bits=out.bits.clone(), entropy=out.entropy.clone())
+        return dataclasses.replace(out, bits=out.bits.clone(), entropy=out.entropy.clone(),
+                                   residual_change={r: c.clone() for r, c in out.residual_change.items()})
 
     def capture(self, state, fn):
         """Capture `fn` (one scale step of `state`) as a CUDA graph, then replay it once (capture
@@ -126,10 +127,24 @@ class StepGraphs:
             return None  # attention memory an eager step wrote: same reason as its residuals
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),
                 plan.attention_entropy_queries, plan.attention_entropy_sampling, state.rows, tuple(state.kv.len), residuals,
-                cfg, tau, top_k, top_p, tuple(kv), attn, memory)
+                cfg, tau, top_k, top_p, tuple(kv), attn, memory, tuple(sorted(plan.residual_change_for)),
+                plan.post_fill is None, plan.code_mask is None, plan.input_resize)
 
     def _static_keeps(self, si: int, plan: ScalePlan) -> ScalePlan:
-        """The plan with every `keep` copied into a buffer that lives as long as this state."""
+        """The plan with every `keep` (and its `post_fill` / `code_mask` token maps) copied into a buffer
+        that lives as long as this state."""
+        maps = {}
+        for name in ("post_fill", "code_mask"):
+            t = getattr(plan, name)
+            if t is not None:
+                key = (si, name, tuple(t.shape))
+                buf = self.keep_buffers.get(key)
+                if buf is None:
+                    buf = self.keep_buffers[key] = torch.empty(t.shape, dtype=t.dtype, device=self.rt.device)
+                buf.copy_(t)
+                maps[name] = buf
+        if maps:
+            plan = dataclasses.replace(plan, **maps)
         if plan.attn:
             plan = dataclasses.replace(plan, attn={bi: self._static_attn(si, bi, ap) for bi, ap in plan.attn.items()})
         if not any(bp.keep is not None for bp in plan.blocks.values()):

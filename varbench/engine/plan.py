@@ -235,6 +235,27 @@ class ScalePlan:
                     skipped at this scale evict nothing.
     attn:           {block index: AttnPlan}: which cached keys the block's self-attention reads
                     (SparVAR); absent blocks attend densely. Nothing is evicted.
+    residual_change_for: block ranges (first, last), inclusive, whose per-token change of the residual
+                    stream is wanted in the signals (`ScaleSignals.residual_change`): the mean over
+                    channels of (x_out - x_in)^2, x_in entering block `first` and x_out leaving block
+                    `last`, per row (both CFG halves), fp32. Tokens a pruned block passes through
+                    (fill "pass") change by exactly 0 there. Observes only (costs one (rows, n, C)
+                    copy per range while the range runs); no host read.
+    post_fill:      None, or (B, h*w) long: after the last block (before the head) token t of image b
+                    takes the hidden state of token post_fill[b, t], read before any fill (a gather; a
+                    token mapped to itself keeps its own). The same map serves both CFG halves of an
+                    image. With pruned blocks ("pass"), this fills pruned tokens' outputs from chosen
+                    kept (or pruned) source tokens (SparseVAR's anchor copy). Static shape.
+    code_mask:      None, or (B, h*w) bool: tokens whose sampled codes are zeroed before they are added
+                    to the summed codes (their bits are still sampled and recorded); under 2x2 patchify
+                    (8B) all four latent positions of a token. Static shape.
+    input_resize:   how the summed codes are resized to this scale's grid to make its input (scales >= 1):
+                    "trilinear" (released Infinity inference, the default) | "area" (the VAE's
+                    `z_interplote_down`, what Infinity's training used for next-scale inputs; Lvar's
+                    SparseVAR infers with it). Static.
+    A policy whose kept count is data dependent (SparseVAR) reads the count to the host between steps
+    (in `observe`, one read per scale) and plans a static `n_keep`; each distinct count is one more
+    (scale, plan) shape (one more CUDA graph capture, or an eager step).
     """
 
     run: bool = True
@@ -249,6 +270,27 @@ class ScalePlan:
     drop_uncond: bool = False
     kv: dict[int, KVBudget] = dataclasses.field(default_factory=dict)
     attn: dict[int, AttnPlan] = dataclasses.field(default_factory=dict)
+    residual_change_for: frozenset[tuple[int, int]] = frozenset()
+    post_fill: Optional[torch.Tensor] = None
+    code_mask: Optional[torch.Tensor] = None
+    input_resize: Literal["trilinear", "area"] = "trilinear"
+
+    def validate_token_maps(self, batch: int, n_tokens: int, depth: int) -> None:
+        """Check `residual_change_for`, `post_fill` and `code_mask` against a scale of `n_tokens` tokens
+        for `batch` images on a model of `depth` blocks, and `input_resize` (ValueError naming the field)."""
+        if self.input_resize not in ("trilinear", "area"):
+            raise ValueError(f"ScalePlan.input_resize must be 'trilinear' or 'area', got {self.input_resize!r}")
+        for rng in self.residual_change_for:
+            if len(rng) != 2 or not 0 <= rng[0] <= rng[1] < depth:
+                raise ValueError(f"residual_change_for has {rng!r}; a range is (first, last) with "
+                                 f"0 <= first <= last <= {depth - 1}")
+        for name, dtypes in (("post_fill", (torch.int64, torch.int32)), ("code_mask", (torch.bool,))):
+            t = getattr(self, name)
+            if t is None:
+                continue
+            if tuple(t.shape) != (batch, n_tokens) or t.dtype not in dtypes:
+                raise ValueError(f"ScalePlan.{name} must be ({batch}, {n_tokens}) {dtypes[0]}, got "
+                                 f"{tuple(t.shape)} {t.dtype}")
 
 
 def entropy_query_pick(n: int, k: int, scale: int, sampling: str, device) -> torch.Tensor:
@@ -289,6 +331,10 @@ class ScaleSignals:
                         Read it in `observe` (it changes at the next scale); copy what you keep.
     decode:             codes -> uint8 RGB (B, H, W, 3), the runtime's VAE decode (None without a VAE),
                         for policies that look at the intermediate image (SkipVAR's frequency features).
+    residual_change:    {(first, last): (rows, h*w) fp32} for the plan's `residual_change_for` ranges:
+                        per token, the mean over channels of the squared change of the residual stream
+                        from entering block `first` to leaving block `last` (rows as in the step:
+                        [cond; uncond] under CFG).
     """
 
     scale: int
@@ -304,6 +350,7 @@ class ScaleSignals:
     cfg: float
     summed_codes: Optional[torch.Tensor] = None
     decode: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    residual_change: dict[tuple[int, int], torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -334,7 +381,7 @@ class GenerationContext:
 def is_neutral(plan: ScalePlan) -> bool:
     """True if the plan changes nothing the model computes: every scale runs, every block in full,
     no guidance/temperature override, both CFG halves. (Residual caching and entropy requests
-    only observe, so they do not count.) KV budgets do not count here either: whether one evicts
+    only observe, so they do not count; a post-block fill, a code mask or an area input resize does.) KV budgets do not count here either: whether one evicts
     depends on the cache length at run time, so the runtime marks a scale whose budget evicted
     something as not neutral itself (trace `neutral`). A "decide" attention plan returns the dense
     output (it only remembers), so it counts as neutral; "indexed" and "block_mask" do not."""
@@ -345,4 +392,7 @@ def is_neutral(plan: ScalePlan) -> bool:
         and plan.cfg is None
         and plan.tau is None
         and not plan.drop_uncond
+        and plan.post_fill is None
+        and plan.code_mask is None
+        and plan.input_resize == "trilinear"
     )

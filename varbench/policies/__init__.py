@@ -21,6 +21,7 @@ REGISTRY = LazyRegistry("method", group=METHODS_GROUP, expects=_a_policy_class, 
     "skipvar": "varbench.policies.skipvar:SkipVAR",
     "scalekv": "varbench.policies.scalekv:ScaleKV",
     "sparvar": "varbench.policies.sparvar:SparVAR",
+    "sparsevar": "varbench.policies.sparsevar:SparseVAR",
     "compose": "varbench.policies.compose:Compose",
 })
 

@@ -8,7 +8,10 @@ Changes: nothing of its own. Each member policy is reset, planned and observed a
          requests are unions; guidance/temperature overrides must agree; dropping the
          unconditional branch by any member drops it; KV budgets (ScaleKV's `ScalePlan.kv`) are a
          union by block (two members budgeting the same block at the same scale is refused), and the
-         runtime's per-block KV capacity is the smallest any member asks for (`kv_capacity`).
+         runtime's per-block KV capacity is the smallest any member asks for (`kv_capacity`);
+         block-range residual requests are a union, code masks an OR, at most one member may
+         fill tokens after the last block (`post_fill`; two are refused), and an area input resize
+         asked by a member applies (`input_resize`).
 Memory x compute: a KV budget (scalekv) composes with FastVAR, NOVA, SkipVAR and the skip
          baselines: they prune tokens, blocks, rows or scales, which only shortens what a block
          caches, so the budget's capacity still bounds it. Where a member pruned a scale's K/V
@@ -293,11 +296,25 @@ class Compose(Policy):
         # freed after this scale runs: every kept scale no member's later plan can read
         release = frozenset(self._alive - self._needed_after(si))
         self._alive -= release
+        fills = [(i, p.post_fill) for i, p in enumerate(plans) if p.post_fill is not None]
+        if len(fills) > 1:
+            raise ValueError(f"compose: {', '.join(self.members[i].name for i, _ in fills)} each fill tokens after the "
+                             f"last block at scale {si} (ScalePlan.post_fill); one post-block fill per scale")
+        masks = [p.code_mask for p in plans if p.code_mask is not None]
+        code_mask = None
+        for m in masks:   # a token zeroed by any member is zeroed
+            code_mask = m if code_mask is None else code_mask | m
+        resizes = {p.input_resize for p in plans} - {"trilinear"}
+        if len(resizes) > 1:
+            raise ValueError(f"compose: members ask for different input resizes at scale {si}: {sorted(resizes)}")
         return ScalePlan(run=True, blocks=blocks, keep_residuals=keep, attention_entropy_for=att,
                          attention_entropy_queries=queries, cfg=overrides["cfg"], tau=overrides["tau"],
                          drop_uncond=any(p.drop_uncond for p in plans), release_residuals=release,
                          kv={bi: kb for bi, (_, kb) in sorted(kv.items())},
-                         attn={bi: ap for bi, (_, ap) in sorted(attn.items())})
+                         attn={bi: ap for bi, (_, ap) in sorted(attn.items())},
+                         residual_change_for=frozenset().union(*(p.residual_change_for for p in plans)),
+                         post_fill=fills[0][1] if fills else None, code_mask=code_mask,
+                         input_resize=resizes.pop() if resizes else "trilinear")
 
     def kv_capacity(self) -> Optional[list[int]]:
         """Per block the smallest capacity a member asks for (members without a KV budget ask for

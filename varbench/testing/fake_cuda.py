@@ -23,9 +23,10 @@ each stand-in is stated:
   `SHADOW_NUMEL` elements), so the runtime's one-off reads before the loop (text lengths) get their
   true values. Policies see stand-ins: `StandInPolicy` hands `observe` real CPU tensors of the
   signals' shapes and dtypes filled with seeded random values (entropies uniform in [0, ln 2] for
-  tokens and [0, ln(keys)] for attention, logits N(0, 1), query positions evenly spaced over the
-  scale) and runs `reset`/`plan`/`observe` on the CPU (`ctx.device="cpu"`); the plan's kept
-  indices reach the step as fake CPU tensors and the runtime moves them to the device as it does
+  tokens and [0, ln(keys)] for attention, logits N(0, 1), block-range residual changes uniform in
+  [0, 1], query positions evenly spaced over the scale) and runs `reset`/`plan`/`observe` on the
+  CPU (`ctx.device="cpu"`); the plan's kept indices (and its post-block fill and code mask) reach
+  the step as fake CPU tensors and the runtime moves them to the device as it does
   for any host plan. An entropy-driven method's *decisions* depend on the weights anyway: the dry
   run checks that its machinery runs at the real shapes, not which plan a trained model would get.
   SkipVAR's intermediate decode runs the real VAE on fake tensors (its memory counts) and gives
@@ -385,7 +386,9 @@ class StandInPolicy:
         attn = {bi: dataclasses.replace(ap, **{f: self.fc.mode.from_tensor(getattr(ap, f))
                                                for f in ("local", "block_mask") if getattr(ap, f) is not None})
                 for bi, ap in plan.attn.items()}
-        return dataclasses.replace(plan, blocks=blocks, kv=kv, attn=attn)
+        maps = {name: self.fc.mode.from_tensor(getattr(plan, name)) for name in ("post_fill", "code_mask")
+                if getattr(plan, name) is not None}
+        return dataclasses.replace(plan, blocks=blocks, kv=kv, attn=attn, **maps)
 
     def _standin(self, t: Optional[torch.Tensor], hi: float, n: Optional[int] = None) -> Optional[torch.Tensor]:
         if t is None:
@@ -407,6 +410,7 @@ class StandInPolicy:
             attention_entropy={bi: self._standin(e, math.log(kv_len)) for bi, e in sig.attention_entropy.items()},
             attention_query_index={bi: self._standin(i, 0, n) for bi, i in sig.attention_query_index.items()},
             summed_codes=self._standin(sig.summed_codes, -1),
+            residual_change={r: self._standin(c, 1.0) for r, c in sig.residual_change.items()},
             decode=None if sig.decode is None else _StandInDecoder(self.fc, sig.decode.__self__).decode)
         with unset_fake_temporarily():
             self.inner.observe(si, stand)

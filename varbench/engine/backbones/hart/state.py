@@ -242,6 +242,11 @@ class HartState:
 
     def _check(self, si: int, plan: ScalePlan) -> None:
         depth = len(self.m.blocks)
+        if (plan.residual_change_for or plan.post_fill is not None or plan.code_mask is not None
+                or plan.input_resize != "trilinear"):
+            raise ValueError("HART's runtime has no block-range residual signal, post-block fill, code mask or input "
+                             "resize choice (ScalePlan.residual_change_for / post_fill / code_mask / input_resize): "
+                             "they are Infinity seams")
         for bi in [*plan.blocks, *plan.kv]:
             if not 0 <= bi < depth:
                 raise ValueError(f"plan for stage {si} names block {bi}; the model has blocks 0..{depth - 1}")

@@ -58,6 +58,7 @@ class StepOut:
     counts: list                         # per block executed tokens (host ints)
     residual_store: Optional[dict]
     attn_memory: dict = dataclasses.field(default_factory=dict)   # {block: AttnMemory} this step wrote
+    residual_change: dict = dataclasses.field(default_factory=dict)   # (first, last) -> (rows, n) fp32
 
 
 def _condition(rt, text: TextBatch, negative: Optional[TextBatch], cfg_rows: bool):
@@ -228,6 +229,7 @@ class GenState:
                 raise ValueError(f"KV budget for scale {si} names block {bi}; the model has blocks 0..{len(self.blocks) - 1}")
             kb.validate()
         check_attention_plans(plan, si, n, len(self.blocks), self.kv.len)
+        plan.validate_token_maps(self.batch, n, len(self.blocks))
         out = self.run_core(si, plan, cfg, tau, top_k, top_p)
         if out.residual_store is not None:
             self.residuals[si] = out.residual_store
@@ -250,6 +252,7 @@ class GenState:
             attention_entropy=out.attn_ent, attention_query_index=out.attn_idx,
             executed_tokens={bi: {k: c[k] for k in ("sa", "ca", "ffn")} for bi, c in enumerate(out.counts)},
             tau=tau, cfg=cfg, summed_codes=self.summed_codes, decode=self.rt.decode if self.rt.vae is not None else None,
+            residual_change=out.residual_change,
         )
 
     def run_core(self, si: int, plan: ScalePlan, cfg: float, tau: float, top_k: int, top_p: float) -> StepOut:
@@ -264,11 +267,16 @@ class GenState:
         reads of GPU values, so it can be captured as a CUDA graph."""
         h, w = self.sched[si]
         n = h * w
-        x = self._scale_input(si)
+        x = self._scale_input(si, plan.input_resize)
         counts_all, attn_ent, attn_idx = [], {}, {}
         residual_store = {} if plan.keep_residuals else None
         self.attn_written = {}
+        change_from: dict[tuple[int, int], torch.Tensor] = {}   # block range -> the stream entering its first block
+        residual_change: dict[tuple[int, int], torch.Tensor] = {}
         for bi in range(len(self.blocks)):
+            for rng in plan.residual_change_for:
+                if rng[0] == bi:
+                    change_from[rng] = x
             bp = plan.blocks.get(bi, _FULL)
             ap = plan.attn.get(bi)
             if ap is not None and ap.kind == "dense":
@@ -289,12 +297,25 @@ class GenState:
                 self.apply_kv_budget(si, bi, x_in, budget, appended, counts)
             self.kv.settle(bi, si == len(self.sched) - 1)   # nothing of this block left in the staging buffer
             counts_all.append(counts)
+            for rng in plan.residual_change_for:
+                if rng[1] == bi:   # the released order (x_out - x_in), squared, mean over channels
+                    residual_change[rng] = ((x.float() - change_from.pop(rng).float()) ** 2).mean(dim=-1)
+        if plan.post_fill is not None:
+            x = self._post_fill(x, plan.post_fill)
         logits = self.m.logits(x, self.cond[:self.rows])
         guided = guided_logits(logits, self.batch, cfg, tau, self.rows == 2 * self.batch)
         bits = sample_bits(guided, self.generators, top_k, top_p).view(self.batch, h, w, -1)
         entropy = bit_entropy(guided)
-        self._accumulate(si, bits)
-        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store, self.attn_written)
+        self._accumulate(si, bits, plan.code_mask)
+        return StepOut(logits, guided, bits, entropy, attn_ent, attn_idx, counts_all, residual_store, self.attn_written,
+                       residual_change)
+
+    def _post_fill(self, x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+        """`ScalePlan.post_fill`: token t of each row takes row's token source[image, t] (one gather, so
+        every source is read before any fill); the image's map serves each of its CFG halves."""
+        src = source.to(x.device, torch.long)
+        src = src.repeat(self.rows // self.batch, 1)
+        return x.gather(1, src.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
     def apply_kv_budget(self, si: int, bi: int, x_in: torch.Tensor, budget: KVBudget,
                         appended: Optional[torch.Tensor], counts: dict) -> None:
@@ -311,28 +332,36 @@ class GenState:
         h, w = self.sched[si]
         apply_kv_budget(self.kv, si, bi, h, w, self.rows, self.batch, budget, appended, counts, query_proj)
 
-    def _scale_input(self, si: int) -> torch.Tensor:
+    def _scale_input(self, si: int, resize: str = "trilinear") -> torch.Tensor:
         """The residual stream entering scale si: SOS (+ start position) at scale 0, else the word
-        embedding of the summed codes interpolated to this grid; plus the level embedding."""
+        embedding of the summed codes resized to this grid (`ScalePlan.input_resize`: trilinear as
+        released, or area); plus the level embedding."""
         m = self.m
         if si == 0:
             x = self.cond.unsqueeze(1) + m.pos_start.expand(self.rows0, 1, -1)
             x = x[: self.rows]
         else:
             h, w = self.sched[si]
-            nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode="trilinear").squeeze(-3)
+            nxt = F.interpolate(self.summed_codes, size=(1, h * self.patch, w * self.patch), mode=resize).squeeze(-3)
             if self.patch > 1:
                 nxt = patchify_codes(nxt)
             nxt = nxt.reshape(*nxt.shape[:2], -1).permute(0, 2, 1)
             x = self.rt.embed_codes(nxt).repeat(self.rows // self.batch, 1, 1)
         return x + self.m.lvl_embed.weight[si]
 
-    def _accumulate(self, si: int, bits_grid: torch.Tensor) -> None:
-        """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released."""
+    def _accumulate(self, si: int, bits_grid: torch.Tensor, code_mask: Optional[torch.Tensor] = None) -> None:
+        """Bits -> BSQ codes (+-1/sqrt(d), L2-normalised) -> summed codes, as released. `code_mask`
+        (B, h*w) bool (`ScalePlan.code_mask`): those tokens' codes are zeroed first."""
         b = bits_grid
         if self.patch > 1:  # (B, h, w, 4d) -> (B, 2h, 2w, d), the released pixel_shuffle order
             b = unpatchify_bits(b)
         codes = bits_to_codes(b).unsqueeze(1).permute(0, 4, 1, 2, 3)            # (B, d, 1, H, W)
+        if code_mask is not None:
+            bsz, h, w = bits_grid.shape[:3]
+            m = code_mask.to(codes.device).view(bsz, h, w)
+            if self.patch > 1:   # a token covers a patch x patch block of latent positions
+                m = m.repeat_interleave(self.patch, 1).repeat_interleave(self.patch, 2)
+            codes = codes.masked_fill(m[:, None, None], 0.0)
         if si != len(self.sched) - 1:
             self.summed_codes += F.interpolate(codes, size=self.latent_size, mode="trilinear")
         else:
