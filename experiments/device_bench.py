@@ -35,9 +35,9 @@ repeat, so data-dependent methods make the same plan every time).
 
 Methods (conf/method_set/device_bench/<model>.yaml; each preset resolved as a job resolves it,
 `varbench.harness.presets.resolve_method`):
-  2B: baseline, fastvar (the release's 2B setting), nova, toprovar, skip_last_2
+  2B: baseline, fastvar (the release's 2B setting), nova, toprovar, skip_last_2, sparvar, sparsevar
   8B: baseline, fastvar_8b_paper (the only FastVAR preset written for 8B: ToProVAR Table 8's setting),
-      nova, toprovar, skip_last_2
+      nova, toprovar, skip_last_2, sparvar, sparsevar
 With random weights the entropy-driven methods (NOVA, ToProVAR) decide from random-model entropies: their
 rows time the machinery (entropy requests, plan building) and whatever plan that produces; each row
 records the policy's own stats (e.g. ToProVAR's depth D) so a reader can see what was pruned.

@@ -59,7 +59,7 @@ def test_packaged_cards_hold_the_figure_words_colours_and_markers():
             "skipvar": ("SkipVAR", "#CC79A7", "D"), "skipvar_fixed": ("SkipVAR fixed skip", "#E69F00", "X"),
             "skip_last": ("skip last scales", "#56B4E9", "h"), "compose": ("composed methods", "#882255", "P"),
             "scalekv": ("ScaleKV", "#332288", "o"), "sparvar": ("SparVAR", "#EE6677", "8"),
-            "sparsevar": ("SparseVAR", "#117733", "<")}
+            "sparsevar": ("SparseVAR", "#44AA99", "<")}
     assert sorted(want) == sorted(REGISTRY.packaged())
     for name, (words, colour, marker) in want.items():
         assert (family_name(name), family_colour(name), family_marker(name)) == (words, colour, marker), name

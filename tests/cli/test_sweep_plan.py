@@ -53,5 +53,5 @@ def test_a_per_model_method_list_without_the_model_is_one_config_error():
 
     with pytest.raises(ConfigError, match="'compose_matrix_methods.tiny' not found.*choose one of them"):
         plan_command(["+experiment=compose_matrix", "model=tiny"])
-    # the toy's list: {baseline, FastVAR, NOVA, SkipVAR, SparVAR} x {full KV, ScaleKV}
-    assert len(plan_command(["+experiment=compose_matrix", "model=toy"]).jobs) == 10
+    # the toy's list: {baseline, FastVAR, NOVA, SkipVAR, SparVAR, SparseVAR} x {full KV, ScaleKV}
+    assert len(plan_command(["+experiment=compose_matrix", "model=toy"]).jobs) == 12

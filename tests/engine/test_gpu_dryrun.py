@@ -101,7 +101,7 @@ def test_non_flash_attention_is_reported():
     """An fp32 run would send attention to the memory-efficient kernel: the CLI's checks say so."""
     fc, rt, out = _gen(dtype=torch.float32)
     assert {c["backend"] for c in fc.attention} != {"flash"}
-    assert any("not flash-attn bf16" in e for e in gpu_dryrun._checks(rt, out, fc, 1))
+    assert any("not flash-attn/FlexAttention bf16" in e for e in gpu_dryrun._checks(rt, out, fc, 1))
     q = torch.empty(1, 2, 4, 64, dtype=torch.bfloat16)
     assert cuda_sdpa_backend(q, q, q) == "flash"
     assert cuda_sdpa_backend(q, q, q, attn_mask=torch.ones(1, 1, 1, 4, dtype=torch.bool)) == "efficient"

@@ -234,7 +234,7 @@ def test_plan_trace_matches_runtime_trace(tiny_rt):
     text_tokens = {2: out.trace[0]["text_tokens"], 1: out.trace[0]["text_tokens"] // 2}
     expected = plan_trace(ctx.schedule, plans, ctx.depth, 1, True, text_tokens)
     # timing, and the KV bytes (the memory model's, checked against plan_trace in tests/engine/test_memory.py)
-    strip = lambda tr: [{k: v for k, v in t.items() if k not in ("ms", "kv_bytes_allocated", "kv_bytes_used")} for t in tr]
+    strip = lambda tr: [{k: v for k, v in t.items() if k not in ("ms", "kv_bytes_allocated", "kv_bytes_used", "attn_memory_bytes")} for t in tr]
     assert strip(out.trace) == expected
 
 

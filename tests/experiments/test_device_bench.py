@@ -227,8 +227,8 @@ def test_the_bench_times_the_method_sets_as_jobs_resolve_them():
     FastVAR is the 8B paper preset, with its own `prune` and fastvar.yaml's inherited `skip`."""
     from varbench.harness.presets import resolve_method
 
-    assert METHODS["2b"] == ["baseline", "fastvar", "nova", "toprovar", "skip_last_2"]
-    assert METHODS["8b"] == ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2"]
+    assert METHODS["2b"] == ["baseline", "fastvar", "nova", "toprovar", "skip_last_2", "sparvar", "sparsevar"]
+    assert METHODS["8b"] == ["baseline", "fastvar_8b_paper", "nova", "toprovar", "skip_last_2", "sparvar", "sparsevar"]
     assert db.role_methods()["hart"] == ["baseline", "fastvar_hart", "skip_last_2"]
     assert db.fastvar_preset(METHODS["8b"]) == "fastvar_8b_paper"
     c = resolve_method("fastvar_8b_paper", model="infinity_8b")

@@ -39,7 +39,8 @@ def _methods(exp: str, model: str) -> list[str]:
 # -------------------------------------------------------------------------------- methods per backbone
 def test_main_table_sweeps_each_models_own_methods():
     infinity = _methods("main_table", "infinity_2b")
-    assert infinity == ["baseline", "fastvar", "nova", "toprovar", "skip_last_2", "skipvar_hybrid", "sparvar"]
+    assert infinity == ["baseline", "fastvar", "nova", "toprovar", "skip_last_2", "skipvar_hybrid", "sparvar",
+                        "sparsevar"]
     assert _methods("main_table", "infinity_8b") == infinity == _methods("main_table", "tiny")
     # HART: FastVAR's own HART port in place of its Infinity rule, the rest as on Infinity (SparVAR is
     # Infinity-only: its release patches Infinity's attention)

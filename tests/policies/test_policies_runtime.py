@@ -63,8 +63,10 @@ def acted(out) -> bool:
     for tr in out.trace:
         if not tr["ran"]:
             return True
-        if any(b["mode"] != "full" or b["sa"] < tr["tokens"] or b.get("kv_evicted") for b in tr["blocks"]):
-            return True                   # (kv_evicted: a KV budget dropped cached positions, e.g. ScaleKV)
+        if any(b["mode"] != "full" or b["sa"] < tr["tokens"] or b.get("kv_evicted") or "attn_pairs" in b
+               for b in tr["blocks"]):
+            return True                   # (kv_evicted: a KV budget dropped cached positions, e.g. ScaleKV;
+                                          # attn_pairs: an attention plan chose the keys, e.g. SparVAR)
     rows = [tr["rows"] for tr in out.trace if tr["ran"]]
     return len(set(rows)) > 1
 

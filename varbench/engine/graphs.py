@@ -122,7 +122,8 @@ class StepGraphs:
         attn = tuple((bi, ap.kind, ap.group, ap.n_keys, ap.remember, ap.use_o_cache, ap.block,
                       None if ap.local is None else tuple(ap.local.shape),
                       None if ap.block_mask is None else tuple(ap.block_mask.shape)) for bi, ap in sorted(plan.attn.items()))
-        memory = tuple((bi, tuple(t.data_ptr() for t in m.tensors())) for bi, m in sorted(state.attn_memory.items()))
+        memory = tuple((bi, tuple(t.data_ptr() for t in m.tensors()))
+                       for bi, m in sorted(getattr(state, "attn_memory", {}).items()))
         if any(ptr not in self.static_ptrs for _, ptrs in memory for ptr in ptrs):
             return None  # attention memory an eager step wrote: same reason as its residuals
         return (si, tuple(blocks), plan.keep_residuals, tuple(sorted(plan.attention_entropy_for)),

@@ -215,7 +215,7 @@ def decide(change: torch.Tensor, logits: torch.Tensor, prev_hw: tuple[int, int],
 class SparseVAR(Policy):
     name = "sparsevar"
     card = MethodCard(
-        display_name="SparseVAR", colour="#117733", marker="<",
+        display_name="SparseVAR", colour="#44AA99", marker="<",
         paper="SparseVAR: Exploring Sparsity in Visual AutoRegressive Modeling for Training-Free Acceleration "
               "(ICCV 2025, arXiv 2507.20454)",
         code=RELEASE,
