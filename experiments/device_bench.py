@@ -419,7 +419,7 @@ def plan_budget(sections: list, specs: dict, a, device_bytes: Optional[int]) -> 
         kept = [it for it in sec.items if (it if isinstance(it, str) else it[0]) not in skipped]
         est = estimate_section_s(dataclasses.replace(sec, items=kept), spec, a.warmup, a.repeats, a.text_len) if kept else 0.0
         if kept and loaded != sec.role:
-            est += BUILD_GUESS_S[sec.role]
+            est += 2.0 if a.smoke else BUILD_GUESS_S[sec.role]
             loaded = sec.role
         cum += est
         out.append({"section": k, "title": sec.title, "estimate_s": round(est, 1), "cumulative_s": round(cum, 1),
@@ -697,6 +697,7 @@ class Bench:
         self.policies: dict[tuple, Any] = {}         # (role, preset) -> policy
         self.methods = role_methods(a.smoke)         # role -> method presets
         self.failed = 0
+        self.inflight: Optional[tuple] = None        # (section, items) being timed: saved as provisional rows
         self.record: dict[str, Any] = {
             "schema": SCHEMA, "status": "running", "smoke": bool(a.smoke), "note": RANDOM_NOTE,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -751,9 +752,28 @@ class Bench:
                 "cpu_count": prov.get("cpu_count"), "torch_threads": torch.get_num_threads(), "provenance": prov}
 
     def save(self) -> None:
+        """Rewrite the JSON and markdown (atomically): after every section, every graphed item and every
+        round of the eager items, with the section in flight as provisional rows."""
+        self.record["elapsed_s"] = round(self.elapsed(), 2)
+        rows, entropy, failed = self.record["rows"], self.record["entropy"], self.failed
+        if self.inflight is not None:   # the section being timed, as far as it got: a kill loses only the item in flight
+            self.record["rows"], self.record["entropy"] = list(rows), list(entropy)
+            n = len(self.record["rows"])
+            try:
+                self._rows(*self.inflight)
+            except Exception as e:  # noqa: BLE001 - reporting must never cost the measurements
+                self.log(f"provisional rows failed: {type(e).__name__}: {e}")
+            for row in self.record["rows"][n:]:
+                row["status"] = f"in flight at the last save: {row['status']}"
+            self.failed = failed
+        try:
+            self._write()
+        finally:
+            self.record["rows"], self.record["entropy"] = rows, entropy
+
+    def _write(self) -> None:
         from varbench.core.jsonio import atomic_write_bytes
 
-        self.record["elapsed_s"] = round(self.elapsed(), 2)
         try:  # reporting must never cost the measurements
             self.record["targets"] = self.targets()
         except Exception as e:  # noqa: BLE001
@@ -969,6 +989,7 @@ class Bench:
         if sec.repeats:   # a section's own round count (HART's)
             a = argparse.Namespace(**{**vars(a), "repeats": sec.repeats})
         items = [Item(*spec) for spec in sec.items]
+        self.inflight = (sec, items)
         live: list[Item] = []
         for it in items:
             why = self._skip_reason(it.mode) or fit_reason(self.specs[sec.role].preset, it.method, sec.batch, self.device_bytes)
@@ -1007,6 +1028,7 @@ class Bench:
         for it in items:
             if it.mode == "graphed" and it.status == "ok":
                 self._graphed_item(sec, a, it)
+        self.inflight = None
         for it in items:
             if it.status == "ok" and len(it.runs) < a.repeats:
                 it.status = f"ok ({len(it.runs)} of {a.repeats} repeats: time budget)"
@@ -1055,6 +1077,7 @@ class Bench:
             self._fail(it, e)
         finally:
             self.clear_graphs()
+            self.save()
 
     def _round_robin(self, sec: Section, a, live: list) -> None:
         """Timed rounds of the eager items: round-robin, order rotated per round."""
@@ -1077,6 +1100,7 @@ class Bench:
                 run["round"] = r
                 it.runs.append(run)
                 self._keep_bits(sec, it, out)
+            self.save()
 
     def _fail(self, it: Item, e: Exception) -> None:
         self.failed += 1

@@ -238,3 +238,26 @@ def test_a_residual_chain_settles_one_scale_per_generation(monkeypatch):
     n = len(captures)
     once()
     assert len(captures) == n
+
+
+@pytest.mark.integration
+def test_a_kill_keeps_every_finished_round_of_the_section_in_flight(tmp_path, monkeypatch):
+    """`timeout` sends SIGTERM (the bench raises SystemExit) in the second timed round of the batch-1 eager
+    methods: the JSON on disk already has that section's rows from its first round, marked in flight, besides
+    every finished section; the run's status says where it stopped."""
+    real_gen = db.Bench.generate
+
+    def generate(self, role, batch, it):
+        if self.record["sections"][-1]["title"] == "2b b1: methods eager" and it.method == "nova" and it.runs:
+            raise SystemExit("signal 15 (time limit?)")
+        return real_gen(self, role, batch, it)
+
+    monkeypatch.setattr(db.Bench, "generate", generate)
+    with pytest.raises(SystemExit):
+        db.main(["--smoke", "--models", "2b", "--batches", "1", "--out", str(tmp_path), "--budget-s", "600", "--repeats", "3"])
+    rec = json.loads((tmp_path / "device_bench.json").read_text())
+    assert rec["status"].startswith("stopped during section 4")
+    assert _rows(rec, section="2b b1: baseline eager vs graphed", method="baseline", mode="eager")[0]["repeats"] == 3
+    cut = _rows(rec, section="2b b1: methods eager")
+    assert cut and all(r["status"].startswith("in flight at the last save") for r in cut)
+    assert {r["method"]: r["repeats"] for r in cut}["baseline"] >= 1 and {r["method"]: r["repeats"] for r in cut}["nova"] == 1
