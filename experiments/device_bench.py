@@ -929,15 +929,10 @@ class Bench:
         self.record["sections"].append(entry)
         self.log(f"section {k}: {sec.title} ({self.left():.0f}s left)")
         self.clear_graphs()
-        if sec.kind == "bitcheck" and not self.cuda:
-            entry["status"] = "skipped: no CUDA"
+        if sec.kind == "bitcheck" and self._skip_reason("graphed"):   # no CUDA, or no cuda_graphs option
+            entry["status"] = self._skip_reason("graphed")
             for m in sec.items:
-                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch, "result": "skipped: no CUDA"})
-        elif sec.kind == "bitcheck" and not self.graphs_ok:
-            entry["status"] = "skipped: the runtime has no cuda_graphs option"
-            for m in sec.items:
-                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch,
-                                                 "result": "skipped: the runtime has no cuda_graphs option"})
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch, "result": entry["status"]})
         else:
             runnable = [i for i in sec.items if sec.kind == "bitcheck" or self._skip_reason(i[1]) is None]
             if runnable and not self.ensure_model(sec.role):
@@ -1144,9 +1139,15 @@ class Bench:
                 fallbacks = []
                 for md in missing:
                     it = Item(m, md)
-                    for _ in range(2 if md == "graphed" else 1):  # graphed: 1st call eager, 2nd captured + replayed
-                        run, out = self.generate(sec.role, sec.batch, it)
-                    have[md] = [None if b is None else b.detach() for b in out.bits]
+                    last = []
+
+                    def once():
+                        last[:] = [self.generate(sec.role, sec.batch, it)[1]]
+                    if md == "graphed":   # the bits of a call that only replayed (nothing newly run or captured)
+                        warm_until_settled(once, lambda: self._graph_keys(it), 2, max(self.a.max_graph_warmup, 2))
+                    else:
+                        once()
+                    have[md] = [None if b is None else b.detach() for b in last[0].bits]
                     fallbacks += [fb for fb in it.fallbacks if fb not in fallbacks]
                 self._bitcheck_entry(sec.role, m, sec.batch, have["eager"], have["graphed"],
                                      "stored timed runs" if not missing else f"generated here: {missing}")
@@ -1197,6 +1198,10 @@ class Bench:
                "fallbacks": list(it.fallbacks), "warmups": it.warmups}
         if it.mode == "graphed":
             row.update(graphs_settled=it.settled, timed_captures=it.timed_captures)
+            if it.timed_captures:   # a "graphed" time that includes captures is not the method's
+                row["status"] = f"CAPTURED WHILE TIMED ({it.timed_captures} step keys): {row['status']}"
+                row["check"] = "FAIL"
+                self.failed += 1
         if it.fallbacks:   # never a silent fallback: the row says so and fails (exit status 1)
             knobs = ", ".join(dict.fromkeys(fb.get("knob", "?") for fb in it.fallbacks))
             row["status"] = f"FELL BACK ({knobs}): {it.status}"

@@ -178,6 +178,8 @@ def test_graphed_items_warm_up_until_settled_each_on_its_own_graphs(tmp_path, mo
         assert r["status"] == "ok" and r["graphs_settled"] is True and r["timed_captures"] == 0, r
         assert r["warmups"] >= 2 and r["repeats"] == 2
     assert sum(n for _, n in in_timed) == 0, in_timed
+    checks = [b for b in rec["bitchecks"] if b["model"] == "2b" and b["batch"] == 1]   # graphed (emulated) == eager bits
+    assert checks and all(b["result"] == "equal" for b in checks), checks
     print({r["method"]: r["warmups"] for r in graphed})
 
 
