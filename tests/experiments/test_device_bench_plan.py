@@ -263,3 +263,26 @@ def test_a_kill_keeps_every_finished_round_of_the_section_in_flight(tmp_path, mo
     cut = _rows(rec, section="2b b1: methods eager")
     assert cut and all(r["status"].startswith("in flight at the last save") for r in cut)
     assert {r["method"]: r["repeats"] for r in cut}["baseline"] >= 1 and {r["method"]: r["repeats"] for r in cut}["nova"] == 1
+
+
+@pytest.mark.integration
+def test_the_device_command_runs_tests_then_the_bench_within_its_limit(tmp_path):
+    """scripts/device_check.sh on the CPU (`--smoke`): the named gpu test files first (they skip here), then the
+    bench with what is left of LIMIT_S less 20 s for the report; both outputs land in $OUT."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "LIMIT_S": "200", "TESTS_S": "60",
+           "WHEELS": str(tmp_path / "none"), "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(["bash", "scripts/device_check.sh", "--smoke", "--models", "2b", "--batches", "1"], cwd=db.ROOT,
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    log = (tmp_path / "device_check.log").read_text()
+    assert re.search(r"gpu tests: exit [05]: .*skipped", log), log
+    budget = int(re.search(r"bench budget (\d+)s", log).group(1))
+    assert 150 <= budget <= 180   # 200 - 20 - the install and the tests' seconds
+    rec = json.loads((tmp_path / "device_bench.json").read_text())
+    assert rec["status"] == "done" and rec["config"]["budget_s"] == budget and rec["plan"]
+    assert log.index("gpu tests:") < log.index("bench budget")
