@@ -93,12 +93,20 @@ call reaches a patched function, the share is reported as not measured, never gu
 Order and budget (`--budget-s`, default 430 s for this script; the shell wrapper adds the install):
   1 2B b1 baseline eager vs graphed   2 2B b1 methods graphed (+ entropy-off)   3 2B b1 bit check
   4 8B b1 baseline eager vs graphed   5 8B b1 methods graphed (+ entropy-off)   6 8B b1 bit check
-  7 8B b8 baseline graphed            8 2B b8 baseline graphed                  9 2B b8 methods graphed
-  10 8B b8 methods graphed            11 HART-0.7B b1 methods eager
+  7 HART-0.7B b1 methods eager        8 2B b8 baseline graphed                  9 2B b8 methods graphed
+  10 8B b8 baseline graphed           11 8B b8 methods graphed
   12.. the rest: methods eager (b1, b8), b8 eager baselines, b8 bit checks
-Each section starts by dropping the runtimes' captured graphs (`clear_graphs`), so memory stays bounded
-and peak memory belongs to the section; graphed items warm up at least twice (the runtime runs a step's
-first sighting eagerly and captures the second). Before every generation the script projects what the
+Before the run the plan is printed and recorded ("plan") with an estimate per section from analytic FLOPs
+(`estimate_section_s`: the baseline's FLOPs at an assumed MFU, eager launches on top) and without the
+configurations whose predicted peak (the fake-CUDA dry run, `fit_reason`) exceeds the device's memory: those
+get a row saying so (e.g. 8B NOVA at batch 8). `--plan-only` prints that plan and stops (no model is built).
+Each section starts by dropping the runtimes' captured graphs (`clear_graphs`), and graphed items are timed
+method by method, each on freshly cleared graphs (one method's captured steps and residuals never sit in
+memory while another runs; rounds are then paired by index, not interleaved); a graphed item warms up until a
+generation captures nothing new (`warm_until_settled`, at most `--max-graph-warmup`), so its timed rounds
+only replay; a row records captures seen during its timed rounds (`timed_captures`, 0 when settled) and
+every fallback the runtime took (`fallbacks`: a row that fell back says so and fails the run). Before every
+generation the script projects what the
 item (and the section's timed rounds) still need from the times measured so far; what would not fit is
 skipped and listed as "skipped: time budget". Elapsed time is printed per section. Models are swapped
 (freed, rebuilt) when a section needs the other one; a build takes seconds. A failure (e.g. out of
@@ -289,6 +297,10 @@ def random_text(cfg, batch: int, length: int, device: torch.device, seed: int):
 
 
 PREDICTED = ROOT / "results" / "curated" / "gpu_dryrun.json"
+#: the share of the device's memory a configuration's predicted peak may use: the prediction is the eager
+#: generation's allocations; the CUDA context, the caching allocator's rounding and fragmentation and the
+#: captured graphs' pool come on top
+MEMORY_HEADROOM = 0.92
 
 
 @functools.lru_cache(maxsize=1)
@@ -299,6 +311,130 @@ def predicted_peaks() -> dict:
         return {}
     rows = json.loads(PREDICTED.read_text())["rows"]
     return {(r["model"], r["method"], r["batch"]): r["peak_bytes"] for r in rows if r.get("status") == "ok"}
+
+
+def warm_until_settled(generate_once, keys, least: int, most: int) -> tuple[int, bool]:
+    """Graphed warm-up: call `generate_once()` until a call adds no step key (`keys()`, e.g.
+    `varbench.engine.graphs.graph_keys`: nothing newly run eagerly for the first time, nothing newly
+    captured), at least `least` and at most `most` calls. Returns (calls, settled). A fixed count would
+    leave captures (each ~0.05-0.2 s on a GPU) inside the timed rounds of a method whose steps settle one
+    per generation (NOVA's residual chain: ~9 generations on the 1M schedule)."""
+    n = 0
+    while n < most:
+        before = keys()
+        generate_once()
+        n += 1
+        if n >= least and keys() == before:
+            return n, True
+    return n, False
+
+
+def fit_reason(model_preset: str, method: str, batch: int, device_bytes: Optional[int],
+               headroom: float = MEMORY_HEADROOM) -> Optional[str]:
+    """Why (model, method, batch) is not planned: its predicted peak (the fake-CUDA dry run,
+    `predicted_peaks`) exceeds `headroom` x the device's memory; None when it fits, when no device size
+    is known (a CPU run) or when nothing predicts it (then it runs, and an OOM is recorded as a failure)."""
+    if not device_bytes:
+        return None
+    pred = predicted_peaks().get((model_preset, method, batch))
+    if pred is None or pred <= headroom * device_bytes:
+        return None
+    return (f"skipped: predicted peak {pred / GIB:.1f} GiB > {headroom:.0%} of the device's {device_bytes / GIB:.0f} GiB "
+            f"(fake-CUDA dry run, results/curated/gpu_dryrun.json)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the plan's estimates (before anything is measured)
+#: what the estimates assume: an H100/H200 SXM's dense bf16 peak, the share of it the AR loop reaches (model
+#: FLOPs utilisation; the 2B target of 0.25 s at batch 1 is ~0.35), and an eager op's host cost (~40 ops per
+#: block per scale). They order and cut the plan; the run measures and re-plans from its own times.
+PEAK_TFLOPS = 989.0
+ASSUMED_MFU = 0.35
+EAGER_OPS_PER_BLOCK = 40
+EAGER_OP_S = 6e-6
+#: graphed warm-ups the estimate assumes per item (the run warms up until nothing is newly captured)
+SETTLE_GUESS = 3
+#: the VAE decode and the text side on top of the transformer's FLOPs (the decoder is ~8.6% of the 2B baseline)
+DECODE_SHARE = 0.10
+
+
+def analytic_flops(spec: ModelSpec, batch: int, text_len: int) -> float:
+    """The baseline's transformer FLOPs of one generation of `batch` images (CFG rows), from its plans
+    alone (`plan_trace`; HART: `hart_plan_flops`). A method does less: an upper bound for its items."""
+    from varbench.engine.plan import ScalePlan
+
+    if spec.hart:
+        from varbench.engine.backbones.hart.flops import hart_plan_flops
+
+        return float(hart_plan_flops(spec.cfg, [ScalePlan()] * len(spec.cfg.patch_nums), batch)["total"])
+    from varbench.engine.backbones.infinity.flops import scale_flops, text_flops
+    from varbench.engine.backbones.infinity.schedules import scale_schedule
+    from varbench.engine.flops import plan_trace
+
+    text_len = min(text_len, spec.cfg.text_maxlen)   # as `random_text` caps it
+    sched = scale_schedule(1.0, spec.pn)
+    trace = plan_trace(sched, [ScalePlan()] * len(sched), spec.cfg.depth, batch, True,
+                       {2 * batch: 2 * batch * text_len, batch: batch * text_len})
+    return text_flops(spec.cfg, 2 * batch * text_len, 2 * batch) + sum(scale_flops(spec.cfg, tr) for tr in trace)
+
+
+def estimate_gen_s(spec: ModelSpec, batch: int, mode: str, text_len: int = 30, tflops: float = PEAK_TFLOPS,
+                   mfu: float = ASSUMED_MFU) -> float:
+    """Seconds of one generation: analytic FLOPs at `mfu` of `tflops`, plus the eager launches (graphed: none)."""
+    compute = analytic_flops(spec, batch, text_len) * (1 + DECODE_SHARE) / (tflops * 1e12 * mfu)
+    n_scales = len(spec.cfg.patch_nums) if spec.hart else len(Bench._schedule(spec))
+    launches = 0.0 if mode == "graphed" else n_scales * spec.cfg.depth * EAGER_OPS_PER_BLOCK * EAGER_OP_S
+    return compute + launches
+
+
+def estimate_section_s(sec: "Section", spec: ModelSpec, warmup: int, repeats: int, text_len: int = 30,
+                       tflops: float = PEAK_TFLOPS, mfu: float = ASSUMED_MFU) -> float:
+    """The section's seconds from `estimate_gen_s`: per timed item its warm-ups (graphed: `SETTLE_GUESS`
+    at least) and rounds, plus the entropy recording; per bit-checked method one eager and two graphed calls."""
+    gen = functools.partial(estimate_gen_s, spec, sec.batch, text_len=text_len, tflops=tflops, mfu=mfu)
+    if sec.kind == "bitcheck":
+        return sum(gen("eager") + 2 * gen("graphed") for _ in sec.items)
+    reps = sec.repeats or repeats
+    total = 0.0
+    for it in sec.items:
+        mode = it[1]
+        warm = max(warmup, SETTLE_GUESS) if mode == "graphed" else warmup
+        total += (warm + reps) * gen(mode) + (gen("eager") if len(it) > 2 else 0.0)
+    return total
+
+
+def plan_budget(sections: list, specs: dict, a, device_bytes: Optional[int]) -> list[dict]:
+    """The plan as the run will meet it: per section its items that fit the device's memory (`fit_reason`;
+    the others listed with the reason), its estimated seconds (`estimate_section_s`, plus a model build
+    when the role changes) and the running total against `a.budget_s`."""
+    out, cum, loaded = [], 0.0, None
+    for k, sec in enumerate(sections, 1):
+        spec = specs[sec.role]
+        skipped = {}
+        for it in sec.items:
+            method = it if isinstance(it, str) else it[0]
+            why = fit_reason(spec.preset, method, sec.batch, device_bytes)
+            if why:
+                skipped[method] = why
+        kept = [it for it in sec.items if (it if isinstance(it, str) else it[0]) not in skipped]
+        est = estimate_section_s(dataclasses.replace(sec, items=kept), spec, a.warmup, a.repeats, a.text_len) if kept else 0.0
+        if kept and loaded != sec.role:
+            est += 2.0 if a.smoke else BUILD_GUESS_S[sec.role]
+            loaded = sec.role
+        cum += est
+        out.append({"section": k, "title": sec.title, "estimate_s": round(est, 1), "cumulative_s": round(cum, 1),
+                    "within_budget": cum <= a.budget_s, "not_planned": skipped})
+    return out
+
+
+def render_plan(plan: list[dict], budget_s: float) -> str:
+    lines = [f"plan (estimates from analytic FLOPs at {ASSUMED_MFU:.0%} of {PEAK_TFLOPS:.0f} TFLOP/s; budget {budget_s:.0f}s):"]
+    for p in plan:
+        mark = "" if p["within_budget"] else "  [over budget: runs only if measured times allow]"
+        lines.append(f"  {p['section']:2d} {p['title']:45s} ~{p['estimate_s']:6.1f}s  (total ~{p['cumulative_s']:6.1f}s){mark}")
+        for m, why in p["not_planned"].items():
+            lines.append(f"       {m}: {why}")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -473,6 +609,10 @@ class Item:
     flops: Optional[float] = None
     policy_stats: Any = None
     replay_calls: list = dataclasses.field(default_factory=list)
+    fallbacks: list = dataclasses.field(default_factory=list)   # the runtime's fallbacks in force during its calls
+    warmups: int = 0                                             # warm-up calls made
+    settled: Optional[bool] = None                               # graphed: a warm-up call captured nothing new
+    timed_captures: int = 0                                      # step keys first met during timed rounds
 
     @property
     def name(self) -> str:
@@ -512,14 +652,13 @@ def plan_sections(roles: list[str], batches: list[int], hart_repeats: Optional[i
         S.append(Section(f"{role} b{b1}: baseline eager vs graphed", role, b1, [("baseline", "eager"), ("baseline", "graphed")]))
         S.append(Section(f"{role} b{b1}: methods graphed", role, b1, methods(role, "graphed", True)))
         S.append(Section(f"{role} b{b1}: bit check eager vs graphed", role, b1, METHODS[role], "bitcheck"))
-    if bn != b1:
-        for role in reversed(roles):  # the model still loaded first
-            S.append(Section(f"{role} b{bn}: baseline graphed", role, bn, [("baseline", "graphed")]))
-        for role in roles:
-            S.append(Section(f"{role} b{bn}: methods graphed", role, bn, methods(role, "graphed", False)))
-    if hart:
+    if hart:   # before batch 8: a model of its own, and the only HART numbers
         S.append(Section(f"hart b{b1}: methods eager", "hart", b1, [(m, "eager") for m in METHODS["hart"]],
                          repeats=hart_repeats))
+    if bn != b1:
+        for role in roles:   # one model build per role
+            S.append(Section(f"{role} b{bn}: baseline graphed", role, bn, [("baseline", "graphed")]))
+            S.append(Section(f"{role} b{bn}: methods graphed", role, bn, methods(role, "graphed", False)))
     # the rest
     for role in roles:
         S.append(Section(f"{role} b{b1}: methods eager", role, b1, methods(role, "eager", True)))
@@ -542,6 +681,8 @@ class Bench:
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.hart_dtype = torch.float16 if self.cuda else torch.float32   # the release's autocast dtype on CUDA
         self.specs = model_specs(a.smoke, a.pn)
+        self.device_bytes = (int(a.device_memory_gib * GIB) if a.device_memory_gib else
+                             torch.cuda.get_device_properties(self.device).total_memory if self.cuda else None)
         self.graphs_ok = runtime_accepts_cuda_graphs()
         self.patch = EntropyPatch(a.entropy_fn)
         a.entropy_fn = ",".join(self.patch.names) or a.entropy_fn
@@ -556,6 +697,7 @@ class Bench:
         self.policies: dict[tuple, Any] = {}         # (role, preset) -> policy
         self.methods = role_methods(a.smoke)         # role -> method presets
         self.failed = 0
+        self.inflight: Optional[tuple] = None        # (section, items) being timed: saved as provisional rows
         self.record: dict[str, Any] = {
             "schema": SCHEMA, "status": "running", "smoke": bool(a.smoke), "note": RANDOM_NOTE,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -610,9 +752,28 @@ class Bench:
                 "cpu_count": prov.get("cpu_count"), "torch_threads": torch.get_num_threads(), "provenance": prov}
 
     def save(self) -> None:
+        """Rewrite the JSON and markdown (atomically): after every section, every graphed item and every
+        round of the eager items, with the section in flight as provisional rows."""
+        self.record["elapsed_s"] = round(self.elapsed(), 2)
+        rows, entropy, failed = self.record["rows"], self.record["entropy"], self.failed
+        if self.inflight is not None:   # the section being timed, as far as it got: a kill loses only the item in flight
+            self.record["rows"], self.record["entropy"] = list(rows), list(entropy)
+            n = len(self.record["rows"])
+            try:
+                self._rows(*self.inflight)
+            except Exception as e:  # noqa: BLE001 - reporting must never cost the measurements
+                self.log(f"provisional rows failed: {type(e).__name__}: {e}")
+            for row in self.record["rows"][n:]:
+                row["status"] = f"in flight at the last save: {row['status']}"
+            self.failed = failed
+        try:
+            self._write()
+        finally:
+            self.record["rows"], self.record["entropy"] = rows, entropy
+
+    def _write(self) -> None:
         from varbench.core.jsonio import atomic_write_bytes
 
-        self.record["elapsed_s"] = round(self.elapsed(), 2)
         try:  # reporting must never cost the measurements
             self.record["targets"] = self.targets()
         except Exception as e:  # noqa: BLE001
@@ -723,12 +884,26 @@ class Bench:
         wall = time.perf_counter() - t
         if it.variant == ENTROPY_OFF:
             it.replay_calls.append(self.patch.last_calls)
+        self._note_fallbacks(rt, it)
         tm = out.timings_ms
         run = {"ar": tm["ar"], "text": tm["text"], "decode": tm["decode"], "e2e": tm["text"] + tm["ar"] + tm["decode"],
                "per_scale": list(tm["per_scale"]), "wall": wall * 1e3, "flops": float(out.flops["total"]),
                "peak_bytes": torch.cuda.max_memory_allocated(self.device) if self.cuda else None}
         self.walls[(role, batch, it.mode, it.name)] = wall
         return run, out
+
+    @staticmethod
+    def _note_fallbacks(rt, it: Item) -> None:
+        """Add to the item the runtime's fallbacks in force after its call (`rt.fallbacks`: a GPU feature
+        that failed and was turned off, e.g. a refused capture or a Triton kernel that would not run). A
+        fallback stays in force for the runtime's later calls, so every item timed after it carries it:
+        its numbers are not the method's as configured. An eager item ignores the graph fallback (it
+        never asked for graphs)."""
+        for fb in getattr(rt, "fallbacks", []):
+            if it.mode == "eager" and fb.get("knob", "").startswith("runtime.cuda_graphs"):
+                continue
+            if fb not in it.fallbacks:
+                it.fallbacks.append(dict(fb))
 
     def guess_s(self, role: str, batch: int, mode: str, name: str) -> float:
         """Seconds one call of this item is expected to take, from what has been measured so far."""
@@ -754,15 +929,10 @@ class Bench:
         self.record["sections"].append(entry)
         self.log(f"section {k}: {sec.title} ({self.left():.0f}s left)")
         self.clear_graphs()
-        if sec.kind == "bitcheck" and not self.cuda:
-            entry["status"] = "skipped: no CUDA"
+        if sec.kind == "bitcheck" and self._skip_reason("graphed"):   # no CUDA, or no cuda_graphs option
+            entry["status"] = self._skip_reason("graphed")
             for m in sec.items:
-                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch, "result": "skipped: no CUDA"})
-        elif sec.kind == "bitcheck" and not self.graphs_ok:
-            entry["status"] = "skipped: the runtime has no cuda_graphs option"
-            for m in sec.items:
-                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch,
-                                                 "result": "skipped: the runtime has no cuda_graphs option"})
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch, "result": entry["status"]})
         else:
             runnable = [i for i in sec.items if sec.kind == "bitcheck" or self._skip_reason(i[1]) is None]
             if runnable and not self.ensure_model(sec.role):
@@ -814,9 +984,10 @@ class Bench:
         if sec.repeats:   # a section's own round count (HART's)
             a = argparse.Namespace(**{**vars(a), "repeats": sec.repeats})
         items = [Item(*spec) for spec in sec.items]
+        self.inflight = (sec, items)
         live: list[Item] = []
         for it in items:
-            why = self._skip_reason(it.mode)
+            why = self._skip_reason(it.mode) or fit_reason(self.specs[sec.role].preset, it.method, sec.batch, self.device_bytes)
             if why is None and it.variant == ENTROPY_OFF:
                 need = self.guess_s(sec.role, sec.batch, "eager", TOPROVAR)
                 if not self.fits(need * (a.warmup + a.repeats + 1)):
@@ -836,16 +1007,75 @@ class Bench:
             if why is not None:
                 it.status = why
                 continue
+            if it.mode == "graphed":   # warmed up and timed on its own graphs, below
+                it.status = "ok"
+                continue
             try:
-                # graphed: the runtime runs a step eagerly first and captures it the second time
-                for _ in range(max(a.warmup, 2) if it.mode == "graphed" else a.warmup):
+                for _ in range(a.warmup):
                     run, out = self.generate(sec.role, sec.batch, it)
                     it.warm_walls.append(run["wall"])
+                it.warmups = a.warmup
                 it.status = "ok"
                 live.append(it)
             except Exception as e:  # noqa: BLE001 - record, go on with the other items
                 self._fail(it, e)
-        # timed rounds (round-robin, order rotated per round)
+        self._round_robin(sec, a, live)
+        for it in items:
+            if it.mode == "graphed" and it.status == "ok":
+                self._graphed_item(sec, a, it)
+        self.inflight = None
+        for it in items:
+            if it.status == "ok" and len(it.runs) < a.repeats:
+                it.status = f"ok ({len(it.runs)} of {a.repeats} repeats: time budget)"
+        self._rows(sec, items)
+        for row in self.record["rows"][-len(items):]:
+            self.log(row_line(row))
+        # eager vs graphed of the same method in this section: a bit check for free
+        for m in dict.fromkeys(i.method for i in items if not i.variant):
+            e, g = (self.bits.get((sec.role, sec.batch, md, m)) for md in ("eager", "graphed"))
+            if e is not None and g is not None and any(i.method == m and i.runs for i in items if i.mode == "eager") \
+                    and any(i.method == m and i.runs for i in items if i.mode == "graphed"):
+                self._bitcheck_entry(sec.role, m, sec.batch, e, g, "timed runs of this section")
+
+    def _graph_keys(self, it: Item) -> int:
+        from varbench.engine.graphs import graph_keys
+
+        return graph_keys(self.rt_off if it.variant == ENTROPY_OFF else self.rt)
+
+    def _graphed_item(self, sec: Section, a, it: Item) -> None:
+        """One graphed item on freshly cleared graphs: warm up until a call captures nothing new, then its
+        rounds; the graphs are dropped again after it (the next method starts from none)."""
+        self.clear_graphs()
+        guess = self.guess_s(sec.role, sec.batch, it.mode, it.name)
+        if not self.fits(guess * (max(a.warmup, 2) + a.repeats)):
+            it.status = f"skipped: time budget (needs ~{guess * (max(a.warmup, 2) + a.repeats):.0f}s, {self.left():.0f}s left)"
+            return
+        try:
+            def once():
+                run, _ = self.generate(sec.role, sec.batch, it)
+                it.warm_walls.append(run["wall"])
+            # at least 2: the runtime runs a step eagerly first and captures it the second time
+            it.warmups, it.settled = warm_until_settled(once, lambda: self._graph_keys(it), max(a.warmup, 2),
+                                                        max(a.max_graph_warmup, 2))
+            if not it.settled:
+                it.status = f"ok (graphs not settled after {it.warmups} warm-ups: timed rounds include captures)"
+            for r in range(a.repeats):
+                if not self.fits(self.guess_s(sec.role, sec.batch, it.mode, it.name)):
+                    break
+                before = self._graph_keys(it)
+                run, out = self.generate(sec.role, sec.batch, it)
+                it.timed_captures += self._graph_keys(it) - before
+                run["round"] = r
+                it.runs.append(run)
+                self._keep_bits(sec, it, out)
+        except Exception as e:  # noqa: BLE001
+            self._fail(it, e)
+        finally:
+            self.clear_graphs()
+            self.save()
+
+    def _round_robin(self, sec: Section, a, live: list) -> None:
+        """Timed rounds of the eager items: round-robin, order rotated per round."""
         for r in range(a.repeats):
             if not live:
                 break
@@ -865,18 +1095,7 @@ class Bench:
                 run["round"] = r
                 it.runs.append(run)
                 self._keep_bits(sec, it, out)
-        for it in items:
-            if it.status == "ok" and len(it.runs) < a.repeats:
-                it.status = f"ok ({len(it.runs)} of {a.repeats} repeats: time budget)"
-        self._rows(sec, items)
-        for row in self.record["rows"][-len(items):]:
-            self.log(row_line(row))
-        # eager vs graphed of the same method in this section: a bit check for free
-        for m in dict.fromkeys(i.method for i in items if not i.variant):
-            e, g = (self.bits.get((sec.role, sec.batch, md, m)) for md in ("eager", "graphed"))
-            if e is not None and g is not None and any(i.method == m and i.runs for i in items if i.mode == "eager") \
-                    and any(i.method == m and i.runs for i in items if i.mode == "graphed"):
-                self._bitcheck_entry(sec.role, m, sec.batch, e, g, "timed runs of this section")
+            self.save()
 
     def _fail(self, it: Item, e: Exception) -> None:
         self.failed += 1
@@ -904,6 +1123,11 @@ class Bench:
     def bitcheck(self, sec: Section) -> None:
         """Eager vs graphed bits per method (same seeds); generates whichever side is not stored yet."""
         for m in sec.items:
+            why = fit_reason(self.specs[sec.role].preset, m, sec.batch, self.device_bytes)
+            if why:
+                self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch, "result": why})
+                continue
+            self.clear_graphs()   # each method on its own graphs
             have = {md: self.bits.get((sec.role, sec.batch, md, m)) for md in ("eager", "graphed")}
             missing = [md for md, b in have.items() if b is None]
             need = sum(self.guess_s(sec.role, sec.batch, md, m) * (2 if md == "graphed" else 1) for md in missing)
@@ -912,13 +1136,24 @@ class Bench:
                                                  "result": "skipped: time budget"})
                 continue
             try:
+                fallbacks = []
                 for md in missing:
                     it = Item(m, md)
-                    for _ in range(2 if md == "graphed" else 1):  # graphed: 1st call eager, 2nd captured + replayed
-                        run, out = self.generate(sec.role, sec.batch, it)
-                    have[md] = [None if b is None else b.detach() for b in out.bits]
+                    last = []
+
+                    def once():
+                        last[:] = [self.generate(sec.role, sec.batch, it)[1]]
+                    if md == "graphed":   # the bits of a call that only replayed (nothing newly run or captured)
+                        warm_until_settled(once, lambda: self._graph_keys(it), 2, max(self.a.max_graph_warmup, 2))
+                    else:
+                        once()
+                    have[md] = [None if b is None else b.detach() for b in last[0].bits]
+                    fallbacks += [fb for fb in it.fallbacks if fb not in fallbacks]
                 self._bitcheck_entry(sec.role, m, sec.batch, have["eager"], have["graphed"],
                                      "stored timed runs" if not missing else f"generated here: {missing}")
+                if fallbacks:   # "graphed" bits that ran eagerly prove nothing
+                    self.failed += 1
+                    self.record["bitchecks"][-1].update(fallbacks=fallbacks, result="FELL BACK: " + self.record["bitchecks"][-1]["result"])
             except Exception as e:  # noqa: BLE001
                 self.failed += 1
                 self.record["bitchecks"].append({"model": sec.role, "method": m, "batch": sec.batch,
@@ -959,7 +1194,19 @@ class Bench:
 
     def _row(self, sec: Section, it: Item, ref: Optional[Item], items: list[Item]) -> dict:
         row = {"model": sec.role, "model_label": self.specs[sec.role].label, "method": it.name, "preset": it.method,
-               "batch": sec.batch, "mode": it.mode, "section": sec.title, "status": it.status, "repeats": len(it.runs)}
+               "batch": sec.batch, "mode": it.mode, "section": sec.title, "status": it.status, "repeats": len(it.runs),
+               "fallbacks": list(it.fallbacks), "warmups": it.warmups}
+        if it.mode == "graphed":
+            row.update(graphs_settled=it.settled, timed_captures=it.timed_captures)
+            if it.timed_captures:   # a "graphed" time that includes captures is not the method's
+                row["status"] = f"CAPTURED WHILE TIMED ({it.timed_captures} step keys): {row['status']}"
+                row["check"] = "FAIL"
+                self.failed += 1
+        if it.fallbacks:   # never a silent fallback: the row says so and fails (exit status 1)
+            knobs = ", ".join(dict.fromkeys(fb.get("knob", "?") for fb in it.fallbacks))
+            row["status"] = f"FELL BACK ({knobs}): {it.status}"
+            row["check"] = "FAIL"
+            self.failed += 1
         if not it.runs:
             return row
         col = lambda k: [r[k] for r in it.runs]  # noqa: E731
@@ -1105,6 +1352,8 @@ class Bench:
                                  self.a.hart_repeats, self.methods)
         self.log(f"{len(sections)} sections on {self.record['env']['gpu'] or self.device}; budget {self.a.budget_s:.0f}s; "
                  f"runtime cuda_graphs option: {self.graphs_ok}")
+        self.record["plan"] = plan_budget(sections, self.specs, self.a, self.device_bytes)
+        print(render_plan(self.record["plan"], self.a.budget_s), flush=True)
         self.save()
 
         def on_term(signum, frame):  # `timeout` sends SIGTERM: leave a JSON that says so
@@ -1243,6 +1492,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hart-repeats", type=int, default=None, help="timed rounds of the HART section (default 15; smoke 2)")
     p.add_argument("--budget-s", type=float, default=None, help="wall budget of this script (default 430; smoke 120)")
     p.add_argument("--reserve-s", type=float, default=None, help="kept free at the end (default 8; smoke 1)")
+    p.add_argument("--device-memory-gib", type=float, default=None,
+                   help="the device's memory for the fit check (default: the CUDA device's; none on the CPU)")
+    p.add_argument("--max-graph-warmup", type=int, default=16,
+                   help="most warm-up calls of a graphed item while steps are still newly captured")
+    p.add_argument("--plan-only", action="store_true",
+                   help="print the plan (sections, estimates, what does not fit) and stop; builds no model")
     p.add_argument("--pn", default=None, help="resolution preset (default 1M; smoke 0.06M)")
     p.add_argument("--cfg", type=float, default=4.0)
     p.add_argument("--text-len", type=int, default=30)
@@ -1323,6 +1578,14 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.job:
         return run_through_job(a.model_list, Path(a.out), a.smoke, a.override)
+    if a.plan_only:
+        specs = model_specs(a.smoke, a.pn)
+        roles = [r for r in (*INFINITY_ROLES, "hart") if r in a.model_list]
+        sections = plan_sections(roles, a.batch_list, a.hart_repeats, role_methods(a.smoke))
+        dev = int(a.device_memory_gib * GIB) if a.device_memory_gib else (
+            torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None)
+        print(render_plan(plan_budget(sections, specs, a, dev), a.budget_s))
+        return 0
     old = torch.get_num_threads()
     if a.threads:  # tiny CPU models: one thread is fastest (and steady on a shared box); restored after
         torch.set_num_threads(a.threads)

@@ -4,8 +4,9 @@
 # SkipLast(-2), ~20-40 s of the budget): experiments/device_bench.py (what and how: its docstring). Run from the repo root on the lent
 # H200, e.g. with the run tool:
 #   command: bash scripts/device_bench.sh      carry: [".wheelhouse"]      timeout_s: 540
-# (or carry ".whl": whichever folder ../shared/tools/device-wheelhouse.sh filled; only omegaconf and its
-# antlr4 runtime are used here, and without them the presets are read with PyYAML, same result).
+# (or carry ".whl": whichever folder ../shared/tools/device-wheelhouse.sh or `scripts/device_check.sh
+# --wheelhouse` filled; the wheels are required: `varbench/__init__` imports omegaconf). For the first run on
+# a lent device use scripts/device_check.sh: the gpu tests first, then this bench, in one command that fits.
 # Outputs: device_bench.json, device_bench.md and device_bench.log in $OUT when set (the run tool's
 # returned folder), else results/curated/. The JSON and markdown are rewritten after every section, so a
 # time-out keeps what finished. Whole run < 8 minutes: install (~10 s) + the script's own budget
@@ -34,7 +35,7 @@ if ! "$PY" -c "import omegaconf" 2>/dev/null; then
       break
     fi
   done
-  [ -z "$installed" ] && echo "no wheelhouse (.wheelhouse/ or .whl/): method presets read with PyYAML" | tee -a "$log"
+  [ -z "$installed" ] && echo "no wheelhouse (.wheelhouse/ or .whl/): varbench needs omegaconf; build one with bash scripts/device_check.sh --wheelhouse .whl" | tee -a "$log"
 fi
 # the package itself, editable, no dependencies (offline: no build isolation); the repo root on
 # PYTHONPATH covers an image whose pip cannot do it

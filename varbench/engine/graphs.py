@@ -177,3 +177,18 @@ class StepGraphs:
             buf.copy_(t)
             fields[name] = buf
         return dataclasses.replace(ap, **fields) if fields else ap
+
+
+def graph_keys(rt) -> int:
+    """How many step keys the runtime's kept generation states have met (run once eagerly, or captured):
+    it grows while graph mode is still warming up. A generation that adds none captured nothing and
+    will capture nothing the next time (same inputs): from then on a timed call only replays. A chain of
+    steps that read the previous step's residuals (NOVA) settles one step per generation, since a step
+    reading an eager step's residuals stays eager (`StepGraphs.key`) until that step is captured."""
+    total = 0
+    for state in getattr(rt, "_graph_states", {}).values():
+        g = getattr(state, "graphs", None)
+        if g is not None:
+            total += len(g.seen) + len(g.steps)
+    return total
+

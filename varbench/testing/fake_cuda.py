@@ -271,13 +271,19 @@ class _NoEvent:
         return 0.0
 
 
-_GEN_DEVICE = WeakIdKeyDictionary()   # stand-in generator -> the device it stands in for
+class _StandInGenerator(torch.Generator):
+    """A CPU generator tagged with the device it stands in for. A subclass carries the tag itself:
+    torch.Generator takes no attributes, and before torch 2.14 it cannot be weakly referenced, so a
+    side table keyed by the generator (WeakIdKeyDictionary) fails there and one keyed by id() would
+    have to keep every generator alive."""
+
+    stands_in_for: torch.device
 
 
 def _tagged_generator(device, seed):
-    g = torch.Generator()
+    g = _StandInGenerator()   # torch.Generator.__new__ takes the device only: set the rest afterwards
     g.manual_seed(int(seed))
-    _GEN_DEVICE[g] = torch.device(device)
+    g.stands_in_for = torch.device(device)
     return g
 
 
@@ -299,11 +305,12 @@ class _StandInDraws(TorchFunctionMode):
         if g is not None:
             t = next((a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), None)
             dev = t.device if t is not None else torch.device(kwargs.get("device") or "cpu")
-            gdev = _GEN_DEVICE.get(g, g.device)
+            stand_in = isinstance(g, _StandInGenerator)
+            gdev = g.stands_in_for if stand_in else g.device
             if not _same_device(dev, gdev):
                 name = getattr(func, "__name__", str(func))
                 raise DeviceMismatch(f"{name} on {dev} with a generator on {gdev}")
-            if g in _GEN_DEVICE:   # the fake kernels draw nothing; exponential_'s refs refuse a generator
+            if stand_in:   # the fake kernels draw nothing; exponential_'s refs refuse a generator
                 kwargs = {k: v for k, v in kwargs.items() if k != "generator"}
         return func(*args, **kwargs)
 
