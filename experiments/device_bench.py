@@ -846,10 +846,14 @@ class Bench:
 
     # ------------------------------------------------------------------ one generation
     def method(self, preset: str, role: str = "2b"):
-        """The preset as a job on the role's model resolves it (`varbench.harness.presets.resolve_method`)."""
+        """The preset as a job on the role's model resolves it (`varbench.harness.presets.resolve_method`).
+        The smoke run's Infinity roles are played by tiny models: their presets take the `tiny` per-model
+        blocks (a method whose knobs name 2B/8B blocks, e.g. SparseVAR's signal range, has one)."""
         from varbench.harness.presets import resolve_method
 
-        return resolve_method(preset, model=role_models(self.a.smoke)[role or "2b"])
+        role = role or "2b"
+        model = "tiny" if self.a.smoke and role in INFINITY_ROLES else role_models(self.a.smoke)[role]
+        return resolve_method(preset, model=model)
 
     def policy(self, preset: str, role: str = "2b"):
         """The method preset's policy on the role's model, built once."""
