@@ -3,7 +3,7 @@
 Method card
 -----------
 Source: the only public implementation, Weepingchestnut/Lvar @ f94b7ec (`models/sparsevar/`; the
-official Caesarhhh/SparseVAR is README-only). Our reading of it, line by line: /work/notes/sparsevar_release.md
+official Caesarhhh/SparseVAR is README-only). Its steps against the release, line by line: docs/methods.md ("SparseVAR")
 (kept with the integrator's notes) and the fixture README tests/fixtures/sparsevar_release/README.md.
 Changes, at every scale: the next scale's input is the summed codes AREA-resized to its grid (the VAE's
 `z_interplote_down`; Infinity's inference resizes trilinearly: `input_resize`). Then, from
