@@ -152,6 +152,54 @@ def run_case(golden, case: str, force: bool = True, **overrides) -> CaseRun:
                    rec["pooled"][0], rec["pool_attn"].reshape(rec["pooled"][0].shape), out.summed_codes, out.images, list(out.schedule))
 
 
+def unpack(d: dict) -> torch.Tensor:
+    """A release fixture's packed bool mask ``{"shape", "packed"}`` (numpy.packbits of the flattened mask)."""
+    import math
+
+    import numpy as np
+
+    shape = d["shape"]
+    return torch.from_numpy(np.unpackbits(d["packed"].numpy(), count=math.prod(shape)).reshape(shape).astype(bool))
+
+
+def release_forced_run(policy, ref_bits: list, case: str = "i_1M_cfg4_tau1", golden=None):
+    """`policy` on the golden tiny model's `case`, teacher-forced to a release fixture's bits (`ref_bits`: per
+    scale, the release's bits) as run_case is to the golden's: our bits are recorded, the release's fed
+    forward. Shared by the release-equivalence tests (ScaleKV, SparVAR, SparseVAR), whose fixtures ran the
+    release on this model and case. Returns (CaseRun, GenerationOutput); the CaseRun's pooled/image are None."""
+    import varbench.engine.backbones.infinity.state as rtmod
+
+    g, model, vae = golden or load_golden()
+    inp = g["cases"][case]["inputs"]
+    rec = {"ours": [], "guided": [], "expo": []}
+    orig = rtmod.sample_bits
+
+    def spy(guided, gens, top_k, top_p):
+        replay = torch.Generator()
+        replay.set_state(gens[0].get_state())
+        pairs = guided.reshape(-1, 2)
+        expo = torch.empty(pairs.shape, dtype=torch.float32).exponential_(1, generator=replay)
+        b = orig(guided, gens, top_k, top_p)
+        assert torch.equal(decide(pairs, expo, top_k, top_p), b.reshape(-1))
+        si = len(rec["ours"])
+        rec["ours"].append(b.reshape(-1).clone())
+        rec["guided"].append(pairs.clone())
+        rec["expo"].append(expo)
+        return ref_bits[si].to(b.dtype).view_as(b)
+
+    rtmod.sample_bits = spy
+    try:
+        rt = InfinityRuntime(model, vae, None, ca_bf16=CASES[case])
+        out = rt.generate(["<features given>"], [inp["g_seed"]], policy, h_div_w=inp["h_div_w"], pn=inp["pn"],
+                          cfg=inp["cfg_list"], tau=inp["tau_list"], top_k=inp["top_k"], top_p=inp["top_p"],
+                          text=text_batch(inp["text_kv_compact"]), decode=False)
+    finally:
+        rtmod.sample_bits = orig
+    run = CaseRun(rec["guided"], rec["ours"], [b.reshape(-1) for b in ref_bits], rec["expo"], inp["top_k"], inp["top_p"],
+                  None, None, out.summed_codes, None, list(out.schedule))
+    return run, out
+
+
 @dataclass
 class BitReport:
     bits: int          # bits compared (every bit of every scale)

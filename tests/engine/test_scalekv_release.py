@@ -26,12 +26,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from golden_parity import CaseRun, compare_bits, decide, load_golden, text_batch
-from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from golden_parity import compare_bits, load_golden, release_forced_run, unpack
 from varbench.engine.kv_cache import kv_cache_bytes, kv_staging_capacity
 from varbench.policies.scalekv import ScaleKV
 
@@ -55,11 +53,6 @@ def tiny_budget() -> dict:
             for n, mx, mn, dr in rows}
 
 
-def unpack(d: dict) -> torch.Tensor:
-    shape = d["shape"]
-    return torch.from_numpy(np.unpackbits(d["packed"].numpy(), count=math.prod(shape)).reshape(shape).astype(bool))
-
-
 @pytest.fixture(scope="module")
 def release():
     fx = torch.load(FIX, weights_only=True)
@@ -73,11 +66,7 @@ def release():
 def ours(release):
     """Our teacher-forced run: {(si, bi): (our positions, pooled scores, cache length)}, our bits and
     their sampler inputs (for the near-threshold rule), the policy."""
-    import varbench.engine.backbones.infinity.state as rtmod
-
     fx, kept, ref_bits = release
-    g, model, vae = load_golden()
-    inp = g["cases"][CASE]["inputs"]
     policy = ScaleKV(budgets=tiny_budget(), base_capacity=fx["base_capacity"], window_size=fx["window_size"],
                      kernel_size=fx["kernel_size"], pooling=fx["pooling"])
     sel = policy.selector
@@ -92,32 +81,7 @@ def ours(release):
         return ref.nonzero()[:, 2].view(*ref.shape[:2], -1)
 
     policy.selector = forced          # plan() hands this to the runtime (eager: not a dataclass)
-    bits = {"ours": [], "guided": [], "expo": []}
-    orig = rtmod.sample_bits
-
-    def spy(guided, gens, top_k, top_p):
-        replay = torch.Generator()
-        replay.set_state(gens[0].get_state())
-        pairs = guided.reshape(-1, 2)
-        expo = torch.empty(pairs.shape, dtype=torch.float32).exponential_(1, generator=replay)
-        b = orig(guided, gens, top_k, top_p)
-        assert torch.equal(decide(pairs, expo, top_k, top_p), b.reshape(-1))
-        si = len(bits["ours"])
-        bits["ours"].append(b.reshape(-1).clone())
-        bits["guided"].append(pairs.clone())
-        bits["expo"].append(expo)
-        return ref_bits[si].to(b.dtype).view_as(b)
-
-    rtmod.sample_bits = spy
-    try:
-        rt = InfinityRuntime(model, vae, None, ca_bf16=True)
-        out = rt.generate(["<features given>"], [inp["g_seed"]], policy, h_div_w=inp["h_div_w"], pn=inp["pn"],
-                          cfg=inp["cfg_list"], tau=inp["tau_list"], top_k=inp["top_k"], top_p=inp["top_p"],
-                          text=text_batch(inp["text_kv_compact"]), decode=False)
-    finally:
-        rtmod.sample_bits = orig
-    run = CaseRun(bits["guided"], bits["ours"], [b.reshape(-1) for b in ref_bits], bits["expo"], inp["top_k"], inp["top_p"],
-                  None, None, out.summed_codes, None, list(out.schedule))
+    run, out = release_forced_run(policy, ref_bits, CASE)
     return rec, run, policy, out
 
 

@@ -26,12 +26,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from golden_parity import CaseRun, compare_bits, decide, load_golden, text_batch
-from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+from golden_parity import compare_bits, load_golden, release_forced_run, unpack
 from varbench.policies.sparsevar import SparseVAR
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sparsevar_release" / "sparsevar_release_tiny.pt"
@@ -49,11 +47,6 @@ CHANGE_RTOL = 3e-4
 #: 5e-6 of 0.8 (scale 12), so a flip there is legitimate on another CPU. 1e-3 is 18x the spread
 SIM_TOL = 1e-3
 KNOBS = dict(start_prune_stage=10, signal_blocks=[2, 3], keep_threshold=0.9, anchor_stride=4, recover_threshold=0.8)
-
-
-def unpack(d: dict) -> torch.Tensor:
-    shape = d["shape"]
-    return torch.from_numpy(np.unpackbits(d["packed"].numpy(), count=math.prod(shape)).reshape(shape).astype(bool))
 
 
 @pytest.fixture(scope="module")
@@ -97,38 +90,9 @@ class Forced(SparseVAR):
 
 @pytest.fixture(scope="module")
 def ours(release):
-    import varbench.engine.backbones.infinity.state as rtmod
-
     fx, ref_bits = release
-    g, model, vae = load_golden()
-    inp = g["cases"][CASE]["inputs"]
     policy = Forced(fx, **KNOBS)
-    bits = {"ours": [], "guided": [], "expo": []}
-    orig = rtmod.sample_bits
-
-    def spy(guided, gens, top_k, top_p):
-        replay = torch.Generator()
-        replay.set_state(gens[0].get_state())
-        pairs = guided.reshape(-1, 2)
-        expo = torch.empty(pairs.shape, dtype=torch.float32).exponential_(1, generator=replay)
-        b = orig(guided, gens, top_k, top_p)
-        assert torch.equal(decide(pairs, expo, top_k, top_p), b.reshape(-1))
-        si = len(bits["ours"])
-        bits["ours"].append(b.reshape(-1).clone())
-        bits["guided"].append(pairs.clone())
-        bits["expo"].append(expo)
-        return ref_bits[si].to(b.dtype).view_as(b)
-
-    rtmod.sample_bits = spy
-    try:
-        rt = InfinityRuntime(model, vae, None, ca_bf16=True)
-        out = rt.generate(["<features given>"], [inp["g_seed"]], policy, h_div_w=inp["h_div_w"], pn=inp["pn"],
-                          cfg=inp["cfg_list"], tau=inp["tau_list"], top_k=inp["top_k"], top_p=inp["top_p"],
-                          text=text_batch(inp["text_kv_compact"]), decode=False)
-    finally:
-        rtmod.sample_bits = orig
-    run = CaseRun(bits["guided"], bits["ours"], [b.reshape(-1) for b in ref_bits], bits["expo"], inp["top_k"], inp["top_p"],
-                  None, None, out.summed_codes, None, list(out.schedule))
+    run, out = release_forced_run(policy, ref_bits, CASE)
     return policy, run, out
 
 

@@ -21,13 +21,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from golden_parity import CaseRun, compare_bits, decide as sample_decide, load_golden, text_batch
+from golden_parity import compare_bits, release_forced_run, unpack
 from varbench.engine import sparse_attention
-from varbench.engine.backbones.infinity.runtime import InfinityRuntime
 from varbench.engine.sparse_attention import gathered_attention, group_column_sums, mask_pairs
 from varbench.policies.sparvar import SparVAR
 
@@ -46,11 +44,6 @@ CS_TOL = 5e-5
 FLOAT_TOL = 2e-5
 
 
-def unpack(d: dict) -> torch.Tensor:
-    shape = d["shape"]
-    return torch.from_numpy(np.unpackbits(d["packed"].numpy(), count=math.prod(shape)).reshape(shape).astype(bool))
-
-
 @pytest.fixture(scope="module")
 def release():
     fx = torch.load(FIX, weights_only=True)
@@ -66,12 +59,8 @@ def _policy() -> SparVAR:
 def ours(release):
     """Our teacher-forced run: decided keys (ours, before forcing) and column sums, indexed key sets, the two
     float outputs, our bits and their sampler inputs."""
-    import varbench.engine.backbones.infinity.state as rtmod
-
     fx = release
     ref_bits = [unpack(b).long() for b in fx["bits"]]
-    g, model, vae = load_golden()
-    inp = g["cases"][CASE]["inputs"]
     rec = {"decide": [], "indexed": [], "o_cache": [], "out": []}
     real_decide, real_indexed = sparse_attention.decide, sparse_attention.indexed
     decide_at = [(10, 0), (10, 1)]
@@ -99,36 +88,13 @@ def ours(release):
             rec["out"].append(o[fx["floats"]["row"]].clone())
         return o, counts, kept
 
-    bits = {"ours": [], "guided": [], "expo": []}
-    orig = rtmod.sample_bits
-
-    def spy(guided, gens, top_k, top_p):
-        replay = torch.Generator()
-        replay.set_state(gens[0].get_state())
-        pairs = guided.reshape(-1, 2)
-        expo = torch.empty(pairs.shape, dtype=torch.float32).exponential_(1, generator=replay)
-        b = orig(guided, gens, top_k, top_p)
-        assert torch.equal(sample_decide(pairs, expo, top_k, top_p), b.reshape(-1))
-        si = len(bits["ours"])
-        bits["ours"].append(b.reshape(-1).clone())
-        bits["guided"].append(pairs.clone())
-        bits["expo"].append(expo)
-        return ref_bits[si].to(b.dtype).view_as(b)
-
-    rtmod.sample_bits = spy
     sparse_attention.decide, sparse_attention.indexed = forced_decide, spy_indexed
     try:
-        rt = InfinityRuntime(model, vae, None, ca_bf16=True)
         policy = _policy()
-        out = rt.generate(["<features given>"], [inp["g_seed"]], policy, h_div_w=inp["h_div_w"], pn=inp["pn"],
-                          cfg=inp["cfg_list"], tau=inp["tau_list"], top_k=inp["top_k"], top_p=inp["top_p"],
-                          text=text_batch(inp["text_kv_compact"]), decode=False)
+        run, out = release_forced_run(policy, ref_bits, CASE)
     finally:
-        rtmod.sample_bits = orig
         sparse_attention.decide, sparse_attention.indexed = real_decide, real_indexed
     assert len(rec["decide"]) == 2 and len(rec["indexed"]) == 4
-    run = CaseRun(bits["guided"], bits["ours"], [b.reshape(-1) for b in ref_bits], bits["expo"], inp["top_k"], inp["top_p"],
-                  None, None, out.summed_codes, None, list(out.schedule))
     return rec, run, policy, out
 
 
