@@ -297,7 +297,10 @@ class _StandInDraws(TorchFunctionMode):
     for a stand-in generator, the call without it. At the torch-function level, where the generator is
     still the object `new_generator` returned (the dispatcher hands modes a fresh wrapper); `generator`
     is keyword-only in every torch API that takes one. Real generators on real CPU tensors (a stand-in
-    policy's own draws) pass through untouched."""
+    policy's own draws) pass through untouched, and so do draws into meta tensors: the models are built
+    on meta, where a seeded init (`nn.init.trunc_normal_(..., generator=<CPU>)`) draws nothing and no
+    device can mismatch (torch >= 2.14's `nn.init` returns before drawing into a meta tensor; 2.11's
+    calls `uniform_` on it)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -305,6 +308,8 @@ class _StandInDraws(TorchFunctionMode):
         if g is not None:
             t = next((a for a in tree_flatten(args)[0] if isinstance(a, torch.Tensor)), None)
             dev = t.device if t is not None else torch.device(kwargs.get("device") or "cpu")
+            if dev.type == "meta":
+                return func(*args, **kwargs)
             stand_in = isinstance(g, _StandInGenerator)
             gdev = g.stands_in_for if stand_in else g.device
             if not _same_device(dev, gdev):
