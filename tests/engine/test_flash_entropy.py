@@ -313,6 +313,36 @@ def test_shape_errors():
 
 
 @pytest.mark.integration
+def test_interpreter_scalar_index_compat():
+    """Triton 3.6's interpreter indexes a scalar argument with int(<1-D array>), which NumPy >= 2.4
+    refuses (42 interpreter tests errored under torch 2.11 / triton 3.6 / numpy 2.4.6). After the
+    patch a one-element tensor is an index again (as Triton 3.8's squeeze makes it), while a tensor of
+    two elements still is not one: the patch loosens nothing else."""
+    np = pytest.importorskip("numpy")
+    interpreter = pytest.importorskip("triton.runtime.interpreter")
+    from varbench.engine.kernels.interpreter_compat import patch_scalar_index
+
+    if not patch_scalar_index():
+        pytest.skip(f"numpy {np.__version__} converts 1-element arrays itself: no patch needed")
+
+    class Handle:
+        def __init__(self, data):
+            self.data = data
+
+    class FakeTensor:
+        def __init__(self, data):
+            self.handle = Handle(data)
+
+    scope = interpreter._LangPatchScope()
+    interpreter._patch_lang_tensor(FakeTensor, scope)
+    try:
+        assert list(range(0, FakeTensor(np.array([70], dtype=np.int32)), 32)) == [0, 32, 64]
+        with pytest.raises(TypeError):
+            range(FakeTensor(np.array([1, 2], dtype=np.int32)))
+    finally:
+        scope.restore()
+
+
 def test_package_import_is_light():
     code = ("import sys, varbench.engine.kernels as K; assert callable(K.flash_attention_with_entropy); "
             "assert 'varbench.engine.kernels.flash_entropy' not in sys.modules; assert 'triton' not in sys.modules")

@@ -145,6 +145,9 @@ def kernel(interpret: bool):
             if not _triton_interpreting():
                 raise RuntimeError("the Triton kernel on CPU tensors needs Triton's interpreter: set "
                                    "TRITON_INTERPRET=1 before triton is first imported")
+            from varbench.engine.kernels.interpreter_compat import patch_scalar_index
+
+            patch_scalar_index()   # Triton 3.6 + NumPy >= 2.4: `range(0, Lk, ...)` (see that module)
             _KERNELS[interpret] = InterpretedFunction(_flash_entropy_fwd)
         else:
             import triton
