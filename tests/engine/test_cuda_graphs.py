@@ -20,6 +20,7 @@ from varbench.engine.graphs import StepGraphs
 from varbench.engine.plan import BlockPlan, ScalePlan
 from varbench.engine.policy import Policy
 from varbench.policies import build_policy
+from varbench.policies.skipvar_features import missing_decision_model_deps
 from varbench.testing.tiny import tiny_runtime
 
 #: generates with a tiny random runtime (seconds per test): the full run's tier, not plain `pytest`'s
@@ -246,6 +247,11 @@ def test_captured_steps_of_every_method_preset_never_read_device_values(monkeypa
             kn = m["knobs"] if m["knobs"] is knobs else m.setdefault("knobs", {})
             base = kn.get("base_capacity", RELEASED_BASE_CAPACITY)
             kn.update(budget_file=None, budgets=synthetic_budgets(scale_schedule(1.0, PN), 4, base_capacity=base))
+    reads_decision_models = any(m["name"] == "skipvar" and (m.get("knobs") or {}).get("decision_models")
+                                for m in members or [])
+    if reads_decision_models and (why := missing_decision_model_deps("skops")):
+        # the device image has no scikit-learn/skops (the optional `skipvar` extra): say so, not crash
+        pytest.skip(f"{preset}: {why}")
     policy = build_policy(c.name, **knobs)
     out = rt.generate(["two blue squares"], [3], policy, pn=PN, cfg=3.0, decode=False)
     acted = [t["si"] for t in out.trace if not t["ran"] or t["rows"] != 2 * t["batch"]

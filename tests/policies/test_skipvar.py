@@ -455,3 +455,22 @@ def test_features_do_not_depend_on_the_batch(rt, rule):
     mine = rec2[0][1] if rule == "conservative" else rec2[1][0]
     assert len(rec2) == (1 if rule == "conservative" else 2)
     np.testing.assert_allclose(mine, rec1[0][0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("absent", ["skops.io", "sklearn"])
+def test_a_missing_decision_model_dependency_is_one_error_when_the_policy_is_built(monkeypatch, absent):
+    """The device image has neither scikit-learn nor skops: building SkipVAR on a .skops folder says which
+    module is missing and the install that fixes it, before any generation (not at the first decision
+    scale); an injected decision needs neither."""
+    import sys
+
+    from varbench.harness.presets import resolve_method
+
+    folder = resolve_method("skipvar_toy").knobs["decision_models"]
+    monkeypatch.setitem(sys.modules, absent, None)   # `import <absent>` now raises ImportError
+    with pytest.raises(DecisionModelError) as e:
+        SkipVAR(decision_models=folder)
+    msg = str(e.value)
+    assert f"No module named '{absent}'" in msg or absent in msg
+    assert 'pip install -e ".[skipvar]"' in msg and ".skops" in msg and "skipvar_toy" in msg
+    SkipVAR(decision_models=folder, **SkipVAR.NEUTRAL)   # no error: an injected decision reads no folder

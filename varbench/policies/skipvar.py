@@ -65,7 +65,8 @@ from varbench.policies.common import resolve_scale
 from varbench.policies.knobs import WEIGHTS_DIR, MethodKnobs, knob
 from varbench.policies.skipvar_features import (CLASSIFIERS, FFT_FREQ_RATIO, PUBLISHED_AT, DecisionModels, batch_action,
                                                decision_model_paths, features_from_images, float_decoder,
-                                               load_decision_models, resize_codes, resolve_folder)
+                                               folder_format, load_decision_models, require_decision_model_deps,
+                                               resize_codes, resolve_folder)
 
 #: released action counts: skip1..3 / uncond1..3 (infinity.py 561-584)
 MAX_ACTION = 3
@@ -169,6 +170,11 @@ class SkipVAR(Policy):
         self._decide, self._n_features = decide, int(n_features)   # test/training injection instead of a folder
         self._models: Optional[DecisionModels] = None
         self.trust_decision_models = bool(kn.trust_decision_models)   # load pickles that are not the released files
+        if decide is None and self.decision_models not in (None, "", "None", "null"):
+            # at the input boundary: a missing scikit-learn/skops/joblib is one error naming the install, raised
+            # when the policy is built (a job's build, before any model loads), not at the first decision scale
+            d = resolve_folder(self.decision_models)
+            require_decision_model_deps(d, folder_format(d, self.classifier))
 
     @property
     def per_image_decisions(self) -> bool:

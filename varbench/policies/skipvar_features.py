@@ -129,6 +129,34 @@ def require_skops() -> Any:
     return _require(("skops.io",), "decision models saved by varbench are in skops' format (*.skops)", "it")
 
 
+#: what reading each decision-model format imports: skops files hold scikit-learn objects too
+_FORMAT_MODULES = {"skops": ("skops.io", "sklearn"), "pkl": ("joblib", "sklearn")}
+
+
+def missing_decision_model_deps(fmt: str = "skops") -> Optional[str]:
+    """Why decision models in format `fmt` cannot be read in this environment (the module that does not
+    import and the install that fixes it), or None when they can. Checks imports only: no file is read."""
+    for m in _FORMAT_MODULES[fmt]:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            return (f"SkipVAR decision models ({'.skops' if fmt == 'skops' else 'joblib .pkl'} files) are scikit-learn "
+                    f"objects and need {', '.join(_FORMAT_MODULES[fmt])} to load; {e}. Install them: {INSTALL_HINT}")
+    return None
+
+
+def require_decision_model_deps(folder: str | Path, fmt: str) -> None:
+    """DecisionModelError naming the folder, its format and the install, when `fmt` cannot be read here."""
+    why = missing_decision_model_deps(fmt)
+    if why is not None:
+        raise DecisionModelError(f"{folder}: {why}.")
+
+
+def folder_format(d: Path, classifier: str = "Logistic_Regression") -> str:
+    """"skops" when `d` holds a complete .skops set (what the loader then reads), else "pkl"."""
+    return "skops" if all((d / n).is_file() for n in model_files(classifier, "skops").values()) else "pkl"
+
+
 #: file formats of a decision-model folder: "skops" (safe; what varbench writes) or "pkl" (joblib, released)
 FORMATS = ("skops", "pkl")
 #: skops types varbench allows beyond skops' own trusted set, each checked after loading (`_check_trees`)
@@ -161,7 +189,7 @@ def decision_model_paths(folder: str | Path | None, classifier: str = "Logistic_
     if folder is None or str(folder) in ("", "None", "null"):
         return {}
     d = resolve_folder(folder)
-    fmt = "skops" if all((d / n).is_file() for n in model_files(classifier, "skops").values()) else "pkl"
+    fmt = folder_format(d, classifier)
     return {n: d / n for n in model_files(classifier, fmt).values() if (d / n).is_file()}
 
 
@@ -287,10 +315,9 @@ def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regress
                                  f"({', '.join(files.values())}); published in {PUBLISHED_AT}.")
     d = resolve_folder(folder)
     trust = bool(trust) or trusted_by_env()
-    safe = model_files(classifier, "skops")
-    fmt = "skops" if all((d / n).is_file() for n in safe.values()) else "pkl"
+    fmt = folder_format(d, classifier)
     if fmt == "skops":
-        files = safe
+        files = model_files(classifier, "skops")
     missing = [n for n in files.values() if not (d / n).is_file()]
     if missing:
         raise DecisionModelError(f"SkipVAR decision models not found: {str(d)!r} lacks {missing}. They are published in "
@@ -302,7 +329,7 @@ def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regress
         released = released_folder({n: sha256_file(d / n) for n in files.values()})
         if released is None and not trust:
             _refuse_unknown_pickles(d, list(files.values()))
-    joblib = require_joblib()
+    require_decision_model_deps(d, fmt)
     import warnings
 
     loaded = {}
@@ -310,6 +337,7 @@ def load_decision_models(folder: str | Path, classifier: str = "Logistic_Regress
         if fmt == "skops":
             loaded[role] = _load_skops(d / name, trust)
             continue
+        joblib = require_joblib()
         with warnings.catch_warnings():
             # the released pickles come from scikit-learn 1.6.1; newer versions warn but load them
             warnings.filterwarnings("ignore", message=".*Trying to unpickle estimator.*")
