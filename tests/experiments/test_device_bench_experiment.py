@@ -75,3 +75,36 @@ def test_the_smoke_sweep_writes_paired_records_and_a_table_with_intervals(tmp_pa
         assert len(re.findall(r"\d+\.\d\d× \[\d+\.\d\d, \d+\.\d\d\]", row)) == 2, row
     md = (tmp_path / "curated" / "device_bench_job.md").read_text()
     assert f"## {folder.name}" in md and table.strip() in md and "RANDOM" in md
+
+
+@pytest.mark.integration
+def test_a_job_whose_runtime_fell_back_during_the_timed_pass_fails(tmp_path, monkeypatch):
+    """`timing=device` (what +experiment=device_bench uses) forbids fallbacks: the paired baseline's first timed
+    call finds the fused entropy kernel broken (as a Triton failure would) and the runtime turns it off
+    (`fall_back`); the job then fails with FellBackError naming the knob, and no record is finished (a
+    "fused" timing that ran on SDPA is never a record), as experiments.device_bench fails such a row. With
+    `timing.fail_on_fallback=false` the same job finishes and its record lists the fallback."""
+    from varbench.engine.backbones.infinity.runtime import InfinityRuntime
+    from varbench.harness.job import FellBackError, run_job
+
+    real = InfinityRuntime.generate
+
+    def generate(self, prompts, seeds, policy=None, **kw):
+        if getattr(policy, "name", "") == "baseline" and not self.fallbacks:   # only the timed pass runs the baseline
+            self.fall_back("runtime.fused_entropy", RuntimeError("triton: no kernel for this device"))
+        return real(self, prompts, seeds, policy, **kw)
+
+    monkeypatch.setattr(InfinityRuntime, "generate", generate)
+
+    def cfg(*extra):
+        return compose_job_config(["+experiment=device_bench_smoke", "method=skip_last_2", f"paths.output_root={tmp_path}",
+                                   f"paths.store_dir={tmp_path / 'store'}", "timing.repeats=1", "timing.prompts_static=1",
+                                   *extra])
+
+    with pytest.raises(FellBackError, match=r"during the timed pass: runtime\.fused_entropy=false \(RuntimeError: triton"):
+        run_job(cfg())
+    assert not list((tmp_path / "store").rglob("record.json"))
+    entry = run_job(cfg("timing.fail_on_fallback=false"))
+    rec = json.loads((Path(entry) / "record.json").read_text())
+    assert rec["provenance"]["runtime_fallbacks"] == [
+        {"knob": "runtime.fused_entropy=false", "error": "RuntimeError: triton: no kernel for this device"}]

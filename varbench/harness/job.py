@@ -327,6 +327,7 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     tcfg = cfg.timing
     if not tcfg.enabled:
         return None
+    check_no_fallback(job, rt, "before the timed pass")   # fell back while generating: fail before timing it
     from varbench.harness.timing import protocol_kwargs, timed_pass, timing_sample, wait_for_steady_load
     from varbench.policies.baseline import Baseline
 
@@ -369,10 +370,33 @@ def time_stage(job: Job, rt, policy) -> dict | None:
                       "unreliable_reasons": unreliable})
         if not unreliable:
             break
+    check_no_fallback(job, rt, "during the timed pass")
     return {"device": _device_name(job.device), "dtype": str(job.dtype).replace("torch.", ""),
             "prompts": [{"index": it.index, "tag": it.metadata.get("tag")} for it in items],
             "n_prompts": len(items), "adaptive": adaptive, "warmup": int(tcfg.warmup), "warmup_per_prompt": wpp,
             "repeats": int(tcfg.repeats), "tries": tries, "by_batch": by_batch}
+
+
+class FellBackError(FixableError, RuntimeError):
+    """The runtime turned a GPU feature off (a refused CUDA-graph capture, a Triton kernel that would not
+    run) under a timing protocol that forbids it (``timing.fail_on_fallback``)."""
+
+
+def check_no_fallback(job: Job, rt, when: str) -> None:
+    """With ``timing.fail_on_fallback`` (the device protocol, ``timing=device``): FellBackError when the
+    runtime fell back (``rt.fallbacks``), so a record never carries "graphed" or "fused" timings that ran
+    eagerly or on SDPA; the entry stays unfinished and the sweep reports the job as failed, as
+    ``experiments.device_bench`` fails such a row. Without it the fallbacks are recorded
+    (``provenance.runtime_fallbacks``) and the job goes on."""
+    fell = list(getattr(rt, "fallbacks", None) or [])
+    if not fell or not job.cfg.timing.get("fail_on_fallback", False):
+        return
+    what = "; ".join(f"{f['knob']} ({f['error']})" for f in fell)
+    knobs = " ".join(f["knob"] for f in fell)
+    raise FellBackError(
+        f"the runtime fell back {when}: {what}. Timings under this protocol would be labelled with a feature "
+        f"that did not run, so the job stops. Fix the cause, or time without the feature on purpose: {knobs} "
+        f"(or timing.fail_on_fallback=false to record the fallback in provenance.runtime_fallbacks and go on).")
 
 
 def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -> dict:
