@@ -11,12 +11,13 @@
 # What runs, in this order (each part under its own `timeout`; estimates printed by the bench's plan):
 #   1. install: the six wheels into .site (no index, no deps), PYTHONPATH=.site:.          (~10 s)
 #   2. the named `gpu` test files (pytest -m gpu, TESTS_S, default 100 s)                  (~60-100 s)
+#   2b. the entropy kernel's launch configurations timed against SDPA (GPU only, <= 45 s)  (~10 s)
 #   3. experiments.device_bench under the rest of LIMIT_S: 2B/8B batch-1 baseline and methods (eager vs
 #      graphed, bit checks), HART, then batch 8; configurations whose predicted peak exceeds the device's
 #      memory are not planned (a row says why); the JSON and markdown are rewritten after every item's
 #      section, so a kill loses at most the section in flight. Every row records the runtime's fallbacks.
 # Outputs in $OUT when set (the run tool's returned folder), else results/curated/: device_bench.json,
-# device_bench.md, gpu_tests.log, device_check.log.
+# device_bench.md, gpu_tests.log, kernel_configs.log (GPU), device_check.log.
 # Knobs via env: LIMIT_S (whole command, default 540), TESTS_S (100), WHEELS (.whl), PYTHON (python3),
 # VARBENCH_GIT_SHA (recorded when the device copy has no .git). Extra arguments go to the bench, e.g.
 #   bash scripts/device_check.sh --models 2b,hart --repeats 7
@@ -69,6 +70,13 @@ say "installed ${#wheels[@]} wheels"
 timeout "$TESTS_S" "$PY" -m pytest -q -m gpu -p no:cacheprovider "${GPU_TESTS[@]}" >"$DEST/gpu_tests.log" 2>&1
 trc=$?
 say "gpu tests: exit $trc$([ $trc = 124 ] && echo ' (time limit)'): $(tail -1 "$DEST/gpu_tests.log")"
+
+# 2b. the fused entropy kernel's default launch against the register sweep's candidates and SDPA's flash kernel
+#     (experiments/flash_entropy_registers.py --time: ~10 s; the defaults change only on this evidence)
+if command -v nvidia-smi >/dev/null; then
+  timeout 45 "$PY" -m experiments.flash_entropy_registers --time >"$DEST/kernel_configs.log" 2>&1
+  say "kernel configs: exit $? ($(grep -c 'SDPA flash' "$DEST/kernel_configs.log") shapes timed, $DEST/kernel_configs.log)"
+fi
 
 # 3. the bench, in what is left (20 s kept for the report below)
 budget=$(( LIMIT_S - 20 - ($(date +%s) - t0) ))

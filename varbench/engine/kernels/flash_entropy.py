@@ -208,6 +208,8 @@ def flash_attention_with_entropy(
     force_triton: Optional[bool] = None,
     block_m: Optional[int] = None,
     block_n: Optional[int] = None,
+    num_warps: Optional[int] = None,
+    maxnreg: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention output and per-query attention entropy in one pass.
 
@@ -222,7 +224,10 @@ def flash_attention_with_entropy(
     Triton is not in interpreter mode); False -> the PyTorch fallback (SDPA + chunked entropy).
     The kernel path allocates its outputs with torch.empty and never syncs, so it can be captured
     in a CUDA graph (after one warm-up call outside capture to compile).
-    `block_m`/`block_n` override the tile sizes (tests; powers of 2, >= 16 on GPU).
+    `block_m`/`block_n` override the tile sizes (tests; powers of 2, >= 16 on GPU); `num_warps` and
+    `maxnreg` (a cap on registers per thread; ptxas spills beyond it) override the GPU launch
+    (`experiments.flash_entropy_registers` compiles and times such configurations). None: the defaults of
+    `_launch_config`.
     """
     _check(q, k, v)
     rows, H, Lq, c = q.shape
@@ -247,9 +252,10 @@ def flash_attention_with_entropy(
     ent = torch.empty((rows, H, Lq), dtype=torch.float32, device=q.device)
     if Lq > 0:
         block_d = max(16, _next_pow2(c))
-        bm, bn, num_warps, num_stages = _launch_config(Lq, block_d, block_m, block_n)
+        bm, bn, warps, num_stages = _launch_config(Lq, block_d, block_m, block_n)
         grid = ((Lq + bm - 1) // bm, rows * H)
-        extra = {} if interpret else dict(num_warps=num_warps, num_stages=num_stages)
+        extra = {} if interpret else dict(num_warps=num_warps or warps, num_stages=num_stages,
+                                          **({"maxnreg": int(maxnreg)} if maxnreg else {}))
         kernel(interpret)[grid](
             qq, kk, vv, out, ent,
             *qq.stride(), *kk.stride(), *vv.stride(), *out.stride(),
