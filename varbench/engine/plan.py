@@ -119,6 +119,8 @@ class BlockPlan:
     prune_kv:  True - pruned tokens are dropped from this scale's self-attention K/V as well
                (cheaper, FastVAR behaviour); False - all tokens still provide K/V (queries pruned
                only; K/V of pruned tokens come from their un-updated hidden state).
+    pad:       None, or how images whose own plans differ share this block in one batch
+               (`BlockPadding`, made by `varbench.engine.padded_batch`, never by a policy).
     """
 
     mode: Literal["full", "skip", "prune"] = "full"
@@ -129,6 +131,7 @@ class BlockPlan:
     fill: Literal["cache", "pass"] = "cache"
     cache_from: Optional[int] = None
     prune_kv: bool = True
+    pad: Optional["BlockPadding"] = None
 
     def validate(self, n_tokens: int) -> None:
         if self.mode not in ("full", "skip", "prune"):
@@ -146,6 +149,29 @@ class BlockPlan:
             raise ValueError(f"Unknown sublayers {sorted(bad)}; use a subset of {SUBLAYERS}.")
         if self.fill not in ("cache", "pass"):
             raise ValueError(f"BlockPlan.fill must be 'cache' or 'pass', got {self.fill!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockPadding:
+    """One block of a padded batch (`varbench.engine.padded_batch`): images whose own plans run it
+    full, pruned to different counts, or skip it share one pruned step of `n_keep` = the largest
+    count. Each image's kept slots come first in its row of `keep`; the rest are padding.
+
+    valid:     (rows, n_keep) bool, rows as `keep`'s: the image's own kept slots. Padding slots take
+               the fill the image's own plan gives its pruned tokens (cache or pass), and with
+               `prune_kv` their K/V are masked out of every later attention (`KVCache.key_mask`).
+    skip:      None, or (B,) bool: images whose own plan skips the block; their rows leave it as
+               they entered and every K/V they appended is masked.
+    ent_pick:  None, or (rows, q) long: per row the slots (into its kept slots) whose attention
+               entropy the image's own plan measures (`entropy_query_pick` of its own count); rows
+               with fewer repeat their last slot (the image reads only its own `ent_counts`).
+    ent_counts: per image how many of `ent_pick`'s slots are its own (0: it asked for none here).
+    """
+
+    valid: torch.Tensor
+    skip: Optional[torch.Tensor] = None
+    ent_pick: Optional[torch.Tensor] = None
+    ent_counts: tuple[int, ...] = ()
 
 
 AttnKind = Literal["dense", "decide", "indexed", "block_mask"]

@@ -92,6 +92,9 @@ class GenState:
     `graphs` is None (eager) or the `varbench.engine.graphs.StepGraphs` that capture this state's
     steps; the runtime sets it on the whole-batch states it keeps for graph mode."""
 
+    #: per-image plans of different shapes may share one padded step (`varbench.engine.padded_batch`)
+    pads_per_image_plans = True
+
     def __init__(self, rt, ctx: GenerationContext, text: TextBatch, negative: Optional[TextBatch],
                  sched: list[tuple[int, int]], h_div_w: float, seeds: Sequence[int],
                  kv_capacity: Optional[Sequence[int]] = None):
@@ -374,7 +377,7 @@ class GenState:
         rot = qkv_rope(bc, modulated_norm(x, bc.scale1, bc.shift1, bc.eps), self.rope[si])   # (3, rows, H, n, c)
         k, v = self.kv.append(bi, rot[1:], self.kv_dtype)
         q = rot[0]
-        attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, scale=1.0)
+        attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=self.kv.key_mask(bi), scale=1.0)
         x = torch.addcmul(x, sa_out(bc, attn), bc.g1)
         x = x + cross_attention(bc, x)
         return torch.addcmul(x, ffn(bc, x), bc.g2)
