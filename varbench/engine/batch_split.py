@@ -219,6 +219,7 @@ def step_groups(si: int, groups: list, policies: Sequence, per_image: bool,
             signals = run(si, state, padded)
             note_image_blocks(state, si, images, plans, padded=True)
             if signals is not None:
+                signals = host_signals(signals)
                 for k, i in enumerate(images):
                     policies[i].observe(si, own_signals(select_signals(signals, k, len(images)), k, plans[k], padded))
             out.append((images, state))
@@ -235,6 +236,7 @@ def step_groups(si: int, groups: list, policies: Sequence, per_image: bool,
             signals = run(si, sub, merge_plans([plans[j] for j in part], state.ctx.cfg_rows))
             note_image_blocks(sub, si, members, [plans[j] for j in part], padded=False)
             if signals is not None:
+                signals = host_signals(signals)
                 for k, i in enumerate(members):
                     policies[i].observe(si, select_signals(signals, k, len(members)))
             out.append((members, sub))
@@ -268,6 +270,31 @@ def note_image_blocks(state, si: int, images: Sequence[int], plans: Sequence[Sca
     n, depth = tr["tokens"], len(tr["blocks"])
     tr["image_blocks"] = {i: plan_block_counts(p, n, state.image_kv[i], {}, depth) for i, p in zip(images, plans)}
     tr["image_neutral"] = {i: is_neutral(p) for i, p in zip(images, plans)}
+
+
+def host_signals(sig: ScaleSignals) -> ScaleSignals:
+    """The signals per-image policies read (token entropies, attention entropies and their query
+    positions) copied to the host in one transfer per dtype, before the batch's forks read them: a
+    GPU then waits once per scale, not once per image and read (each fork's `.to("cpu")` or
+    `float()` of a host tensor costs nothing)."""
+    named = [("token_entropy", None, sig.token_entropy)]
+    named += [("attention_entropy", b, e) for b, e in sig.attention_entropy.items()]
+    q = sig.attention_query_index
+    named += [("attention_query_index", b, p) for b, p in q.items()] if isinstance(q, dict) else [("attention_query_index", None, q)]
+    named = [(f, b, t) for f, b, t in named if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
+    if not named:
+        return sig
+    host: dict = {}
+    for dtype in {t.dtype for _, _, t in named}:
+        same = [(f, b, t) for f, b, t in named if t.dtype == dtype]
+        flat = torch.cat([t.reshape(-1) for _, _, t in same]).cpu()
+        for (f, b, t), part in zip(same, flat.split([t.numel() for _, _, t in same])):
+            host[(f, b)] = part.view(t.shape)
+    ent = {b: host.get(("attention_entropy", b), e) for b, e in sig.attention_entropy.items()}
+    index = ({b: host.get(("attention_query_index", b), p) for b, p in q.items()} if isinstance(q, dict)
+             else host.get(("attention_query_index", None), q))
+    return dataclasses.replace(sig, token_entropy=host.get(("token_entropy", None), sig.token_entropy),
+                               attention_entropy=ent, attention_query_index=index)
 
 
 def image_traces(groups: list, batch: int, per_scale_ms: Sequence[float]) -> list[list[dict]]:

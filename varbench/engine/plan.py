@@ -301,6 +301,22 @@ class ScalePlan:
     code_mask: Optional[torch.Tensor] = None
     input_resize: Literal["trilinear", "area"] = "trilinear"
 
+    def on_device(self, device) -> "ScalePlan":
+        """This plan with its blocks' kept indices (and padding) on `device`: a policy may hand them
+        over on the host; the runtime moves them once per scale, before the step (one copy each,
+        never inside a captured step)."""
+        def move(t):
+            return t if t is None or t.device == torch.device(device) else t.to(device, non_blocking=True)
+
+        blocks = {}
+        for bi, bp in self.blocks.items():
+            if bp.keep is not None and bp.keep.device != torch.device(device):
+                pad = bp.pad if bp.pad is None else dataclasses.replace(
+                    bp.pad, valid=move(bp.pad.valid), skip=move(bp.pad.skip), ent_pick=move(bp.pad.ent_pick))
+                bp = dataclasses.replace(bp, keep=move(bp.keep), pad=pad)
+            blocks[bi] = bp
+        return dataclasses.replace(self, blocks=blocks)
+
     def validate_token_maps(self, batch: int, n_tokens: int, depth: int) -> None:
         """Check `residual_change_for`, `post_fill` and `code_mask` against a scale of `n_tokens` tokens
         for `batch` images on a model of `depth` blocks, and `input_resize` (ValueError naming the field)."""

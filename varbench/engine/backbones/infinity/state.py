@@ -233,7 +233,7 @@ class GenState:
             kb.validate()
         check_attention_plans(plan, si, n, len(self.blocks), self.kv.len)
         plan.validate_token_maps(self.batch, n, len(self.blocks))
-        out = self.run_core(si, plan, cfg, tau, top_k, top_p)
+        out = self.run_core(si, plan.on_device(self.rt.device), cfg, tau, top_k, top_p)
         if out.residual_store is not None:
             self.residuals[si] = out.residual_store
         self.attn_memory.update(out.attn_memory)
