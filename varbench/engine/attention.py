@@ -19,15 +19,16 @@ def attention_entropy(q: torch.Tensor, k: torch.Tensor, chunk: int = 1024,
     H = logsumexp(s) - sum softmax(s) * s, evaluated in query chunks so the full L x L attention
     matrix is never held; (rows, H, Lq, c) x (rows, H, Lk, c) -> (rows, Lq). `chunk` trades peak
     memory (chunk x Lk scores per row and head) against the number of matmuls. `key_mask`
-    (rows, 1, 1, Lk) bool: only these keys are attended (a padded batch, `KVCache.key_mask`).
+    (rows, 1, 1, Lk) additive bias, 0 or -inf: only the keys at 0 are attended (a padded batch,
+    `KVCache.key_mask`).
     """
     out = []
     for s0 in range(0, q.shape[2], chunk):
         s = q[:, :, s0:s0 + chunk].float() @ k.float().transpose(-1, -2)
-        if key_mask is not None:   # masked keys weigh exactly 0 (and their score is read as 0, not -inf * 0)
-            off = ~key_mask
-            lse = s.masked_fill(off, float("-inf")).logsumexp(-1)
-            out.append(lse - (s.masked_fill(off, float("-inf")) - lse.unsqueeze(-1)).exp().mul(s.masked_fill(off, 0.0)).sum(-1))
+        if key_mask is not None:   # masked keys weigh exactly 0; the weighted sum reads their finite raw score
+            sb = s + key_mask
+            lse = sb.logsumexp(-1)
+            out.append(lse - (sb - lse.unsqueeze(-1)).exp().mul(s).sum(-1))
             continue
         lse = s.logsumexp(-1)
         out.append(lse - (s - lse.unsqueeze(-1)).exp().mul(s).sum(-1))

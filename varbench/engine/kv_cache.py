@@ -73,13 +73,13 @@ class KVCache:
         self.stage, self.staged = self.stage_full, None
 
     def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype,
-               valid: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+               bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c): views of its own
         buffer, or of the staging buffer when its own cannot hold them (then `evict` or `settle`
-        must follow before the next block appends). `valid` (rows, n) bool: which of the appended
-        positions each row may attend to from now on (a padded batch, `key_mask`); None: all."""
-        if valid is not None or self.mask[bi] is not None:
-            self._note_valid(bi, kv, valid)
+        must follow before the next block appends). `bias` (rows, n): 0 where a row may attend to an
+        appended position from now on, -inf where not (a padded batch, `key_mask`); None: all."""
+        if bias is not None or self.mask[bi] is not None:
+            self._note_bias(bi, kv, bias)
         if self.kv[bi] is None:
             two, rows, heads, _, c = kv.shape
             self.kv[bi] = self.full[bi] = kv.new_empty((2, rows, heads, self.capacities[bi], c), dtype=dtype)
@@ -104,23 +104,23 @@ class KVCache:
         self.staged, self.staged_from, self.len[bi] = bi, start, end
         return st.narrow(3, 0, end).unbind(0)
 
-    def _note_valid(self, bi: int, kv: torch.Tensor, valid: Optional[torch.Tensor]) -> None:
-        """Record which appended positions each row may attend to (the mask is made at the first
-        padded append: every position before it was valid)."""
+    def _note_bias(self, bi: int, kv: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        """Record which appended positions each row may attend to, as an additive bias in the K/V's
+        dtype (what SDPA takes as `attn_mask` without converting it). Made at the first padded
+        append: every position before it was visible to every row."""
         if self.staging_capacity:
             raise ValueError("KV cache: a padded batch cannot use KV budgets (their staging buffer keeps no "
                              "key mask); per-image plans with KV budgets split the batch instead")
         start, n = self.len[bi], kv.shape[3]
         if self.mask[bi] is None:
-            rows = kv.shape[1]
-            self.mask[bi] = self.mask_full[bi] = torch.ones(rows, self.capacities[bi], dtype=torch.bool, device=kv.device)
+            self.mask[bi] = self.mask_full[bi] = kv.new_zeros((kv.shape[1], self.capacities[bi]), dtype=self.kv[bi].dtype)
         if start + n <= self.capacities[bi]:
             seg = self.mask[bi].narrow(1, start, n)
-            seg.fill_(True) if valid is None else seg.copy_(valid)
+            seg.zero_() if bias is None else seg.copy_(bias)
 
     def key_mask(self, bi: int) -> Optional[torch.Tensor]:
-        """(rows, 1, 1, len) bool, True where a row may attend to block bi's position (SDPA's
-        `attn_mask`), or None when every row sees every position (no padded append so far)."""
+        """(rows, 1, 1, len) additive bias, 0 where a row may attend to block bi's position and -inf
+        where not (SDPA's `attn_mask`), or None when every row sees every position (no padded append)."""
         m = self.mask[bi]
         return None if m is None else m.narrow(1, 0, self.len[bi])[:, None, None, :]
 

@@ -123,8 +123,15 @@ def _padded_block(bps: Sequence[BlockPlan], n: int, cfg_rows: bool, device, entr
         rows = [torch.cat([p, p.new_full((width_q - p.shape[0],), int(p[-1]) if p.numel() else 0)]).expand(r, -1)
                 for p in picks]
         ent_pick, ent_counts = _stack_rows(rows, cfg_rows).to(device), tuple(counts)
+    rows = valid.shape[0]
+    skip_rows = None if skip is None else skip.repeat(rows // skip.shape[0]).view(rows, 1, 1)
+    appended = valid if prune_kv else torch.ones(rows, n, dtype=torch.bool, device=device)
+    if skip_rows is not None:
+        appended = appended & ~skip_rows[:, :, 0]
+    kv_bias = torch.zeros(appended.shape, device=device).masked_fill_(~appended, float("-inf"))
     return BlockPlan(mode="prune", keep=keep, n_keep=width, sublayers=sublayers, fill=fill, cache_from=cache_from,
-                     prune_kv=prune_kv, pad=BlockPadding(valid=valid, skip=skip, ent_pick=ent_pick, ent_counts=ent_counts))
+                     prune_kv=prune_kv, pad=BlockPadding(valid=valid, skip=skip, ent_pick=ent_pick, ent_counts=ent_counts,
+                                                         kv_bias=kv_bias, skip_rows=skip_rows))
 
 
 def padded_plan(plans: Sequence[ScalePlan], n: int, cfg_rows: bool, si: int, device,

@@ -172,6 +172,10 @@ class BlockPadding:
     skip: Optional[torch.Tensor] = None
     ent_pick: Optional[torch.Tensor] = None
     ent_counts: tuple[int, ...] = ()
+    #: made with the plan so the step spends no launch on them: (rows, appended) additive key bias (0 /
+    #: -inf) of the K/V the block appends, in `KVCache.key_mask`'s form, and `skip` as (rows, 1, 1)
+    kv_bias: Optional[torch.Tensor] = None
+    skip_rows: Optional[torch.Tensor] = None
 
 
 AttnKind = Literal["dense", "decide", "indexed", "block_mask"]
@@ -312,7 +316,8 @@ class ScalePlan:
         for bi, bp in self.blocks.items():
             if bp.keep is not None and bp.keep.device != torch.device(device):
                 pad = bp.pad if bp.pad is None else dataclasses.replace(
-                    bp.pad, valid=move(bp.pad.valid), skip=move(bp.pad.skip), ent_pick=move(bp.pad.ent_pick))
+                    bp.pad, valid=move(bp.pad.valid), skip=move(bp.pad.skip), ent_pick=move(bp.pad.ent_pick),
+                    kv_bias=move(bp.pad.kv_bias), skip_rows=move(bp.pad.skip_rows))
                 bp = dataclasses.replace(bp, keep=move(bp.keep), pad=pad)
             blocks[bi] = bp
         return dataclasses.replace(self, blocks=blocks)

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from varbench.engine.attention import attention_entropy
 from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
-from varbench.engine.plan import AttnPlan, BlockPadding, BlockPlan, SelectorContext, entropy_query_pick
+from varbench.engine.plan import AttnPlan, BlockPlan, SelectorContext, entropy_query_pick
 from varbench.engine.residuals import cached_branch
 from varbench.engine.sparse_attention import plan_attention
 
@@ -72,8 +72,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         rot = qkv_rope(bc, xin, table)
         counts["qkv"] = n
     pad = bp.pad
-    kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype, None if pad is None else _appended_valid(pad, rows, state.batch, n,
-                                                                                                 idx is not None and bp.prune_kv))
+    kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype, None if pad is None else pad.kv_bias[:rows])
     key_mask = state.kv.key_mask(bi)
     state.kv_appended = idx if (idx is not None and bp.prune_kv) else None   # for a KV budget's selector
     q = rot[0]
@@ -132,23 +131,14 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     xq = x if idx is None else _gather_rows(x, idx)
     counts["ffn"] = xq.shape[1]
     x = _apply_branch(state, si, bi, "ffn", x, ffn(bc, xq), bc.g2, idx, bp, residual_store)
-    if pad is not None and pad.skip is not None:   # images whose own plan skips the block leave it as they came
-        x = torch.where(_rows(pad.skip, rows)[:, None, None], x_in, x)
+    if pad is not None and pad.skip_rows is not None:   # images whose own plan skips the block leave it as they came
+        x = torch.where(pad.skip_rows[:rows], x_in, x)
     return x
 
 
 def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """A per-image (B, ...) or per-row (2B, ...) tensor for `rows` rows ([cond; uncond], or cond only)."""
     return t[:rows] if t.shape[0] >= rows else t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))
-
-
-def _appended_valid(pad: BlockPadding, rows: int, batch: int, n: int, kept_only: bool) -> torch.Tensor:
-    """(rows, appended) bool: which K/V this block appends each row may attend to: its own kept
-    slots (with `prune_kv`) or all n tokens, none for an image that skips the block."""
-    valid = _rows(pad.valid, rows) if kept_only else torch.ones(rows, n, dtype=torch.bool, device=pad.valid.device)
-    if pad.skip is not None:
-        valid = valid & ~_rows(pad.skip, rows)[:, None]
-    return valid
 
 
 def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, residual_store):
@@ -161,10 +151,10 @@ def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, resid
     rows, n, c = x.shape
     branch = branch.float() if gate is None else branch.float().mul(gate)
     slots = idx.unsqueeze(-1).expand(-1, -1, c)
-    valid = None if bp.pad is None else _rows(bp.pad.valid, rows).unsqueeze(-1)
+    valid = None if bp.pad is None else bp.pad.valid[:rows].unsqueeze(-1)
     if bp.fill == "pass":
         if valid is not None:   # padding slots add nothing: their tokens pass, as the image's own plan says
-            branch = branch.masked_fill(~valid, 0.0)
+            branch = torch.where(valid, branch, 0.0)
         return x.scatter_add(1, slots, branch)
     base = cached_branch(state, si, bi, sub, rows, bp.cache_from)
     if valid is not None:       # padding slots write back their own fill
