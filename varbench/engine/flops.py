@@ -182,6 +182,8 @@ def work_summary(rows: list[dict]) -> dict:
     flops = {"total": sum(totals) / len(rows), "text": sum(texts) / len(rows), "ar": sum(per_scale),
              "per_scale": per_scale, "per_image": _spread(totals)}
     flops.update(end_to_end_summary(rows))   # + text encoder, VAE decode, end to end
+    if any("padding_flops" in r["work"] for r in rows):   # what a padded batch ran beyond the images' own work
+        flops["padding"] = sum(r["work"].get("padding_flops", 0.0) for r in rows) / len(rows)
     work = {"executed_tokens": _spread(executed), "dense_tokens": rows[0]["work"]["dense_tokens"],
             "keep_fraction": _spread(keep)}
     return {"flops": flops, "work": work}
