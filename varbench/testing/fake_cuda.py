@@ -285,7 +285,7 @@ class _CudaSdpa(TorchFunctionMode):
                     q, k, v = (t.to(dt) if t.is_floating_point() else t for t in (q, k, v))
                     mask = mask.to(dt) if mask is not None and mask.is_floating_point() else mask
                 backend = cuda_sdpa_backend(q, k, v, mask)
-                self.calls.append({"backend": backend, "dtype": str(q.dtype).replace("torch.", ""),
+                self.calls.append({"backend": backend, "dtype": str(q.dtype).replace("torch.", ""), "masked": mask is not None,
                                    "kv_dtype": str(k.dtype).replace("torch.", ""), "q": tuple(q.shape), "k": tuple(k.shape)})
                 if backend == "flash":
                     return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, scale=scale)[0]
