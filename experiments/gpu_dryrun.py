@@ -174,6 +174,9 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 activations_bytes=fc.ledger.peak - weights - kv,
                 ops_per_scale=[fc.ledger.ops.get(t["si"], 0) for t in ran],
                 host_syncs=sum(fc.ledger.host_syncs.values()),
+                # by the scale they follow ("setup": before the first step)
+                host_syncs_per_scale={("setup" if k is None else int(k)): v for k, v in sorted(
+                    fc.ledger.host_syncs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])},
                 padding_flops=out.flops.get("padding", 0.0), flops=out.flops["total"],
                 scales_run=[t["si"] for t in ran],
                 attention={b: sum(1 for c in fc.attention if c["backend"] == b) for b in {c["backend"] for c in fc.attention}},

@@ -64,6 +64,12 @@ the CUDA context are not in it (they are not in `max_memory_allocated` either, e
 Ops per scale: the aten ops a scale step dispatches that launch device work (views, metadata and
 allocation-only ops excluded), about the kernel launches an eager step makes; a stood-in Triton
 kernel counts one.
+
+Host syncs (`ledger.host_syncs`, by the scale they follow): between steps, every copy of a device
+value to the host and every host read of one (`.item()`, `float()`, `.tolist()`); a policy's reads
+of signals still on the device count too (its stand-in signals are `_OnDevice`: each read counts
+one), those the runtime already copied to the host do not. On a GPU each one waits for the
+device's queue to drain.
 """
 from __future__ import annotations
 
