@@ -80,12 +80,12 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         q = q.gather(2, idx[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
     qpos = idx
     counts["kv"] = kk.shape[2]
-    fused = want_entropy and state.rt.fused_entropy and x.device.type == "cuda" and ap is None and key_mask is None
+    fused = want_entropy and state.rt.fused_entropy and x.device.type == "cuda" and ap is None
     if fused:  # entropy of every query from the attention pass itself (ToProVAR's Flash Attention Entropy)
         from varbench.engine.kernels import flash_attention_with_entropy
 
         try:
-            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0)
+            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0, key_bias=key_mask)
         except Exception as err:  # noqa: BLE001 - Triton/driver/SM mismatch: SDPA + a second pass instead
             state.rt.fall_back("runtime.fused_entropy", err)
             fused = False
@@ -101,8 +101,11 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     if want_entropy and pad is not None and pad.ent_pick is not None:   # each image's own queries
         pick = _rows(pad.ent_pick, rows)
         sub_pos = (qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)).gather(1, pick)
-        qp = q.gather(2, pick[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
-        attn_ent[bi] = attention_entropy(qp, kk, key_mask=key_mask)
+        if fused:   # the kernel gave every query's entropy: each row takes its own picks
+            attn_ent[bi] = ent_all.gather(1, pick)
+        else:
+            qp = q.gather(2, pick[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
+            attn_ent[bi] = attention_entropy(qp, kk, key_mask=key_mask)
         attn_idx[bi] = sub_pos
         counts["ent_q"] = sub_pos.shape[1]
     elif want_entropy:
