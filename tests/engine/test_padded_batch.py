@@ -137,8 +137,8 @@ def test_a_padded_batch_gives_each_image_its_run_alone(rt, method, knobs):
 
 # ---------------------------------------------------------------------------------------- launches
 @pytest.mark.runtime
-@pytest.mark.parametrize("preset,ratio", [("nova", 1.2), ("toprovar", 1.3)])
-def test_per_image_plans_at_batch_8_cost_about_the_launches_of_a_shared_plan(preset, ratio):
+@pytest.mark.parametrize("preset", ["nova", "toprovar"])
+def test_per_image_plans_at_batch_8_cost_about_the_launches_of_a_shared_plan(preset):
     """Fake-CUDA dry run of the 2B at 1024² (depth 4): NOVA/ToProVAR at batch 8 with per-image plans,
     padded, against the same method with one plan for the batch (`batch_rule: shared`), and split.
     Measured (depth 6): NOVA 4,147 vs shared 3,649 (1.14x), split 5,928 at depth 2; ToProVAR 3,461 vs
@@ -162,7 +162,7 @@ def test_per_image_plans_at_batch_8_cost_about_the_launches_of_a_shared_plan(pre
     _, syncs_b1, one = run(1, "pad")
     n_scales = len(one.trace)
     assert out.flops.get("padding", 0) > 0   # the stand-in signals make the images disagree
-    assert padded <= ratio * shared, (padded, shared)
+    assert padded <= 1.2 * shared, (padded, shared)   # the issue's target
     assert split > 1.5 * shared              # what padding saves: the split batch's launches
     assert syncs <= 5 * n_scales and syncs_b1 <= 5 * n_scales, (syncs, syncs_b1)
     assert split_syncs > syncs

@@ -101,6 +101,8 @@ def _padded_block(bps: Sequence[BlockPlan], n: int, cfg_rows: bool, device, entr
     settings = {_prune_settings(bp) for bp in pruned}
     if len(settings) > 1:
         return None
+    if not pruned:   # full and skip only: the full block for every row, the skipping rows restored after it
+        return _full_with_skips(bps, n, cfg_rows, device)
     sublayers, fill, cache_from, prune_kv = settings.pop() if settings else (("sa", "ca", "ffn"), "pass", None, False)
     width = max(n if bp.mode == "full" else bp.n_keep if bp.mode == "prune" else 0 for bp in bps)
     width = max(width, 1)
@@ -126,12 +128,29 @@ def _padded_block(bps: Sequence[BlockPlan], n: int, cfg_rows: bool, device, entr
     rows = valid.shape[0]
     skip_rows = None if skip is None else skip.repeat(rows // skip.shape[0]).view(rows, 1, 1)
     appended = valid if prune_kv else torch.ones(rows, n, dtype=torch.bool, device=device)
-    if skip_rows is not None:
-        appended = appended & ~skip_rows[:, :, 0]
-    kv_bias = torch.zeros(appended.shape, device=device).masked_fill_(~appended, float("-inf"))
     return BlockPlan(mode="prune", keep=keep, n_keep=width, sublayers=sublayers, fill=fill, cache_from=cache_from,
-                     prune_kv=prune_kv, pad=BlockPadding(valid=valid, skip=skip, ent_pick=ent_pick, ent_counts=ent_counts,
-                                                         kv_bias=kv_bias, skip_rows=skip_rows))
+                     prune_kv=prune_kv, pad=BlockPadding(
+                         valid=valid, skip=skip, ent_pick=ent_pick, ent_counts=ent_counts,
+                         kv_bias=_key_bias(appended, skip_rows), skip_rows=skip_rows,
+                         padding_slots=(~valid).unsqueeze(-1), ent_pos=None if ent_pick is None else keep.gather(1, ent_pick)))
+
+
+def _key_bias(appended: torch.Tensor, skip_rows: Optional[torch.Tensor]) -> torch.Tensor:
+    """(rows, appended) additive bias of the K/V a block appends: 0 where the row may attend, -inf
+    for padding slots and for every key of a row whose image skips the block."""
+    visible = appended if skip_rows is None else appended & ~skip_rows[:, :, 0]
+    return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
+def _full_with_skips(bps: Sequence[BlockPlan], n: int, cfg_rows: bool, device) -> BlockPlan:
+    """Images that run the block in full or skip it: every row runs it in full (the lean block's ops,
+    entropy over every query as a shared plan measures it), the skipping images' rows leave it as
+    they entered and the K/V they appended are masked."""
+    skip = torch.tensor([bp.mode == "skip" for bp in bps], device=device)
+    rows = len(bps) * (2 if cfg_rows else 1)
+    skip_rows = skip.repeat(rows // len(bps)).view(rows, 1, 1)
+    bias = _key_bias(torch.ones(rows, n, dtype=torch.bool, device=device), skip_rows)
+    return BlockPlan(mode="full", pad=BlockPadding(skip=skip, kv_bias=bias, skip_rows=skip_rows))
 
 
 def padded_plan(plans: Sequence[ScalePlan], n: int, cfg_rows: bool, si: int, device,
@@ -203,8 +222,9 @@ def own_signals(sig: ScaleSignals, k: int, plan: ScalePlan, padded: ScalePlan) -
     attention entropies its own plan asked for, each over its own measured queries."""
     ent, pos = {}, {}
     for bi, e in sig.attention_entropy.items():
-        if bi not in plan.attention_entropy_for:
-            continue
+        own = plan.blocks.get(bi)
+        if bi not in plan.attention_entropy_for or (own is not None and own.mode == "skip"):
+            continue   # it did not ask, or (alone) its block did not run
         bp = padded.blocks.get(bi)
         q = bp.pad.ent_counts[k] if bp is not None and bp.pad is not None and bp.pad.ent_counts else e.shape[-1]
         ent[bi] = e[:, :q]

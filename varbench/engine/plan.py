@@ -168,14 +168,17 @@ class BlockPadding:
     ent_counts: per image how many of `ent_pick`'s slots are its own (0: it asked for none here).
     """
 
-    valid: torch.Tensor
+    valid: Optional[torch.Tensor] = None
     skip: Optional[torch.Tensor] = None
     ent_pick: Optional[torch.Tensor] = None
     ent_counts: tuple[int, ...] = ()
     #: made with the plan so the step spends no launch on them: (rows, appended) additive key bias (0 /
-    #: -inf) of the K/V the block appends, in `KVCache.key_mask`'s form, and `skip` as (rows, 1, 1)
+    #: -inf) of the K/V the block appends, in `KVCache.key_mask`'s form; `skip` as (rows, 1, 1); the
+    #: padding slots as (rows, n_keep, 1); the token positions of `ent_pick`'s slots
     kv_bias: Optional[torch.Tensor] = None
     skip_rows: Optional[torch.Tensor] = None
+    padding_slots: Optional[torch.Tensor] = None
+    ent_pos: Optional[torch.Tensor] = None
 
 
 AttnKind = Literal["dense", "decide", "indexed", "block_mask"]
@@ -315,10 +318,11 @@ class ScalePlan:
         blocks = {}
         for bi, bp in self.blocks.items():
             if bp.keep is not None and bp.keep.device != torch.device(device):
-                pad = bp.pad if bp.pad is None else dataclasses.replace(
-                    bp.pad, valid=move(bp.pad.valid), skip=move(bp.pad.skip), ent_pick=move(bp.pad.ent_pick),
-                    kv_bias=move(bp.pad.kv_bias), skip_rows=move(bp.pad.skip_rows))
-                bp = dataclasses.replace(bp, keep=move(bp.keep), pad=pad)
+                bp = dataclasses.replace(bp, keep=move(bp.keep))
+            if bp.pad is not None:
+                bp = dataclasses.replace(bp, pad=dataclasses.replace(bp.pad, **{
+                    f.name: move(getattr(bp.pad, f.name)) for f in dataclasses.fields(bp.pad)
+                    if isinstance(getattr(bp.pad, f.name), torch.Tensor)}))
             blocks[bi] = bp
         return dataclasses.replace(self, blocks=blocks)
 

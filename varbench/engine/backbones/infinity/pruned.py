@@ -100,7 +100,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, attn_mask=key_mask, scale=1.0)
     if want_entropy and pad is not None and pad.ent_pick is not None:   # each image's own queries
         pick = _rows(pad.ent_pick, rows)
-        sub_pos = (qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)).gather(1, pick)
+        sub_pos = pad.ent_pos[:rows]
         if fused:   # the kernel gave every query's entropy: each row takes its own picks
             attn_ent[bi] = ent_all.gather(1, pick)
         else:
@@ -154,14 +154,14 @@ def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, resid
     rows, n, c = x.shape
     branch = branch.float() if gate is None else branch.float().mul(gate)
     slots = idx.unsqueeze(-1).expand(-1, -1, c)
-    valid = None if bp.pad is None else bp.pad.valid[:rows].unsqueeze(-1)
+    padding = None if bp.pad is None else bp.pad.padding_slots[:rows]
     if bp.fill == "pass":
-        if valid is not None:   # padding slots add nothing: their tokens pass, as the image's own plan says
-            branch = torch.where(valid, branch, 0.0)
+        if padding is not None:   # padding slots add nothing: their tokens pass, as the image's own plan says
+            branch = branch.masked_fill(padding, 0.0)
         return x.scatter_add(1, slots, branch)
     base = cached_branch(state, si, bi, sub, rows, bp.cache_from)
-    if valid is not None:       # padding slots write back their own fill
-        branch = torch.where(valid, branch, base.gather(1, slots))
+    if padding is not None:       # padding slots write back their own fill
+        branch = torch.where(padding, base.gather(1, slots), branch)
     full = base.scatter(1, slots, branch)
     if residual_store is not None:
         residual_store[(bi, sub)] = full

@@ -286,7 +286,8 @@ class GenState:
                 ap = None
             counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
             x_in, appended = x, None
-            if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for and ap is None:
+            if bp.mode == "full" and bp.pad is None and residual_store is None and bi not in plan.attention_entropy_for \
+                    and ap is None:
                 x = self.full_block(si, bi, x)
                 counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
             elif bp.mode != "skip":
