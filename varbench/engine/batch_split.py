@@ -204,7 +204,7 @@ def step_groups(si: int, groups: list, policies: Sequence, per_image: bool,
         plan = policies[0].plan(si)
         signals = run(si, state, plan)
         if signals is not None:
-            policies[0].observe(si, signals)
+            policies[0].observe(si, host_signals(signals) if getattr(policies[0], "reads_signals_on_host", False) else signals)
         return groups
     out = []
     for images, state in groups:

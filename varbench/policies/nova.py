@@ -257,6 +257,9 @@ class NOVA(Policy):
             setattr(self, key, v)
         self.baseline_scales = tuple(int(s) for s in kn.baseline_scales)
 
+    #: observe reads token / attention entropies on the host (one copy per scale, not one per block)
+    reads_signals_on_host = True
+
     @property
     def per_image_decisions(self) -> bool:
         return self.batch_rule == "per_image"

@@ -234,6 +234,9 @@ class ToProVAR(Policy):
         for key, v in self.k.items():
             setattr(self, key, v)
 
+    #: observe reads token / attention entropies on the host (one copy per scale, not one per block)
+    reads_signals_on_host = True
+
     @property
     def per_image_decisions(self) -> bool:
         return self.batch_rule == "per_image"

@@ -413,6 +413,10 @@ class StandInPolicy:
     def per_image_decisions(self) -> bool:
         return self.inner.per_image_decisions
 
+    @property
+    def reads_signals_on_host(self) -> bool:
+        return getattr(self.inner, "reads_signals_on_host", False)
+
     def fork(self) -> "StandInPolicy":
         """One stand-in per image (per-image decisions, `varbench.engine.batch_split`), each with its own
         stand-in draws, so the images of a batch diverge and the batch splits as it may on a GPU."""
