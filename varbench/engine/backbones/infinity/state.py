@@ -301,6 +301,11 @@ class GenState:
                 self.apply_kv_budget(si, bi, x_in, budget, appended, counts)
             self.kv.settle(bi, si == len(self.sched) - 1)   # nothing of this block left in the staging buffer
             counts_all.append(counts)
+            for s in plan.release_residuals:   # block bi has read what it caches from them: free them now,
+                held = self.residuals.get(s)   # not after the step (the scale's new residuals grow meanwhile)
+                if held:
+                    for key in [k for k in held if k[0] == bi]:
+                        del held[key]
             for rng in plan.residual_change_for:
                 if rng[1] == bi:   # the released order (x_out - x_in), squared, mean over channels
                     residual_change[rng] = ((x.float() - change_from.pop(rng).float()) ** 2).mean(dim=-1)
