@@ -29,8 +29,8 @@ from typing import Optional, Sequence
 #: per-SM limits by compute capability: (registers, shared memory bytes usable by CTAs)
 SM_LIMITS = {80: (65536, 164 * 1024), 86: (65536, 100 * 1024), 89: (65536, 100 * 1024), 90: (65536, 228 * 1024)}
 MAX_WARPS_PER_SM = 64
-_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EMULATE_BF16")
-_POINTERS = ("Q", "K", "V", "O", "ENT")
+_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "EMULATE_BF16", "HAS_BIAS")
+_POINTERS = ("Q", "K", "V", "O", "ENT", "KB")
 
 
 def signature(dtype: str = "bf16") -> dict[str, str]:
@@ -63,10 +63,11 @@ def resource_usage(cubin: bytes) -> dict[str, int]:
 
 
 def compile_config(arch: int, block_m: int, block_n: int, block_d: int, num_warps: int, num_stages: int,
-                   dtype: str = "bf16", maxnreg: Optional[int] = None) -> dict:
+                   dtype: str = "bf16", maxnreg: Optional[int] = None, has_bias: bool = False) -> dict:
     """One configuration compiled for sm_<arch> (sm_90 -> sm_90a): its registers, spills (the stack frame
     ptxas gives spilled registers: cuobjdump's STACK; LOCAL stays 0 here), shared memory and occupancy.
-    `maxnreg` caps the registers per thread (Triton's launch option of that name): ptxas then spills the rest."""
+    `maxnreg` caps the registers per thread (Triton's launch option of that name): ptxas then spills the rest.
+    `has_bias`: the variant with a key bias (a padded batch's key mask)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -74,7 +75,7 @@ def compile_config(arch: int, block_m: int, block_n: int, block_d: int, num_warp
     from varbench.engine.kernels import flash_entropy as fe
 
     src = ASTSource(fn=triton.jit(fe._flash_entropy_fwd), signature=signature(dtype),
-                    constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE_BF16=False))
+                    constexprs=dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EMULATE_BF16=False, HAS_BIAS=has_bias))
     k = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages,
                                                                            **({"maxnreg": maxnreg} if maxnreg else {})))
     use = resource_usage(k.asm["cubin"])

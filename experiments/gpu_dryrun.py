@@ -130,7 +130,9 @@ def _checks(rt, out, fc, batch: int) -> list[str]:
             bad.append(f"weight {name}: {p.dtype} on {p.device}, expected {want} on cuda")
             break
     # flash-attn for dense and gathered attention; FlexAttention for a block-sparse plan (SparVAR's CSLA)
-    wrong = [c for c in fc.attention if c["backend"] not in ("flash", "flex") or c["dtype"] != "bfloat16"]
+    # a padded batch's masked KV cache (varbench/engine/padded_batch.py) takes SDPA's memory-efficient kernel
+    wrong = [c for c in fc.attention if (c["backend"] not in ("flash", "flex") and not (c.get("masked") and c["backend"] == "efficient"))
+             or c["dtype"] != "bfloat16"]
     if wrong:
         bad.append(f"{len(wrong)} of {len(fc.attention)} attention calls not flash-attn/FlexAttention bf16, e.g. {wrong[0]}")
     if not fc.attention:
@@ -142,7 +144,10 @@ def _checks(rt, out, fc, batch: int) -> list[str]:
     return bad
 
 
-def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: bool = True, fc_runtime=None) -> dict:
+def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: bool = True, fc_runtime=None,
+            adaptive_batch: str = "pad") -> dict:
+    """One (model, preset, batch) row. `adaptive_batch`: how Infinity runs per-image plans of
+    different shapes ("pad": one padded step, the default; "split": sub-batches)."""
     from varbench.testing.fake_cuda import FakeCuda
 
     t0 = time.perf_counter()
@@ -156,6 +161,7 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 checks = _hart_checks
             else:
                 rt = fc.runtime(model, depth=depth)
+                rt.adaptive_batch = adaptive_batch
                 weights = fc.ledger.now
                 out = fc.generate(rt, make_policy(preset, rt.cfg.depth, model), batch)
                 checks = _checks
@@ -167,6 +173,11 @@ def run_one(model: str, preset: str, batch: int, *, depth=None, memo_blocks: boo
                 peak_bytes=fc.ledger.peak, weights_bytes=weights, kv_bytes=kv,
                 activations_bytes=fc.ledger.peak - weights - kv,
                 ops_per_scale=[fc.ledger.ops.get(t["si"], 0) for t in ran],
+                host_syncs=sum(fc.ledger.host_syncs.values()),
+                # by the scale they follow ("setup": before the first step)
+                host_syncs_per_scale={("setup" if k is None else int(k)): v for k, v in sorted(
+                    fc.ledger.host_syncs.items(), key=lambda kv: -1 if kv[0] is None else kv[0])},
+                padding_flops=out.flops.get("padding", 0.0), flops=out.flops["total"],
                 scales_run=[t["si"] for t in ran],
                 attention={b: sum(1 for c in fc.attention if c["backend"] == b) for b in {c["backend"] for c in fc.attention}},
                 errors=checks(rt, out, fc, batch))
@@ -183,7 +194,7 @@ def fmt_row(r: dict) -> str:
     ops = r["ops_per_scale"]
     return (f"{r['model']:12s} {r['method']:17s} b{r['batch']:<2d} peak {r['peak_bytes'] / GIB:7.2f} GiB "
             f"(weights {r['weights_bytes'] / GIB:5.2f} + KV {r['kv_bytes'] / GIB:5.2f} + act {r['activations_bytes'] / GIB:5.2f})  "
-            f"ops/scale {ops}  [{r['seconds']}s]")
+            f"ops/scale {ops}  syncs {r.get('host_syncs', '?')}  [{r['seconds']}s]")
 
 
 def parse_args(argv=None):

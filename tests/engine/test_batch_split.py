@@ -1,5 +1,7 @@
 """Per-image decisions at batch > 1 (varbench/engine/batch_split.py): every image of a batch gets the plan it
-gets alone, the batch splits where images disagree, and agreeing images keep sharing a batch.
+gets alone, the batch splits where images disagree (`adaptive_batch="split"`) or pads their plans into one
+step (`"pad"`, the default on Infinity: varbench/engine/padded_batch.py, tests/engine/test_padded_batch.py),
+and agreeing images keep sharing a batch.
 
 The tiny random Infinity on the 7-scale '0.06M' schedule, CFG 3. Bits of an image at batch 4 are
 compared with the same image at batch 1: batched matmuls round differently with other batch
@@ -55,12 +57,22 @@ def _kept(trace) -> list:
             for tr in trace]
 
 
-def test_nova_rows_with_different_activations_get_their_own_plans(rt):
+@pytest.fixture
+def splitting(rt):
+    """The runtime with `adaptive_batch="split"` (sub-batches of equal plans, no padding) for one test."""
+    rt.adaptive_batch = "split"
+    yield rt
+    rt.adaptive_batch = "pad"
+
+
+@pytest.mark.parametrize("adaptive_batch", ["split", "pad"])
+def test_nova_rows_with_different_activations_get_their_own_plans(rt, adaptive_batch, monkeypatch):
     make = lambda: build_policy("nova", **NOVA)  # noqa: E731
     alone = [_alone(rt, make, i) for i in range(4)]
     acts = [o.policy_stats["activation_scale"] for o in alone]
     assert len(set(acts)) >= 2, f"the test needs images that disagree; got activations {acts}"
 
+    monkeypatch.setattr(rt, "adaptive_batch", adaptive_batch)
     out = rt.generate(PROMPTS, SEEDS, make(), pn=PN, cfg=CFG)
     for i, one in enumerate(alone):
         st = out.image_stats[i]
@@ -75,8 +87,17 @@ def test_nova_rows_with_different_activations_get_their_own_plans(rt):
         # batch rounding only: measured 1.0 (no flipped bit) on this model; a flip would diverge the
         # rest of that image, so allow a little
         assert _bit_agreement([b if b is None else b[i:i + 1] for b in out.bits], one.bits) > 0.97
+    if adaptive_batch == "pad":
+        # one batch throughout (the launches of a shared plan); what ran beyond the images' own work is
+        # the padding, stated in the FLOPs: images that have not activated yet run a block in full while
+        # the others prune it, so the others' rows run full width too
+        assert all(tr["batch"] == 4 for tr in out.trace) and all(t[-1].get("padded") for t in out.image_traces)
+        assert out.flops["padding"] > 0
+        assert out.flops["total"] == pytest.approx(sum(o.flops["total"] for o in alone) + out.flops["padding"], rel=1e-9)
+        return
     # the batch's FLOPs are the sum of its images'
     assert out.flops["total"] == pytest.approx(sum(o.flops["total"] for o in alone), rel=1e-9)
+    assert "padding" not in out.flops
     # images share a sub-batch exactly when they ran the same plans (NOVA's kept counts come from each
     # image's own entropies, so images of one activation scale may still differ)
     def partition(keys):
@@ -196,7 +217,7 @@ def test_each_image_observes_its_own_rows(rt):
     assert out.images.shape[0] == 2
 
 
-def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
+def test_a_split_views_the_parents_cache_instead_of_copying_it(splitting, monkeypatch):
     """After a split the parts' KV caches and residual caches live in the parent's memory (rows
     permuted in place): a split must not hold a second copy of the cache (8B at batch 8: ~90 GiB)."""
     from varbench.engine.backbones.infinity.state import GenState
@@ -215,7 +236,7 @@ def test_a_split_views_the_parents_cache_instead_of_copying_it(rt, monkeypatch):
         return subs
 
     monkeypatch.setattr(GenState, "split", spy)
-    rt.generate(PROMPTS, SEEDS, build_policy("nova", **NOVA), pn=PN, cfg=CFG)
+    splitting.generate(PROMPTS, SEEDS, build_policy("nova", **NOVA), pn=PN, cfg=CFG)
     assert seen and all(seen)
 
 

@@ -158,11 +158,19 @@ def _build_cases():
     cases["fp32"] = dict(q=q, k=k, v=v, kw=dict(block_m=16, block_n=32))
     q, k, v = _increasing_keys()
     cases["increasing"] = dict(q=q, k=k, v=v, kw=dict(block_n=32))
+    # a padded batch's key mask (0 / -inf per row and key): row 0 masks keys 20..83 (a whole block of 32
+    # among them), row 1 its first 40 (its first key block entirely: the running max starts at -inf)
+    q, k, v = _qkv(105, 2, 2, 9, 100, 32)
+    bias = torch.zeros(2, 100)
+    bias[0, 20:84] = float("-inf")
+    bias[1, :40] = float("-inf")
+    cases["masked"] = dict(q=q, k=k, v=v, kw=dict(block_m=16, block_n=32, key_bias=bias.to(torch.bfloat16)))
     return cases
 
 
 CASES = _build_cases()
 MAIN_CASES = [n for n in CASES if n.startswith("c")]
+MASKED = CASES.pop("masked")   # run by the child with the others, checked by its own test
 for _n in ("c32-Lq37-Lk130-bm16-bn32", "c64-Lq5-Lk37-bmNone-bnNone", "strided", "fp32"):
     CASES[_n]["mean_call"] = True
 
@@ -191,7 +199,7 @@ torch.save(res, sys.argv[2])
 def interp(tmp_path_factory):
     d = tmp_path_factory.mktemp("flash_entropy")
     src, dst = d / "cases.pt", d / "out.pt"
-    torch.save(CASES, src)
+    torch.save({**CASES, "masked": MASKED}, src)
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     r = subprocess.run([sys.executable, "-c", _CHILD, str(src), str(dst), str(ROOT)], env=env,
                        capture_output=True, text=True, timeout=300)
@@ -287,6 +295,36 @@ def test_rescale_of_ps_accumulator_matters(interp):
         _, e = flash_blockwise(q, k, cs["v"], block_n=32, ps_mode=wrong)
         assert (e.double() - oracle_h).abs().max().item() > 0.1, wrong
     _check_against_references(cs, res)
+
+
+@pytest.mark.integration
+def test_interpreter_key_bias_attends_only_the_unmasked_keys(interp):
+    """With a key bias each row equals attention over its own unmasked keys, even where a whole key
+    block (or the row's first one) is masked: the same bounds as the unmasked cases, per row."""
+    q, k, v, bias = MASKED["q"], MASKED["k"], MASKED["v"], MASKED["kw"]["key_bias"]
+    res = interp["masked"]
+    assert torch.isfinite(res["out"]).all() and torch.isfinite(res["ent_head"]).all()
+    for r in range(q.shape[0]):
+        keep = bias[r] == 0
+        kr, vr = k[r:r + 1, :, keep], v[r:r + 1, :, keep]
+        ent_err = (res["ent_head"][r:r + 1].double() - entropy_fp64(q[r:r + 1], kr)).abs().max().item()
+        assert ent_err <= 5e-5, (r, ent_err)
+        o32 = F.scaled_dot_product_attention(q[r:r + 1].float(), kr.float(), vr.float(), scale=1.0)
+        assert (res["out"][r:r + 1].float() - o32).abs().max().item() <= 2 * BF16_EPS * vr.float().abs().max().item() + 1e-6
+        # and the masked keys mattered: attention over every key differs
+        assert (res["ent_head"][r:r + 1].double() - entropy_fp64(q[r:r + 1], k[r:r + 1])).abs().max().item() > 0.05
+
+
+def test_cpu_fallback_takes_the_key_bias():
+    q, k, v = _qkv(6, 2, 2, 9, 40, 32, dtype=torch.float32)
+    bias = torch.zeros(2, 40)
+    bias[1, 5:30] = float("-inf")
+    out, ent = flash_attention_with_entropy(q, k, v, force_triton=False, key_bias=bias)
+    keep = bias[1] == 0
+    torch.testing.assert_close(out[1:], F.scaled_dot_product_attention(q[1:], k[1:, :, keep], v[1:, :, keep], scale=1.0),
+                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ent[1:], attention_entropy(q[1:], k[1:, :, keep]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[:1], attention_entropy(q[:1], k[:1]), atol=1e-6, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- in-process (no Triton)

@@ -66,6 +66,10 @@ GENERATION_KEYS: tuple[str, ...] = (
     "benchmark.loader", "benchmark.seed", "benchmark.n_prompts", "benchmark.rewriter",
     "runtime.device", "runtime.dtype", "runtime.fused_entropy",
     "runtime.batch_size",   # an image's bits depend on its batch companions (varbench/harness/sharding.py)
+    # per-image plans padded into one step or split (varbench/engine/padded_batch.py): batch rounding
+    # differs. Not in the shipped runtime config (set with +runtime.adaptive_batch=...), so the default's
+    # hashes are unchanged; entries made before padding existed were split (rounding-level differences)
+    "runtime.adaptive_batch",
 )
 
 #: The pairing key: the generation key without the method.

@@ -33,7 +33,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals
+from varbench.engine.flops import plan_block_counts
+from varbench.engine.padded_batch import ResidualHolders, own_signals, padded_plan
+from varbench.engine.plan import BlockPlan, GenerationContext, ScalePlan, ScaleSignals, is_neutral
 
 
 def _selector_key(selector) -> object:
@@ -193,28 +195,106 @@ def step_groups(si: int, groups: list, policies: Sequence, per_image: bool,
     one state's step and returns its signals (None: the scale was skipped). Returns the groups after.
 
     Without per-image decisions the one policy plans the whole batch and observes all of it. With
-    them each image's policy plans; images with same-shaped plans run together (a sub-batch whose
-    images disagree splits here, `state.split`), and each image observes its own rows."""
+    them each image's policy plans; a state that can pad (`can_pad`) runs plans of different shapes
+    as one padded step (`varbench.engine.padded_batch`); otherwise images with same-shaped plans run
+    together (a sub-batch whose images disagree splits here, `state.split`). Each image observes
+    its own rows."""
     if not per_image:
         (_, state), = groups
         plan = policies[0].plan(si)
         signals = run(si, state, plan)
         if signals is not None:
-            policies[0].observe(si, signals)
+            policies[0].observe(si, host_signals(signals) if getattr(policies[0], "reads_signals_on_host", False) else signals)
         return groups
     out = []
     for images, state in groups:
         plans = [policies[i].plan(si) for i in images]
+        holders = _holders(state)
+        padded = None
+        if len(images) > 1 and can_pad(state) and len(set(map(plan_signature, plans))) > 1:
+            padded = padded_plan(plans, state.ctx.tokens(si), state.ctx.cfg_rows, si, state.rt.device, holders, images)
+        if padded is not None:
+            if getattr(state, "image_kv", None) is None:   # the first padded step: each image holds what the cache holds
+                state.image_kv = {i: list(state.kv.len) for i in images}
+            signals = run(si, state, padded)
+            note_image_blocks(state, si, images, plans, padded=True)
+            if signals is not None:
+                signals = host_signals(signals)
+                for k, i in enumerate(images):
+                    policies[i].observe(si, own_signals(select_signals(signals, k, len(images)), k, plans[k], padded))
+            out.append((images, state))
+            continue
+        holders.update(si, plans, images)
         parts = group_by_plan(plans)
         subs = [state] if len(parts) == 1 else state.split(parts)
         for part, sub in zip(parts, subs):
             members = [images[j] for j in part]
+            if len(parts) > 1:
+                sub.residual_holders = holders.part(members)
+                if getattr(state, "image_kv", None) is not None:
+                    sub.image_kv = {i: list(state.image_kv[i]) for i in members}
             signals = run(si, sub, merge_plans([plans[j] for j in part], state.ctx.cfg_rows))
+            note_image_blocks(sub, si, members, [plans[j] for j in part], padded=False)
             if signals is not None:
+                signals = host_signals(signals)
                 for k, i in enumerate(members):
                     policies[i].observe(si, select_signals(signals, k, len(members)))
             out.append((members, sub))
     return out
+
+
+def can_pad(state) -> bool:
+    """Whether `state` runs per-image plans of different shapes as one padded step: its backbone
+    can (`pads_per_image_plans`), the runtime's `adaptive_batch` is "pad" (not "split"), and the
+    generation has no KV budgets (their evictions keep no key mask)."""
+    return (getattr(state, "pads_per_image_plans", False) and getattr(state.rt, "adaptive_batch", "pad") == "pad"
+            and getattr(state, "kv_capacity", None) is None)
+
+
+def _holders(state) -> ResidualHolders:
+    h = getattr(state, "residual_holders", None)
+    if h is None:
+        h = state.residual_holders = ResidualHolders()
+    return h
+
+
+def note_image_blocks(state, si: int, images: Sequence[int], plans: Sequence[ScalePlan], padded: bool) -> None:
+    """After a padded step (and every step of a state that has run one): each image's own per-block
+    counts in the trace entry (`image_blocks`, by image position in the batch), from its own plan
+    and the keys it holds itself (`image_kv`), so its FLOPs and trace are its run alone."""
+    if getattr(state, "image_kv", None) is None:
+        return
+    tr = state.trace[-1]
+    if not tr["ran"]:
+        return
+    n, depth = tr["tokens"], len(tr["blocks"])
+    tr["image_blocks"] = {i: plan_block_counts(p, n, state.image_kv[i], {}, depth) for i, p in zip(images, plans)}
+    tr["image_neutral"] = {i: is_neutral(p) for i, p in zip(images, plans)}
+
+
+def host_signals(sig: ScaleSignals) -> ScaleSignals:
+    """The signals per-image policies read (token entropies, attention entropies and their query
+    positions) copied to the host in one transfer per dtype, before the batch's forks read them: a
+    GPU then waits once per scale, not once per image and read (each fork's `.to("cpu")` or
+    `float()` of a host tensor costs nothing)."""
+    named = [("token_entropy", None, sig.token_entropy)]
+    named += [("attention_entropy", b, e) for b, e in sig.attention_entropy.items()]
+    q = sig.attention_query_index
+    named += [("attention_query_index", b, p) for b, p in q.items()] if isinstance(q, dict) else [("attention_query_index", None, q)]
+    named = [(f, b, t) for f, b, t in named if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
+    if not named:
+        return sig
+    host: dict = {}
+    for dtype in {t.dtype for _, _, t in named}:
+        same = [(f, b, t) for f, b, t in named if t.dtype == dtype]
+        flat = torch.cat([t.reshape(-1) for _, _, t in same]).cpu()
+        for (f, b, t), part in zip(same, flat.split([t.numel() for _, _, t in same])):
+            host[(f, b)] = part.view(t.shape)
+    ent = {b: host.get(("attention_entropy", b), e) for b, e in sig.attention_entropy.items()}
+    index = ({b: host.get(("attention_query_index", b), p) for b, p in q.items()} if isinstance(q, dict)
+             else host.get(("attention_query_index", None), q))
+    return dataclasses.replace(sig, token_entropy=host.get(("token_entropy", None), sig.token_entropy),
+                               attention_entropy=ent, attention_query_index=index)
 
 
 def image_traces(groups: list, batch: int, per_scale_ms: Sequence[float]) -> list[list[dict]]:
@@ -226,7 +306,17 @@ def image_traces(groups: list, batch: int, per_scale_ms: Sequence[float]) -> lis
             tr["ms"] = ms
         for i in images:
             traces[i] = state.trace
+            if any("image_blocks" in tr for tr in state.trace):   # a padded batch: each image its own counts
+                traces[i] = [tr if "image_blocks" not in tr else _own_entry(tr, i) for tr in state.trace]
     return traces
+
+
+def _own_entry(tr: dict, i: int) -> dict:
+    """Image i's view of a padded step's trace entry: its own counts, marked `padded` (what ran for
+    the batch, padding included, stays in the batch's entry and FLOPs)."""
+    own = {k: v for k, v in tr.items() if k not in ("image_blocks", "image_neutral")}
+    own.update(blocks=tr["image_blocks"][i], neutral=tr["image_neutral"][i], padded=True)
+    return own
 
 
 def part_entries(groups: list, attr: str, si: int) -> list:

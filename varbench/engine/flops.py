@@ -61,40 +61,49 @@ def plan_trace(schedule, plans, depth: int, batch: int, cfg_rows: bool, text_tok
             continue
         if plan.drop_uncond and cfg_rows:
             rows = batch
-        blocks = []
-        for bi in range(depth):
-            bp = plan.blocks.get(bi)
-            mode = bp.mode if bp else "full"
-            c = {"mode": mode, "sa": 0, "kv": kv[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
-            if mode != "skip":
-                k = {sub: (bp.n_keep if (mode == "prune" and sub in bp.sublayers) else n) for sub in ("sa", "ca", "ffn")}
-                c.update(k)
-                c["qkv"] = k["sa"] if (mode == "prune" and bp.prune_kv) else n
-                kv[bi] += c["qkv"]
-                c["kv"] = kv[bi]
-                if bi in plan.attention_entropy_for:
-                    q = c["sa"]
-                    c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
-                ap = plan.attn.get(bi)
-                if ap is not None and ap.kind != "dense":
-                    c.update(attention_plan_pairs(ap, n, kv[bi], remembered.get(bi, 0)))
-                    if ap.kind == "decide":
-                        remembered[bi] = ap.n_keys
-                    elif ap.kind == "indexed" and ap.remember:
-                        remembered[bi] = c["attn_pairs"] // n
-                kb = plan.kv.get(bi)
-                if kb is not None:   # as GenState.apply_kv_budget decides it
-                    c["kv_kept"] = kv[bi]
-                    if kv[bi] > kb.n_keep:
-                        if kb.selector is not None:
-                            c["kv_sel_q"] = kb.sel_queries
-                        kv[bi] = c["kv_kept"] = kb.n_keep
-                        c["kv_evicted"] = True
-            blocks.append(c)
+        blocks = plan_block_counts(plan, n, kv, remembered, depth)
         out.append({"si": si, "h": h, "w": w, "ran": True, "rows": rows, "batch": batch, "tokens": n,
                     "text_tokens": text_tokens[rows], "blocks": blocks,
                     "neutral": is_neutral(plan) and not any(b.get("kv_evicted") for b in blocks)})
     return out
+
+
+def plan_block_counts(plan, n: int, kv: list[int], remembered: dict[int, int], depth: int) -> list[dict]:
+    """One scale's per-block trace counts under `plan` (n tokens), as the runtime records them;
+    `kv` (keys each block holds before the scale) and `remembered` (keys per query group of each
+    block's attention memory) are advanced in place. `plan_trace` per scale; a padded batch's
+    per-image counts (`varbench.engine.padded_batch`)."""
+    blocks = []
+    for bi in range(depth):
+        bp = plan.blocks.get(bi)
+        mode = bp.mode if bp else "full"
+        c = {"mode": mode, "sa": 0, "kv": kv[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
+        if mode != "skip":
+            k = {sub: (bp.n_keep if (mode == "prune" and sub in bp.sublayers) else n) for sub in ("sa", "ca", "ffn")}
+            c.update(k)
+            c["qkv"] = k["sa"] if (mode == "prune" and bp.prune_kv) else n
+            kv[bi] += c["qkv"]
+            c["kv"] = kv[bi]
+            if bi in plan.attention_entropy_for:
+                q = c["sa"]
+                c["ent_q"] = q if plan.attention_entropy_queries is None else min(q, plan.attention_entropy_queries)
+            ap = plan.attn.get(bi)
+            if ap is not None and ap.kind != "dense":
+                c.update(attention_plan_pairs(ap, n, kv[bi], remembered.get(bi, 0)))
+                if ap.kind == "decide":
+                    remembered[bi] = ap.n_keys
+                elif ap.kind == "indexed" and ap.remember:
+                    remembered[bi] = c["attn_pairs"] // n
+            kb = plan.kv.get(bi)
+            if kb is not None:   # as GenState.apply_kv_budget decides it
+                c["kv_kept"] = kv[bi]
+                if kv[bi] > kb.n_keep:
+                    if kb.selector is not None:
+                        c["kv_sel_q"] = kb.sel_queries
+                    kv[bi] = c["kv_kept"] = kb.n_keep
+                    c["kv_evicted"] = True
+        blocks.append(c)
+    return blocks
 
 
 def attention_plan_pairs(ap, n: int, length: int, remembered: int) -> dict:
@@ -173,6 +182,8 @@ def work_summary(rows: list[dict]) -> dict:
     flops = {"total": sum(totals) / len(rows), "text": sum(texts) / len(rows), "ar": sum(per_scale),
              "per_scale": per_scale, "per_image": _spread(totals)}
     flops.update(end_to_end_summary(rows))   # + text encoder, VAE decode, end to end
+    if any("padding_flops" in r["work"] for r in rows):   # what a padded batch ran beyond the images' own work
+        flops["padding"] = sum(r["work"].get("padding_flops", 0.0) for r in rows) / len(rows)
     work = {"executed_tokens": _spread(executed), "dense_tokens": rows[0]["work"]["dense_tokens"],
             "keep_fraction": _spread(keep)}
     return {"flops": flops, "work": work}

@@ -103,6 +103,8 @@ class StepGraphs:
         None (run eagerly): the plan has a selector that is not a dataclass (no stable signature), or
         residuals of an eager step are alive (a graph would read their soon-freed memory)."""
         blocks = []
+        if any(bp.pad is not None for bp in plan.blocks.values()) or any(m is not None for m in getattr(state.kv, "mask", ())):
+            return None   # a padded batch (per-image shapes, `varbench.engine.padded_batch`) runs eagerly
         for bi, bp in sorted(plan.blocks.items()):
             sel = None
             if bp.selector is not None:

@@ -56,6 +56,10 @@ class KVCache:
         self.stage: Optional[torch.Tensor] = None        # its rows in use
         self.staged: Optional[int] = None                # the block whose K/V lie in the staging buffer now
         self.staged_from = 0                             # that block's own length before its append
+        # per block, which positions each row may attend to: None (all of them, the usual case) until a
+        # padded batch appends positions some rows must not see (`varbench.engine.padded_batch`)
+        self.mask_full: list[Optional[torch.Tensor]] = [None] * depth   # (rows, capacity) bool, as allocated
+        self.mask: list[Optional[torch.Tensor]] = [None] * depth        # the rows in use
 
     @property
     def capacity(self) -> int:
@@ -65,12 +69,17 @@ class KVCache:
     def restart(self) -> None:
         """Empty, keeping the buffers (graph mode: captured steps write to these addresses)."""
         self.kv, self.len = list(self.full), [0] * len(self.len)
+        self.mask_full, self.mask = [None] * len(self.len), [None] * len(self.len)
         self.stage, self.staged = self.stage_full, None
 
-    def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, bi: int, kv: torch.Tensor, dtype: torch.dtype,
+               bias: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """kv (2, rows, H, n, c) -> this block's K, V so far, each (rows, H, len, c): views of its own
         buffer, or of the staging buffer when its own cannot hold them (then `evict` or `settle`
-        must follow before the next block appends)."""
+        must follow before the next block appends). `bias` (rows, n): 0 where a row may attend to an
+        appended position from now on, -inf where not (a padded batch, `key_mask`); None: all."""
+        if bias is not None or self.mask[bi] is not None:
+            self._note_bias(bi, kv, bias)
         if self.kv[bi] is None:
             two, rows, heads, _, c = kv.shape
             self.kv[bi] = self.full[bi] = kv.new_empty((2, rows, heads, self.capacities[bi], c), dtype=dtype)
@@ -95,6 +104,26 @@ class KVCache:
         self.staged, self.staged_from, self.len[bi] = bi, start, end
         return st.narrow(3, 0, end).unbind(0)
 
+    def _note_bias(self, bi: int, kv: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        """Record which appended positions each row may attend to, as an additive bias in the K/V's
+        dtype (what SDPA takes as `attn_mask` without converting it). Made at the first padded
+        append: every position before it was visible to every row."""
+        if self.staging_capacity:
+            raise ValueError("KV cache: a padded batch cannot use KV budgets (their staging buffer keeps no "
+                             "key mask); per-image plans with KV budgets split the batch instead")
+        start, n = self.len[bi], kv.shape[3]
+        if self.mask[bi] is None:
+            self.mask[bi] = self.mask_full[bi] = kv.new_zeros((kv.shape[1], self.capacities[bi]), dtype=self.kv[bi].dtype)
+        if start + n <= self.capacities[bi]:
+            seg = self.mask[bi].narrow(1, start, n)
+            seg.zero_() if bias is None else seg.copy_(bias)
+
+    def key_mask(self, bi: int) -> Optional[torch.Tensor]:
+        """(rows, 1, 1, len) additive bias, 0 where a row may attend to block bi's position and -inf
+        where not (SDPA's `attn_mask`), or None when every row sees every position (no padded append)."""
+        m = self.mask[bi]
+        return None if m is None else m.narrow(1, 0, self.len[bi])[:, None, None, :]
+
     def held(self, bi: int) -> torch.Tensor:
         """Block bi's K/V held now, (2, rows, H, len, c): in the staging buffer after a staged append."""
         return (self.stage if self.staged == bi else self.kv[bi]).narrow(3, 0, self.len[bi])
@@ -106,6 +135,8 @@ class KVCache:
         are gathered straight into the own buffer; in place, through one temporary of the kept size."""
         buf, n = self.kv[bi], self.len[bi]
         k = keep.shape[-1]
+        if self.mask[bi] is not None:
+            raise ValueError(f"KV cache of block {bi}: a KV budget cannot evict from a padded batch's masked cache")
         if k > self.capacities[bi]:
             raise ValueError(f"KV budget keeps {k} positions of block {bi} but its cache holds {self.capacities[bi]} "
                              "between scales: the policy's kv_capacity() is smaller than what its plans keep (a policy bug)")
@@ -161,6 +192,8 @@ class KVCache:
         new.kv = [None if t is None else rows(t) for t in self.kv]
         new.full = [None if t is None else rows(t) for t in self.full]
         new.len = list(self.len)
+        new.mask = [None if t is None else rows(t.unsqueeze(0)).squeeze(0) for t in self.mask]
+        new.mask_full = list(new.mask)
         if self.stage is not None:
             new.stage = new.stage_full = rows(self.stage)
         return new
@@ -172,11 +205,15 @@ class KVCache:
         for t in self.kv:
             if t is not None:
                 group_rows_in_place(t, parts, batch, 1)
+        for m in self.mask:
+            if m is not None:
+                group_rows_in_place(m, parts, batch, 0)
         return [self.view(lambda t, f=first, n=len(p): part_rows(t, f, n, batch, 1))
                 for p, first in zip(parts, part_starts(parts))]
 
     def drop_uncond(self, batch: int) -> None:
         self.kv = [None if t is None else t[:, :batch] for t in self.kv]
+        self.mask = [None if m is None else m[:batch] for m in self.mask]
         if self.stage is not None:
             self.stage = self.stage[:, :batch]
 

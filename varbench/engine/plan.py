@@ -119,6 +119,8 @@ class BlockPlan:
     prune_kv:  True - pruned tokens are dropped from this scale's self-attention K/V as well
                (cheaper, FastVAR behaviour); False - all tokens still provide K/V (queries pruned
                only; K/V of pruned tokens come from their un-updated hidden state).
+    pad:       None, or how images whose own plans differ share this block in one batch
+               (`BlockPadding`, made by `varbench.engine.padded_batch`, never by a policy).
     """
 
     mode: Literal["full", "skip", "prune"] = "full"
@@ -129,6 +131,7 @@ class BlockPlan:
     fill: Literal["cache", "pass"] = "cache"
     cache_from: Optional[int] = None
     prune_kv: bool = True
+    pad: Optional["BlockPadding"] = None
 
     def validate(self, n_tokens: int) -> None:
         if self.mode not in ("full", "skip", "prune"):
@@ -146,6 +149,36 @@ class BlockPlan:
             raise ValueError(f"Unknown sublayers {sorted(bad)}; use a subset of {SUBLAYERS}.")
         if self.fill not in ("cache", "pass"):
             raise ValueError(f"BlockPlan.fill must be 'cache' or 'pass', got {self.fill!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockPadding:
+    """One block of a padded batch (`varbench.engine.padded_batch`): images whose own plans run it
+    full, pruned to different counts, or skip it share one pruned step of `n_keep` = the largest
+    count. Each image's kept slots come first in its row of `keep`; the rest are padding.
+
+    valid:     (rows, n_keep) bool, rows as `keep`'s: the image's own kept slots. Padding slots take
+               the fill the image's own plan gives its pruned tokens (cache or pass), and with
+               `prune_kv` their K/V are masked out of every later attention (`KVCache.key_mask`).
+    skip:      None, or (B,) bool: images whose own plan skips the block; their rows leave it as
+               they entered and every K/V they appended is masked.
+    ent_pick:  None, or (rows, q) long: per row the slots (into its kept slots) whose attention
+               entropy the image's own plan measures (`entropy_query_pick` of its own count); rows
+               with fewer repeat their last slot (the image reads only its own `ent_counts`).
+    ent_counts: per image how many of `ent_pick`'s slots are its own (0: it asked for none here).
+    """
+
+    valid: Optional[torch.Tensor] = None
+    skip: Optional[torch.Tensor] = None
+    ent_pick: Optional[torch.Tensor] = None
+    ent_counts: tuple[int, ...] = ()
+    #: made with the plan so the step spends no launch on them: (rows, appended) additive key bias (0 /
+    #: -inf) of the K/V the block appends, in `KVCache.key_mask`'s form; `skip` as (rows, 1, 1); the
+    #: padding slots as (rows, n_keep, 1); the token positions of `ent_pick`'s slots
+    kv_bias: Optional[torch.Tensor] = None
+    skip_rows: Optional[torch.Tensor] = None
+    padding_slots: Optional[torch.Tensor] = None
+    ent_pos: Optional[torch.Tensor] = None
 
 
 AttnKind = Literal["dense", "decide", "indexed", "block_mask"]
@@ -274,6 +307,24 @@ class ScalePlan:
     post_fill: Optional[torch.Tensor] = None
     code_mask: Optional[torch.Tensor] = None
     input_resize: Literal["trilinear", "area"] = "trilinear"
+
+    def on_device(self, device) -> "ScalePlan":
+        """This plan with its blocks' kept indices (and padding) on `device`: a policy may hand them
+        over on the host; the runtime moves them once per scale, before the step (one copy each,
+        never inside a captured step)."""
+        def move(t):
+            return t if t is None or t.device == torch.device(device) else t.to(device, non_blocking=True)
+
+        blocks = {}
+        for bi, bp in self.blocks.items():
+            if bp.keep is not None and bp.keep.device != torch.device(device):
+                bp = dataclasses.replace(bp, keep=move(bp.keep))
+            if bp.pad is not None:
+                bp = dataclasses.replace(bp, pad=dataclasses.replace(bp.pad, **{
+                    f.name: move(getattr(bp.pad, f.name)) for f in dataclasses.fields(bp.pad)
+                    if isinstance(getattr(bp.pad, f.name), torch.Tensor)}))
+            blocks[bi] = bp
+        return dataclasses.replace(self, blocks=blocks)
 
     def validate_token_maps(self, batch: int, n_tokens: int, depth: int) -> None:
         """Check `residual_change_for`, `post_fill` and `code_mask` against a scale of `n_tokens` tokens

@@ -125,6 +125,11 @@ class Policy(abc.ABC):
     #: decisions are made per image: at batch > 1 the runtime runs one fork per image (see above)
     per_image_decisions: bool = False
 
+    #: `observe` reads its signals' values on the host (token and attention entropies): the runtime
+    #: then copies them there in one transfer per dtype per scale (`batch_split.host_signals`), one
+    #: wait for the GPU instead of one per read. Policies that read nothing leave it off (no transfer).
+    reads_signals_on_host: bool = False
+
     #: the model families (`GenerationContext.backbone`) whose mechanics this method's rules are written
     #: for; the harness refuses a method on any other before a weight is loaded (`backbone_refusal`)
     backbones: ClassVar[frozenset[str]] = frozenset({"infinity"})

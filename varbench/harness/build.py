@@ -169,6 +169,8 @@ def configure_runtime(rt, runtime_cfg: Any):
                          "use runtime.cuda_graphs=auto (or false)")
     rt.cuda_graphs = rt.device.type == "cuda" if graphs == "auto" else graphs == "true"
     rt.fused_entropy = bool(runtime_cfg.get("fused_entropy", True))
+    # per-image plans of different shapes: one padded step (default) or sub-batches (HART always splits)
+    rt.adaptive_batch = str(runtime_cfg.get("adaptive_batch", "pad"))
     return rt
 
 

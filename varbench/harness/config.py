@@ -79,6 +79,10 @@ def _check_runtime(rt: Any) -> None:
         raise BadSettingError(f"runtime.cuda_graphs must be auto, true or false, got {graphs!r}")
     for key in ("fused_entropy", "force", "save_images", "progress"):
         _bool("runtime", rt, key)
+    adaptive = _get(rt, "adaptive_batch", "pad")
+    if adaptive not in ("pad", "split"):
+        raise BadSettingError(f"runtime.adaptive_batch must be pad or split, got {adaptive!r}; pad runs per-image plans "
+                              "of different shapes as one padded step, split as sub-batches")
     wait = _get(rt, "lock_wait_s")
     if wait is not None and (not _is_num(wait) or (wait < 0 and wait != -1)):
         raise BadSettingError(f"runtime.lock_wait_s must be a number of seconds >= 0 (or -1: wait forever), got {wait!r}")

@@ -18,7 +18,7 @@ methods (NOVA, ToProVAR, SkipVAR) do different work per prompt, and the spread s
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, TypedDict, get_type_hints
+from typing import Any, Mapping, NotRequired, Optional, TypedDict, get_type_hints
 
 #: The version of the record this module describes (``record.json``'s ``schema_version``).
 SCHEMA_VERSION = 1
@@ -146,6 +146,8 @@ class Flops(TypedDict):
     vae_decode: Optional[float]     # VAE decoder, one decode at the final latent grid
     end_to_end: Optional[float]     # total + text_encoder + vae_decode
     end_to_end_per_image: Spread    # of per-image end_to_end (n = 0 when end_to_end is None)
+    padding: NotRequired[float]     # a padded batch (varbench/engine/padded_batch.py): FLOPs run beyond the images'
+                                    # own work (not in total), per image; absent when nothing was padded
 
 
 class Work(TypedDict):
@@ -241,6 +243,7 @@ class TraceWork(TypedDict):
     flops: TraceFlops
     executed_tokens: float   # token-layers executed (mean over sublayers, summed over blocks and scales)
     dense_tokens: int        # what the dense forward executes
+    padding_flops: NotRequired[float]   # this image's share of its padded batch's padding FLOPs
 
 
 class TraceMemory(TypedDict):

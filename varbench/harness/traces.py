@@ -50,8 +50,10 @@ def trace_row(out, b: int, p: int, s: int, method: str, stages: dict | None = No
     return {"prompt_index": p, "sample_index": s, "method": method, "scales": scales,
             "resolution": list(out.images.shape[1:3]), "batch": len(out.image_traces),
             # transformer FLOPs as before, plus the text encoder, VAE decode and end to end
-            "work": with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
-                                    (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
+            "work": {**with_end_to_end(image_work(out.image_flops[b], out.image_traces[b]),
+                                       (stages or {}).get("text_encoder"), (stages or {}).get("vae_decode")),
+                     # a padded batch (varbench/engine/padded_batch.py): its padding's FLOPs, the image's share
+                     **({"padding_flops": out.flops["padding"] / len(out.image_traces)} if "padding" in out.flops else {})},
             "stats": _jsonable(out.image_stats[b]), "no_effect_reason": out.no_effect_reasons[b],
             "memory": image_memory(scales, peak)}
 

@@ -191,6 +191,10 @@ class Compose(Policy):
     def per_image_decisions(self) -> bool:
         return any(m.per_image_decisions for m in self.members)
 
+    @property
+    def reads_signals_on_host(self) -> bool:
+        return any(getattr(m, "reads_signals_on_host", False) for m in self.members)
+
     def backbone_refusal(self, backbone: str) -> Optional[str]:
         """A composition runs where every member does (its plans are the members' plans merged)."""
         for i, m in enumerate(self.members):

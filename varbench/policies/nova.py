@@ -257,6 +257,9 @@ class NOVA(Policy):
             setattr(self, key, v)
         self.baseline_scales = tuple(int(s) for s in kn.baseline_scales)
 
+    #: observe reads token / attention entropies on the host (one copy per scale, not one per block)
+    reads_signals_on_host = True
+
     @property
     def per_image_decisions(self) -> bool:
         return self.batch_rule == "per_image"
@@ -444,7 +447,7 @@ class NOVA(Policy):
                     idx = topk_indices(upsample_map(m, self.ctx.schedule[s_l], (h, w), self.upsample), k)
                 else:  # the predictive-entropy ranking (also the fallback before a layer's map exists)
                     idx = order[:, :k].sort(dim=-1).values
-                blocks[l] = BlockPlan(mode="prune", keep=expand_to_rows(idx, self.ctx).to(self.ctx.device),
+                blocks[l] = BlockPlan(mode="prune", keep=expand_to_rows(idx, self.ctx),
                                       n_keep=k, sublayers=self.sublayers, fill=self.fill, cache_from=cache_from,
                                       prune_kv=self.prune_kv)
                 n_keeps[l] = k
@@ -467,7 +470,9 @@ class NOVA(Policy):
         self.maps[si] = ent
         self.H[si] = ent.mean(dim=-1)
         if signals.attention_entropy:
-            self.layer_E[si] = {int(b): float(cond_rows(e, self.ctx).float().mean()) for b, e in signals.attention_entropy.items()}
+            blocks = list(signals.attention_entropy)   # one host read for every block's mean, not one per block
+            means = torch.stack([cond_rows(e, self.ctx).float().mean() for e in signals.attention_entropy.values()]).tolist()
+            self.layer_E[si] = {int(b): m for b, m in zip(blocks, means)}
             if self.token_score == "per_layer_attn":
                 pos = signals.attention_query_index or {}
                 for b, e in signals.attention_entropy.items():

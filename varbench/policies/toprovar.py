@@ -234,6 +234,9 @@ class ToProVAR(Policy):
         for key, v in self.k.items():
             setattr(self, key, v)
 
+    #: observe reads token / attention entropies on the host (one copy per scale, not one per block)
+    reads_signals_on_host = True
+
     @property
     def per_image_decisions(self) -> bool:
         return self.batch_rule == "per_image"
@@ -375,7 +378,7 @@ class ToProVAR(Policy):
                 idx = torch.multinomial(p.clamp_min(1e-6), k, replacement=False, generator=self.gen).sort(-1).values
             if self.share_mask_cfg:
                 idx = expand_to_rows(idx, self.ctx)
-            blocks[l] = BlockPlan(mode="prune", keep=idx.to(self.ctx.device), n_keep=k, fill="pass",
+            blocks[l] = BlockPlan(mode="prune", keep=idx, n_keep=k, fill="pass",
                                   prune_kv=self.prune_kv)
             rec[int(l)] = k
         self.record[si] = {"n_keep": rec, "tokens": L, "entropy_from_scales": sorted(srcs)}

@@ -64,6 +64,12 @@ the CUDA context are not in it (they are not in `max_memory_allocated` either, e
 Ops per scale: the aten ops a scale step dispatches that launch device work (views, metadata and
 allocation-only ops excluded), about the kernel launches an eager step makes; a stood-in Triton
 kernel counts one.
+
+Host syncs (`ledger.host_syncs`, by the scale they follow): between steps, every copy of a device
+value to the host and every host read of one (`.item()`, `float()`, `.tolist()`); a policy's reads
+of signals still on the device count too (its stand-in signals are `_OnDevice`: each read counts
+one), those the runtime already copied to the host do not. On a GPU each one waits for the
+device's queue to drain.
 """
 from __future__ import annotations
 
@@ -116,6 +122,11 @@ class _Ledger:
         self.step: Optional[int] = None         # scale of the step being run, None between steps
         self.ops: dict[int, int] = defaultdict(int)
         self.op_names: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        #: host syncs by the scale they follow (None: before the first step): copies of device values
+        #: to the host and reads of them (`.item()`, `float()`, `.tolist()`) between steps, the policy's
+        #: included (`_OnDevice`); on a GPU each waits for the device to drain its queue
+        self.host_syncs: dict[Optional[int], int] = defaultdict(int)
+        self.last_step: Optional[int] = None
 
     def track(self, t: torch.Tensor) -> None:
         """Count t's storage from now until it is freed (a weakref on the storage, as MemTracker
@@ -136,6 +147,38 @@ class _Ledger:
 
     def reset_peak(self) -> None:
         self.peak = self.now
+
+
+def _device_to_host(name: str, args, kwargs) -> bool:
+    """Whether this copy brings a (fake) CUDA tensor's values to the host."""
+    if name == "copy_":
+        dst, src = args[0], args[1]
+        return isinstance(src, torch.Tensor) and src.device.type == "cuda" and dst.device.type == "cpu"
+    src, dev = args[0], kwargs.get("device")
+    return isinstance(src, torch.Tensor) and src.device.type == "cuda" and dev is not None and torch.device(dev).type == "cpu"
+
+
+class _OnDevice(torch.Tensor):
+    """A stand-in signal for a tensor that lives on the GPU: each read of its values on the host
+    (`.cpu()`, `.to("cpu")`, `.item()`, `float()`, `.tolist()`, ...) counts one host sync in the
+    ledger, and gives a plain host tensor (free to read after). Ops on it stay `_OnDevice`."""
+
+    ledger: Optional["_Ledger"] = None
+    READS = {"cpu", "item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__format__", "__repr__"}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        read = name in cls.READS or (name == "to" and any(_to_cpu_device(a) == "cpu" or a == torch.device("cpu")
+                                                           for a in [*args[1:], kwargs.get("device")]))
+        with torch._C.DisableTorchFunctionSubclass():
+            res = func(*args, **kwargs)
+        if read:
+            if cls.ledger is not None:
+                cls.ledger.host_syncs[cls.ledger.last_step] += 1
+            return tree_map(lambda t: t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t, res)
+        return tree_map(lambda t: t.as_subclass(cls) if isinstance(t, torch.Tensor) and not isinstance(t, cls) else t, res)
 
 
 def _to_cpu_device(v):
@@ -168,8 +211,11 @@ class _DryRunMode(TorchDispatchMode):
                 led.ops[led.step] += 1
                 led.op_names[led.step][name] += 1
         elif name in ("_local_scalar_dense", "item") and args[0] in self.shadows:
+            led.host_syncs[led.last_step] += int(args[0].device.type == "cuda")
             with unset_fake_temporarily():
                 return self.shadows[args[0]].item()
+        elif name in ("_to_copy", "copy_") and _device_to_host(name, args, kwargs):
+            led.host_syncs[led.last_step] += 1
         out = func(*args, **kwargs)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
@@ -245,7 +291,7 @@ class _CudaSdpa(TorchFunctionMode):
                     q, k, v = (t.to(dt) if t.is_floating_point() else t for t in (q, k, v))
                     mask = mask.to(dt) if mask is not None and mask.is_floating_point() else mask
                 backend = cuda_sdpa_backend(q, k, v, mask)
-                self.calls.append({"backend": backend, "dtype": str(q.dtype).replace("torch.", ""),
+                self.calls.append({"backend": backend, "dtype": str(q.dtype).replace("torch.", ""), "masked": mask is not None,
                                    "kv_dtype": str(k.dtype).replace("torch.", ""), "q": tuple(q.shape), "k": tuple(k.shape)})
                 if backend == "flash":
                     return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, scale=scale)[0]
@@ -372,6 +418,10 @@ class StandInPolicy:
     def per_image_decisions(self) -> bool:
         return self.inner.per_image_decisions
 
+    @property
+    def reads_signals_on_host(self) -> bool:
+        return getattr(self.inner, "reads_signals_on_host", False)
+
     def fork(self) -> "StandInPolicy":
         """One stand-in per image (per-image decisions, `varbench.engine.batch_split`), each with its own
         stand-in draws, so the images of a batch diverge and the batch splits as it may on a GPU."""
@@ -405,6 +455,12 @@ class StandInPolicy:
     def _standin(self, t: Optional[torch.Tensor], hi: float, n: Optional[int] = None) -> Optional[torch.Tensor]:
         if t is None:
             return None
+        made = self._standin_values(t, hi, n)
+        # a signal still on the device: the policy's reads of it are host syncs (counted); one the
+        # runtime already copied to the host (`batch_split.host_signals`) is free to read
+        return made.as_subclass(_OnDevice) if t.device.type == "cuda" else made
+
+    def _standin_values(self, t: torch.Tensor, hi: float, n: Optional[int] = None) -> torch.Tensor:
         with unset_fake_temporarily():
             if not t.dtype.is_floating_point:   # query positions: evenly spaced over the scale's n tokens
                 rows, k = t.shape
@@ -559,7 +615,7 @@ class FakeCuda:
                 try:
                     return real(gen_state, si, *a, **k)
                 finally:
-                    led.step = None
+                    led.step, led.last_step = None, si
             return step
 
         s.enter_context(mock.patch.object(state.GenState, "run_core", stepped(state.GenState.run_core)))
@@ -648,6 +704,9 @@ class FakeCuda:
         self.ledger.reset_peak()
         self.ledger.ops.clear()
         self.ledger.op_names.clear()
+        self.ledger.host_syncs.clear()
+        self.ledger.last_step = None
+        _OnDevice.ledger = self.ledger
         self.attention.clear()
         return rt.generate([""] * batch, list(range(batch)), StandInPolicy(policy, self, seed), pn=pn, cfg=cfg,
                            text=text, decode=True, **kw)

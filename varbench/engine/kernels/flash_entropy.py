@@ -44,13 +44,15 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _flash_entropy_fwd(
-    Q, K, V, O, ENT,
+    Q, K, V, O, ENT, KB,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
     sob, soh, som, sod,
+    skbb,
     n_heads, Lq, Lk, D, qk_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
 ):
     # Written as a plain function: it is wrapped by triton.jit (GPU) or by Triton's interpreter (CPU
     # tests) on first use.
@@ -60,6 +62,8 @@ def _flash_entropy_fwd(
     # are upcast exactly, P and O are rounded to bf16 (RNE, bit trick) before the P V dot / the
     # store. Products of bf16 values are exact in fp32, so this equals a bf16 dot with fp32
     # accumulation up to summation order.
+    # HAS_BIAS: KB (rows, Lk) is 0 for a key the row attends to and -inf for one it does not (a padded
+    # batch's key mask); a whole block of masked keys, or a row's first blocks, may be masked.
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // n_heads).to(tl.int64)                      # int64 offsets: big KV caches
@@ -91,11 +95,16 @@ def _flash_entropy_fwd(
         if EMULATE_BF16:
             kt = kt.to(tl.float32)
         s = tl.dot(q, kt) * qk_scale                                         # fp32
-        s = tl.where(n_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))                 # finite: every block has a valid key
-        alpha = tl.exp(m_i - m_new)                           # 0 on the first block
-        p = tl.exp(s - m_new[:, None])                        # 0 on masked keys
-        ps = p * tl.where(n_valid[None, :], s - m_new[:, None], 0.0)   # no 0 * -inf on masked keys
+        k_ok = n_valid
+        if HAS_BIAS:
+            kb = tl.load(KB + b * skbb + n_idx, mask=n_valid, other=float("-inf"))
+            k_ok = n_valid & (kb == 0.0)
+        s = tl.where(k_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))                 # -inf only while every key so far is masked
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # no -inf - -inf
+        alpha = tl.exp(m_i - m_safe)                          # 0 on the first block
+        p = tl.exp(s - m_safe[:, None])                       # 0 on masked keys
+        ps = p * tl.where(k_ok[None, :], s - m_safe[:, None], 0.0)   # no 0 * -inf on masked keys
         shift = tl.where(l_i > 0.0, m_i - m_new, 0.0) * l_i    # no -inf * 0 on the first block
         a_i = alpha * (a_i + shift) + tl.sum(ps, 1)
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -210,10 +219,14 @@ def flash_attention_with_entropy(
     block_n: Optional[int] = None,
     num_warps: Optional[int] = None,
     maxnreg: Optional[int] = None,
+    key_bias: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention output and per-query attention entropy in one pass.
 
-    q: (rows, H, Lq, c); k, v: (rows, H, Lk, c); any strides (no .contiguous() is made). No mask.
+    q: (rows, H, Lq, c); k, v: (rows, H, Lk, c); any strides (no .contiguous() is made).
+    key_bias: None, or per row which keys it attends to, 0 (attends) or -inf (not), (rows, Lk) or
+    (rows, 1, 1, Lk) (`KVCache.key_mask`, a padded batch); any other value is refused by the kernel's
+    reading (a key counts only where its bias is exactly 0).
     Returns (out, entropy): out (rows, H, Lq, c) in q's dtype, entropy fp32 (rows, Lq) = mean over
     heads (the convention of `varbench.engine.attention.attention_entropy`), or (rows, H, Lq) with
     `return_per_head=True`. Entropy is in nats of softmax(scale * q k^T).
@@ -233,13 +246,19 @@ def flash_attention_with_entropy(
     rows, H, Lq, c = q.shape
     Lk = k.shape[2]
     use_triton = force_triton if force_triton is not None else (q.is_cuda or _interpret_env())
+    bias = None if key_bias is None else key_bias.reshape(rows, Lk)
+    if bias is not None and bias.stride(1) != 1:   # the kernel reads a row's keys at unit stride
+        bias = bias.contiguous()
     if not use_triton:
         kk = k if k.dtype == q.dtype else k.to(q.dtype)
         vv = v if v.dtype == q.dtype else v.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, kk, vv, scale=scale)
+        mask = None if bias is None else bias.to(q.dtype)[:, None, None, :]
+        out = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, scale=scale)
         if return_per_head:
+            if bias is not None:
+                raise ValueError("return_per_head with a key_bias: the per-head reference takes no mask")
             return out, entropy_reference_per_head(q, k, scale)
-        return out, attention_entropy(q if scale == 1.0 else q.float() * scale, k)
+        return out, attention_entropy(q if scale == 1.0 else q.float() * scale, k, key_mask=mask)
 
     if c > MAX_HEAD_DIM:
         raise ValueError(f"head dim {c} > {MAX_HEAD_DIM} not supported by the kernel")
@@ -256,12 +275,14 @@ def flash_attention_with_entropy(
         grid = ((Lq + bm - 1) // bm, rows * H)
         extra = {} if interpret else dict(num_warps=num_warps or warps, num_stages=num_stages,
                                           **({"maxnreg": int(maxnreg)} if maxnreg else {}))
+        kb = ent if bias is None else bias   # any pointer when there is no bias (never read)
         kernel(interpret)[grid](
-            qq, kk, vv, out, ent,
+            qq, kk, vv, out, ent, kb,
             *qq.stride(), *kk.stride(), *vv.stride(), *out.stride(),
+            0 if bias is None else bias.stride(0),
             H, Lq, Lk, c, float(scale),
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=block_d, EMULATE_BF16=interpret and cdt == torch.bfloat16,
-            **extra,
+            HAS_BIAS=bias is not None, **extra,
         )
     if out.dtype != q.dtype:
         out = out.to(q.dtype)

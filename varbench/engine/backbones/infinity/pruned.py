@@ -48,6 +48,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     h, w = state.sched[si]
     rows, n, _ = x.shape
     pruned = bp.mode == "prune"
+    x_in = x
 
     def indices(sub):
         if not pruned or sub not in bp.sublayers:
@@ -70,7 +71,9 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     else:
         rot = qkv_rope(bc, xin, table)
         counts["qkv"] = n
-    kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype)
+    pad = bp.pad
+    kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype, None if pad is None else pad.kv_bias[:rows])
+    key_mask = state.kv.key_mask(bi)
     state.kv_appended = idx if (idx is not None and bp.prune_kv) else None   # for a KV budget's selector
     q = rot[0]
     if idx is not None and not bp.prune_kv:  # every token gives K/V, kept tokens query
@@ -82,18 +85,30 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         from varbench.engine.kernels import flash_attention_with_entropy
 
         try:
-            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0)
+            attn, ent_all = flash_attention_with_entropy(q.to(kk.dtype), kk, vv, scale=1.0, key_bias=key_mask)
         except Exception as err:  # noqa: BLE001 - Triton/driver/SM mismatch: SDPA + a second pass instead
             state.rt.fall_back("runtime.fused_entropy", err)
             fused = False
     if ap is not None:
+        if key_mask is not None:
+            raise ValueError(f"block {bi}: an attention plan cannot run on a padded batch's masked KV cache")
         attn, attn_counts, memory = plan_attention(q, kk, vv, ap, state.attn_memory.get(bi), (h, w))
         counts.update(attn_counts)
         if memory is not None:
             state.attn_written[bi] = memory
     elif not fused:
-        attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, scale=1.0)
-    if want_entropy:
+        attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, attn_mask=key_mask, scale=1.0)
+    if want_entropy and pad is not None and pad.ent_pick is not None:   # each image's own queries
+        pick = _rows(pad.ent_pick, rows)
+        sub_pos = pad.ent_pos[:rows]
+        if fused:   # the kernel gave every query's entropy: each row takes its own picks
+            attn_ent[bi] = ent_all.gather(1, pick)
+        else:
+            qp = q.gather(2, pick[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[3]))
+            attn_ent[bi] = attention_entropy(qp, kk, key_mask=key_mask)
+        attn_idx[bi] = sub_pos
+        counts["ent_q"] = sub_pos.shape[1]
+    elif want_entropy:
         sub_pos = qpos if qpos is not None else torch.arange(n, device=x.device).expand(rows, -1)
         pick = None
         if entropy_queries is not None and entropy_queries < q.shape[2]:
@@ -102,7 +117,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         if fused:
             attn_ent[bi] = ent_all if pick is None else ent_all[:, pick]
         else:
-            attn_ent[bi] = attention_entropy(q if pick is None else q[:, :, pick], kk)
+            attn_ent[bi] = attention_entropy(q if pick is None else q[:, :, pick], kk, key_mask=key_mask)
         attn_idx[bi] = sub_pos
         counts["ent_q"] = sub_pos.shape[1]
     counts["sa"] = q.shape[2]
@@ -118,7 +133,15 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     idx = indices("ffn")
     xq = x if idx is None else _gather_rows(x, idx)
     counts["ffn"] = xq.shape[1]
-    return _apply_branch(state, si, bi, "ffn", x, ffn(bc, xq), bc.g2, idx, bp, residual_store)
+    x = _apply_branch(state, si, bi, "ffn", x, ffn(bc, xq), bc.g2, idx, bp, residual_store)
+    if pad is not None and pad.skip_rows is not None:   # images whose own plan skips the block leave it as they came
+        x = torch.where(pad.skip_rows[:rows], x_in, x)
+    return x
+
+
+def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A per-image (B, ...) or per-row (2B, ...) tensor for `rows` rows ([cond; uncond], or cond only)."""
+    return t[:rows] if t.shape[0] >= rows else t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))
 
 
 def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, residual_store):
@@ -130,10 +153,16 @@ def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, resid
         return x + branch if gate is None else torch.addcmul(x, branch, gate)
     rows, n, c = x.shape
     branch = branch.float() if gate is None else branch.float().mul(gate)
+    slots = idx.unsqueeze(-1).expand(-1, -1, c)
+    padding = None if bp.pad is None else bp.pad.padding_slots[:rows]
     if bp.fill == "pass":
-        return x.scatter_add(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
+        if padding is not None:   # padding slots add nothing: their tokens pass, as the image's own plan says
+            branch = branch.masked_fill(padding, 0.0)
+        return x.scatter_add(1, slots, branch)
     base = cached_branch(state, si, bi, sub, rows, bp.cache_from)
-    full = base.scatter(1, idx.unsqueeze(-1).expand(-1, -1, c), branch)
+    if padding is not None:       # padding slots write back their own fill
+        branch = torch.where(padding, base.gather(1, slots), branch)
+    full = base.scatter(1, slots, branch)
     if residual_store is not None:
         residual_store[(bi, sub)] = full
     return x + full

@@ -96,6 +96,10 @@ class InfinityRuntime:
         self.graph_pool = None             # the memory pool of every captured step (made at the first capture)
         self.max_graph_states = 1
         self.fallbacks: list[dict] = []   # {"knob", "error"}: GPU features that failed here and were turned off
+        #: per-image plans of different shapes at batch > 1: "pad" runs them as one padded step
+        #: (`varbench.engine.padded_batch`: the launches of one batch, the padding's FLOPs), "split"
+        #: as sub-batches of equal shape (no padding, a batch's launches per sub-batch)
+        self.adaptive_batch = "pad"
 
     def fall_back(self, knob: str, err: BaseException) -> None:
         """A GPU feature failed on this machine (driver, Triton or SM mismatch): turn it off for this
@@ -224,13 +228,16 @@ class InfinityRuntime:
         per_image_flops = [image_flops(self.cfg, tr, tokens) for tr, tokens in zip(traces, image_tokens)]
         # the batch's count: each sub-batch's entry once (entries before a split are shared)
         per_scale_flops = [sum(scale_flops(self.cfg, tr) for tr in part_entries(groups, "trace", si)) for si in range(n_scales)]
+        flops = {"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops}
+        if any(tr.get("padded") for trace in traces for tr in trace):   # what padding added to the images' own work
+            flops["padding"] = flops["total"] - sum(f["total"] for f in per_image_flops)
         image_stats = [p.stats() for p in policies] if per_image else [policy.stats()] * batch
         reasons = [no_effect_reason(p, tr) for p, tr in zip(policies if per_image else [policy] * batch, traces)]
         return GenerationOutput(
             images=images, summed_codes=summed_codes, schedule=sched, trace=traces[0],
             bits=scatter_per_scale(groups, "bits", batch, n_scales, -1),
             token_entropy=scatter_per_scale(groups, "entropies", batch, n_scales, float("nan")),
-            flops={"total": tflops + sum(per_scale_flops), "text": tflops, "per_scale": per_scale_flops},
+            flops=flops,
             timings_ms={"text": text_ms, "ar": ar_ms, "decode": decode_ms, "per_scale": per_scale_ms},
             policy_stats={"per_image": image_stats} if per_image else image_stats[0],
             image_traces=traces, image_flops=per_image_flops, image_stats=image_stats, no_effect_reasons=reasons,

@@ -92,6 +92,9 @@ class GenState:
     `graphs` is None (eager) or the `varbench.engine.graphs.StepGraphs` that capture this state's
     steps; the runtime sets it on the whole-batch states it keeps for graph mode."""
 
+    #: per-image plans of different shapes may share one padded step (`varbench.engine.padded_batch`)
+    pads_per_image_plans = True
+
     def __init__(self, rt, ctx: GenerationContext, text: TextBatch, negative: Optional[TextBatch],
                  sched: list[tuple[int, int]], h_div_w: float, seeds: Sequence[int],
                  kv_capacity: Optional[Sequence[int]] = None):
@@ -230,7 +233,7 @@ class GenState:
             kb.validate()
         check_attention_plans(plan, si, n, len(self.blocks), self.kv.len)
         plan.validate_token_maps(self.batch, n, len(self.blocks))
-        out = self.run_core(si, plan, cfg, tau, top_k, top_p)
+        out = self.run_core(si, plan.on_device(self.rt.device), cfg, tau, top_k, top_p)
         if out.residual_store is not None:
             self.residuals[si] = out.residual_store
         self.attn_memory.update(out.attn_memory)
@@ -283,7 +286,8 @@ class GenState:
                 ap = None
             counts = {"mode": bp.mode, "sa": 0, "kv": self.kv.len[bi], "qkv": 0, "ca": 0, "ffn": 0, "ent_q": 0}
             x_in, appended = x, None
-            if bp.mode == "full" and residual_store is None and bi not in plan.attention_entropy_for and ap is None:
+            if bp.mode == "full" and bp.pad is None and residual_store is None and bi not in plan.attention_entropy_for \
+                    and ap is None:
                 x = self.full_block(si, bi, x)
                 counts.update(sa=n, qkv=n, ca=n, ffn=n, kv=self.kv.len[bi])
             elif bp.mode != "skip":
@@ -297,6 +301,11 @@ class GenState:
                 self.apply_kv_budget(si, bi, x_in, budget, appended, counts)
             self.kv.settle(bi, si == len(self.sched) - 1)   # nothing of this block left in the staging buffer
             counts_all.append(counts)
+            for s in plan.release_residuals:   # block bi has read what it caches from them: free them now,
+                held = self.residuals.get(s)   # not after the step (the scale's new residuals grow meanwhile)
+                if held:
+                    for key in [k for k in held if k[0] == bi]:
+                        del held[key]
             for rng in plan.residual_change_for:
                 if rng[1] == bi:   # the released order (x_out - x_in), squared, mean over channels
                     residual_change[rng] = ((x.float() - change_from.pop(rng).float()) ** 2).mean(dim=-1)
@@ -374,7 +383,7 @@ class GenState:
         rot = qkv_rope(bc, modulated_norm(x, bc.scale1, bc.shift1, bc.eps), self.rope[si])   # (3, rows, H, n, c)
         k, v = self.kv.append(bi, rot[1:], self.kv_dtype)
         q = rot[0]
-        attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, scale=1.0)
+        attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=self.kv.key_mask(bi), scale=1.0)
         x = torch.addcmul(x, sa_out(bc, attn), bc.g1)
         x = x + cross_attention(bc, x)
         return torch.addcmul(x, ffn(bc, x), bc.g2)
