@@ -53,6 +53,7 @@ def test_launch_overrides_reach_the_kernel_launch():
         fe.flash_attention_with_entropy(q, k, v)
         fe.flash_attention_with_entropy(q, k, v, block_m=64, block_n=32, num_warps=8, maxnreg=128)
     (g0, kw0), (g1, kw1) = launches
-    assert g0 == (8, 32) and kw0 == dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, EMULATE_BF16=False, num_warps=8, num_stages=3)
-    assert g1 == (16, 32) and kw1 == dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=128, EMULATE_BF16=False, num_warps=8,
+    assert g0 == (8, 32) and kw0 == dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=128, EMULATE_BF16=False, HAS_BIAS=False, num_warps=8,
+                                          num_stages=3)
+    assert g1 == (16, 32) and kw1 == dict(BLOCK_M=64, BLOCK_N=32, BLOCK_D=128, EMULATE_BF16=False, HAS_BIAS=False, num_warps=8,
                                           num_stages=3, maxnreg=128)
