@@ -46,6 +46,12 @@ def test_int8_weight_only_stores_int8_and_stays_within_the_measured_bound():
     assert type(rt.model.blocks[0].ffn.fc1.weight).__name__ == "Int8Tensor"
     # the embeddings and the once-per-generation linears stay as they were
     assert rt.model.blocks[0].ca.mat_kv.weight.dtype == torch.float32
+    # the record's weight bytes count the int8 payload: each quantised linear holds 1 byte per weight
+    # (+ an fp32 scale and an int8 zero point per output channel) instead of 4
+    from varbench.engine.memory import module_bytes
+
+    lin = rt.model.blocks[0].ffn.fc1
+    assert module_bytes(lin) == lin.weight.qdata.numel() + (4 + 1) * lin.out_features + 4 * lin.bias.numel()
     out = rt.generate(PROMPTS, SEEDS, **KW)
     for si, (a, b) in enumerate(zip(ref.bits, out.bits)):
         assert (a == b).float().mean().item() >= 0.98, si

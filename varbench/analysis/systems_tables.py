@@ -202,7 +202,7 @@ def _ladder_figure(rows: list[dict], path: Path, title: str) -> None:
     psnr = [min(r["psnr_vs_first_db"], 99.0) for r in rows]
     ax2 = ax.twinx()
     ax2.plot(range(len(rows)), psnr, "o-", color="C3")
-    ax2.set_ylabel("PSNR vs the first rung's images (dB; 99 = identical)", color="C3")
+    ax2.set_ylabel("PSNR vs rung 0 (dB; 99 = same)", color="C3")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -234,7 +234,10 @@ def write_systems_tables(sub, folder: Path, device: str | None = None) -> list[P
             if rows:
                 _batch_figure(rows, folder / f"{exp}.png", title)
         else:
-            metrics = [c for c in sub.columns if "/" in c and not c.endswith(("_err", "_delta")) and not c.startswith("version/")]
+            metrics = [c for c in sub.columns if "/" in c and not c.endswith(("_err", "_delta", "n_images"))
+                       and not c.startswith("version/")]
+            # the quality column: a benchmark's overall score first (toy GenEval, GenEval), else the first metric
+            metrics.sort(key=lambda c: (not c.endswith("/overall"), c.startswith("fidelity/")))
             rows = ladder_rows([r for r, _ in keep], [p for _, p in keep], metrics[0] if metrics else None)
             notes = ["Rungs 0-3: baseline -> method -> + compile -> + quantisation (cumulative); unnumbered rows: the "
                      "sweep's other cells.",

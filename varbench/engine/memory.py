@@ -148,9 +148,18 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
                    stage)
 
 
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds. A tensor subclass that wraps others (torchao's quantised weights,
+    `runtime.quant`) holds its inner tensors (int8 payload + scales), not numel x its nominal dtype."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def module_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's parameters and buffers as held (their dtypes)."""
-    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    """Bytes of a module's parameters and buffers as held (their dtypes; quantised weights by their payload)."""
+    return sum(tensor_bytes(t) for t in (*module.parameters(), *module.buffers()))
 
 
 # ----------------------------------------------------------------------------- measured peak
