@@ -73,3 +73,28 @@ class _DropUncondFrom(Policy):
 
     def plan(self, si):
         return ScalePlan(drop_uncond=si >= self.first)
+
+
+class _ScaleKVOnBlock0(Policy):
+    """Keeps 8 cache positions of block 0 from scale 3 on, chosen by ScaleKV's selector (its window
+    queries come from the block's q projection: the quantised weight's path in `apply_kv_budget`)."""
+
+    name = "scalekv_block0"
+
+    def plan(self, si):
+        from varbench.engine.plan import KVBudget
+        from varbench.policies.scalekv import ScaleKVSelector
+
+        return ScalePlan(kv={0: KVBudget(8, selector=ScaleKVSelector(), sel_queries=16)} if si >= 3 else {})
+
+
+@pytest.mark.runtime
+def test_int8_weights_serve_a_kv_budgets_query_projection():
+    pytest.importorskip("torchao")
+    rt = tiny_runtime(0)
+    ref = rt.generate(PROMPTS, SEEDS, _ScaleKVOnBlock0(), **KW)
+    quantise_blocks(rt, "int8_weight_only")
+    out = rt.generate(PROMPTS, SEEDS, _ScaleKVOnBlock0(), **KW)
+    assert [tr["blocks"][0].get("kv_kept") for tr in out.trace[3:]] == [8, 8]    # the budget held under int8
+    # the selection read int8 queries: the images stay within the unbudgeted run's measured bound
+    assert (ref.images.float() - out.images.float()).abs().mean().item() <= 15
