@@ -7,5 +7,5 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
-.venv/bin/python -m pip install -q -e ".[vision,test,skipvar,slurm]"
+.venv/bin/python -m pip install -q -e ".[vision,test,skipvar,slurm,quant]"
 echo "varbench installed in $(pwd)/.venv"

@@ -21,8 +21,7 @@ CONF = Path(__file__).resolve().parents[2] / "varbench" / "conf"
 
 EXPERIMENTS = {
     "smoke": ["+experiment=smoke"],
-    # runtime.adaptive_batch is not in the shipped config (set with +): the toy sets it so its hashing is checked
-    "toy": ["model=toy", "benchmark=toy", "method=nova_toy", "evaluator=[toy_geneval]", "+runtime.adaptive_batch=pad"],
+    "toy": ["model=toy", "benchmark=toy", "method=nova_toy", "evaluator=[toy_geneval]"],
     "infinity_2b": ["model=infinity_2b", "method=fastvar", "benchmark=geneval", "evaluator=[hpsv2]"],
     "hart_tiny": ["model=hart_tiny", "method=fastvar_hart"],   # generation.more_smooth, method.refuse
 }
@@ -184,3 +183,23 @@ def test_toy_weights_are_hashed_and_retrained_weights_change_the_keys(tmp_path, 
                                                "weights": "/x/infinity_2b_reg.pth", "vae": "/x/vae.pth",
                                                "text_encoder": "t5", "text_encoder_path": "/x/flan-t5-xl"}))
     assert sorted(released) == ["flan-t5-xl", "infinity_2b_reg.pth", "vae.pth"]
+
+
+def test_systems_knobs_at_their_defaults_leave_every_key_as_before():
+    from varbench.core.hashing import NEUTRAL_DEFAULTS
+
+    tree = _resolved(EXPERIMENTS["toy"])
+    assert {k: _get(tree, k) for k in NEUTRAL_DEFAULTS} == NEUTRAL_DEFAULTS   # conf/runtime/default.yaml
+    before = copy.deepcopy(tree)   # a config written before the knobs existed
+    for k in NEUTRAL_DEFAULTS:
+        del before["runtime"][k.split(".", 1)[1]]
+    rec = {"model": {"weights": WEIGHTS}, "benchmark": {"sha256": "p"}}
+    assert generation_hash(tree, WEIGHTS, "p") == generation_hash(before, WEIGHTS, "p")
+    assert entry_hash(tree, WEIGHTS, "p") == entry_hash(before, WEIGHTS, "p")
+    assert pair_key({**rec, "config": tree}) == pair_key({**rec, "config": before})
+    # any other value can change pixels: a new image set and a new record
+    for k, v in {"runtime.compile": "default", "runtime.quant": "int8_weight_only",
+                 "runtime.attn_backend": "math", "runtime.compile_fullgraph": True}.items():
+        other = _with(tree, k, v)
+        assert generation_hash(other, WEIGHTS, "p") != generation_hash(tree, WEIGHTS, "p"), k
+        assert entry_hash(other, WEIGHTS, "p") != entry_hash(tree, WEIGHTS, "p"), k

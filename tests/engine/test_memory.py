@@ -211,7 +211,8 @@ def test_trace_rows_summarise_into_the_record_block():
     rows = [{"scales": scales([10, 40]), "memory": image_memory(scales([10, 40]), {"bytes": 5000, "kind": PEAK_RSS})},
             {"scales": scales([20, 60]), "memory": image_memory(scales([20, 60]), {"bytes": 7000, "kind": PEAK_RSS})}]
     assert rows[1]["memory"] == {"kv_bytes_allocated": 100, "kv_bytes_used_peak": 60, "attn_memory_bytes_peak": None,
-                                 "peak_bytes": 7000, "peak_kind": PEAK_RSS}   # no attention plan: None
+                                 "peak_bytes": 7000, "peak_kind": PEAK_RSS,   # no attention plan: None
+                                 "peak_reserved_bytes": None, "nvml_bytes": None, "nvml_note": None}   # CUDA only
     s = memory_summary(rows, batch=2, weights={"transformer": 1000, "vae": 10}, dtype="float32")
     assert s["kv_bytes_allocated"] == 100 and s["kv_bytes_used_peak"] == 50 and s["kv_bytes_per_scale"] == [15, 50]
     assert s["peak_bytes"] == 7000 and s["peak_kind"] == PEAK_RSS and s["analytic_peak_bytes"] == 1010 + 2 * 100

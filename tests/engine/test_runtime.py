@@ -192,11 +192,11 @@ def test_attention_entropy_equals_naive_softmax():
 def test_runtime_attention_entropy_signal_matches_naive_recomputation(tiny_rt, monkeypatch):
     """The signal equals a naive softmax over the same block's actual q and cached k (block 2's
     rotated q, k as the step computed them; their own correctness is the upstream golden test's)."""
-    import varbench.engine.backbones.infinity.pruned as rtmod   # blocks asked for entropy take the planned path
+    import dataclasses
 
     want = {2}
     captured = []
-    orig = rtmod.qkv_rope
+    orig = tiny_rt.block_ops.qkv_rope   # blocks asked for entropy take the planned path, which calls it
 
     def spy(bc, xin, table):
         rot = orig(bc, xin, table)
@@ -204,7 +204,7 @@ def test_runtime_attention_entropy_signal_matches_naive_recomputation(tiny_rt, m
             captured.append(rot.clone())
         return rot
 
-    monkeypatch.setattr(rtmod, "qkv_rope", spy)
+    monkeypatch.setattr(tiny_rt, "block_ops", dataclasses.replace(tiny_rt.block_ops, qkv_rope=spy))
     pol = ScriptedPolicy(lambda si, ctx: ScalePlan(attention_entropy_for=frozenset(want)) if si <= 3 else ScalePlan())
     gen(tiny_rt, pol, seeds=[0])
     ks = []

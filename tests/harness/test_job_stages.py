@@ -258,3 +258,20 @@ def test_check_record_names_missing_undocumented_and_nested_keys(tmp_path):
     assert check_record(bad) == ["wall_s: missing", "speedup: not in varbench.harness.schema.RunRecord",
                                  "timing.by_batch.1.p50: not in varbench.harness.schema.TimingBlock",
                                  "flops.per_image.median: not in varbench.harness.schema.Spread"]
+
+
+@pytest.mark.integration
+def test_systems_knobs_reach_the_record_and_the_image_key(tmp_path):
+    """runtime.attn_backend=math (a CPU kernel that rounds differently) through a whole job: the record
+    names the knobs (timing.runtime, provenance.runtime_knobs), the images get their own store key,
+    and the default-knob job's keys are those of a config without the knobs."""
+    common = ("evaluator=[]", "timing=quick", "timing.repeats=1", "timing.warmup=0", "benchmark.limit=2")
+    auto = json.loads((run_job(_cfg(tmp_path / "a", *common)) / "record.json").read_text())
+    math_ = json.loads((run_job(_cfg(tmp_path / "m", *common, "runtime.attn_backend=math")) / "record.json").read_text())
+    assert check_record(math_) == []
+    want = {"compile": "off", "compile_fullgraph": False, "compile_log": None, "quant": "none",
+            "attn_backend": "math", "cuda_graphs": False}
+    assert math_["timing"]["runtime"] == math_["provenance"]["runtime_knobs"] == want
+    assert auto["timing"]["runtime"]["attn_backend"] == "auto"
+    assert math_["generation_id"] != auto["generation_id"] and math_["entry_id"] != auto["entry_id"]
+    assert auto["memory"]["peak_reserved_bytes"] is None and auto["memory"]["nvml_bytes"] is None   # CPU

@@ -291,3 +291,51 @@ def test_imagereward_row_without_prompt_is_named(tmp_path, monkeypatch):
     f.write_text("[]")
     with pytest.raises(PromptSetError, match="non-empty JSON list"):
         load_prompt_set({"loader": "imagereward", "path": str(f)})
+
+
+def _systems_cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from varbench.harness.config import validate_config
+
+    conf = str(Path(__file__).resolve().parents[2] / "varbench" / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["model=tiny", *overrides])
+    return lambda: validate_config(cfg)
+
+
+def test_compile_knob_is_checked_at_the_boundary():
+    from varbench.core.errors import BadSettingError, IncompatibleSettingsError
+
+    _systems_cfg("runtime.compile=default", "runtime.compile_fullgraph=true")()   # accepted
+    with pytest.raises(BadSettingError, match=r"runtime.compile must be one of off, default, reduce-overhead, max-autotune"):
+        _systems_cfg("runtime.compile=fast")()
+    with pytest.raises(BadSettingError, match="runtime.compile_fullgraph must be true or false"):
+        _systems_cfg("runtime.compile=default", "runtime.compile_fullgraph=maybe")()
+    with pytest.raises(IncompatibleSettingsError, match="use runtime.cuda_graphs=auto"):
+        _systems_cfg("runtime.compile=reduce-overhead", "runtime.cuda_graphs=true")()
+    with pytest.raises(IncompatibleSettingsError, match="HART.*use runtime.compile=off"):
+        _systems_cfg("model=hart_tiny", "method=fastvar_hart", "runtime.compile=default")()
+
+
+def test_quant_and_attn_backend_are_checked_at_the_boundary():
+    import importlib.util
+
+    from varbench.core.errors import BadSettingError, IncompatibleSettingsError
+
+    with pytest.raises(BadSettingError, match="runtime.quant must be one of none, int8_weight_only, fp8_dynamic"):
+        _systems_cfg("runtime.quant=int4")()
+    with pytest.raises(BadSettingError, match="fp8_dynamic needs a CUDA GPU.*use runtime.quant=int8_weight_only"):
+        _systems_cfg("runtime.device=cpu", "runtime.quant=fp8_dynamic")()
+    if importlib.util.find_spec("torchao") is None:
+        with pytest.raises(BadSettingError, match=r"needs torchao.*pip install 'torchao==0.18.0'"):
+            _systems_cfg("runtime.device=cpu", "runtime.quant=int8_weight_only")()
+    else:
+        _systems_cfg("runtime.device=cpu", "runtime.quant=int8_weight_only")()
+        with pytest.raises(IncompatibleSettingsError, match="HART.*use runtime.quant=none"):
+            _systems_cfg("model=hart_tiny", "method=fastvar_hart", "runtime.device=cpu", "runtime.quant=int8_weight_only")()
+    _systems_cfg("runtime.device=cpu", "runtime.attn_backend=math")()
+    with pytest.raises(BadSettingError, match="attn_backend=efficient has no CPU kernel"):
+        _systems_cfg("runtime.device=cpu", "runtime.attn_backend=efficient")()
+    with pytest.raises(BadSettingError, match="runtime.attn_backend must be one of"):
+        _systems_cfg("runtime.attn_backend=sdpa")()

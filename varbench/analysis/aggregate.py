@@ -611,6 +611,11 @@ def aggregate(path: Paths, out: str | Path, baseline: str = "baseline", allow_un
             from varbench.analysis.plots import write_figures  # the figures live with the plotting code
 
             write_figures(sub, folder, baseline=choice.name)
+        # the systems experiments' own table and figure (batch_sweep, systems_ladder), after the figures:
+        # write_figures clears figures it did not write
+        from varbench.analysis.systems_tables import write_systems_tables
+
+        write_systems_tables(sub, folder)
         groups.append(ResultGroup(name, folder, sub, list(notes), choice.name))
     result = Aggregation(paired, out, groups, choice.name, notes, removed, sources=[str(p) for p in paths])
     write_report(result)

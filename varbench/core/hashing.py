@@ -12,7 +12,9 @@ keys built on it:
   size/rewriter, ``runtime.device`` as a device *type* and ``runtime.dtype``, both resolved
   (``auto`` must be resolved by the caller: :func:`varbench.harness.job.prepare_job` pins them),
   ``runtime.fused_entropy``, ``runtime.batch_size``: batched matmuls round differently with other
-  batch companions, see :mod:`varbench.harness.sharding`), plus the sha256 of every weight file
+  batch companions, see :mod:`varbench.harness.sharding`), and the systems knobs ``runtime.compile``,
+  ``runtime.compile_fullgraph``, ``runtime.quant``, ``runtime.attn_backend``, ``runtime.adaptive_batch`` when not at their
+  defaults (:data:`NEUTRAL_DEFAULTS`: at them every key is what it was before they existed), plus the sha256 of every weight file
   (``weights``, from :func:`varbench.core.filehash.weight_hashes`; never their paths), of the prompt
   file(s) (``benchmark_sha256``) and of the files the method loads (``method_files``: SkipVAR's
   decision models; absent for methods without files, so their hashes are unchanged). A key not in
@@ -67,10 +69,20 @@ GENERATION_KEYS: tuple[str, ...] = (
     "runtime.device", "runtime.dtype", "runtime.fused_entropy",
     "runtime.batch_size",   # an image's bits depend on its batch companions (varbench/harness/sharding.py)
     # per-image plans padded into one step or split (varbench/engine/padded_batch.py): batch rounding
-    # differs. Not in the shipped runtime config (set with +runtime.adaptive_batch=...), so the default's
-    # hashes are unchanged; entries made before padding existed were split (rounding-level differences)
+    # differs; hashed only when not at its default (pad). Entries made before padding existed were split:
+    # they keep their key (each image's decisions are its own either way; bits differ by batch rounding)
     "runtime.adaptive_batch",
+    # the systems knobs (varbench/conf/runtime/default.yaml): compiled kernels, quantised weights and
+    # another attention kernel round differently; hashed only when not at their default (below)
+    "runtime.compile", "runtime.compile_fullgraph", "runtime.quant", "runtime.attn_backend",
 )
+
+#: Runtime knobs added after keys were first stored: at these values they are left out of every key
+#: (generation, entry, pair), so a config that sets them to their default names the same images and
+#: record as one written before they existed; any other value is hashed (it changes pixels).
+NEUTRAL_DEFAULTS: dict[str, Any] = {"runtime.compile": "off", "runtime.compile_fullgraph": False,
+                                    "runtime.quant": "none", "runtime.attn_backend": "auto",
+                                    "runtime.adaptive_batch": "pad"}
 
 #: The pairing key: the generation key without the method.
 PAIR_KEYS: tuple[str, ...] = tuple(k for k in GENERATION_KEYS if not k.startswith("method."))
@@ -164,7 +176,7 @@ def generation_key(cfg: Any, weights: Mapping[str, str] | None = None, benchmark
     picked = {}
     for k in keys:
         present, value = _select(tree, k)
-        if present:
+        if present and not (k in NEUTRAL_DEFAULTS and value == NEUTRAL_DEFAULTS[k]):
             picked[k] = _normalise(k, value)
     key = {"config": picked, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256,
            "seed_rule": SEED_RULE_VERSION}
@@ -189,6 +201,10 @@ def entry_hash(cfg: Any, weights: Mapping[str, str] | None = None, benchmark_sha
     tree = json.loads(canonical_json(cfg, exclude))
     if isinstance(tree.get("runtime"), dict) and "device" in tree["runtime"]:
         tree["runtime"]["device"] = _normalise("runtime.device", tree["runtime"]["device"])
+    for k, default in NEUTRAL_DEFAULTS.items():   # at its default a later knob names the same record
+        present, value = _select(tree, k)
+        if present and value == default:
+            _drop(tree, k)
     key = {"config": tree, "weights": dict(weights or {}), "benchmark_sha256": benchmark_sha256}
     if method_files:
         key["method_files"] = dict(sorted(method_files.items()))

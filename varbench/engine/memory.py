@@ -148,9 +148,18 @@ def kv_plan_bytes(cfg, trace: Sequence[Mapping], dtype: torch.dtype,
                    stage)
 
 
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds. A tensor subclass that wraps others (torchao's quantised weights,
+    `runtime.quant`) holds its inner tensors (int8 payload + scales), not numel x its nominal dtype."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names)
+    return t.numel() * t.element_size()
+
+
 def module_bytes(module: torch.nn.Module) -> int:
-    """Bytes of a module's parameters and buffers as held (their dtypes)."""
-    return sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    """Bytes of a module's parameters and buffers as held (their dtypes; quantised weights by their payload)."""
+    return sum(tensor_bytes(t) for t in (*module.parameters(), *module.buffers()))
 
 
 # ----------------------------------------------------------------------------- measured peak
@@ -185,13 +194,21 @@ def _ru_maxrss() -> int:
 def measure_peak(device: torch.device | str) -> Iterator[dict]:
     """The peak memory of the enclosed work: yields a dict filled on exit with ``bytes`` and
     ``kind`` (`PEAK_CUDA`, `PEAK_RSS`, or `PEAK_RSS_LIFETIME` where the RSS peak cannot be
-    reset). Reads allocator counters and /proc only: no device synchronisation."""
+    reset); on CUDA also ``reserved_bytes`` (`max_memory_reserved`), ``nvml_bytes`` and ``nvml_note``
+    (the driver's reading after the work, `varbench.engine.nvml`; None and why where there is none);
+    None on the CPU. Reads allocator counters, NVML and /proc only: no device synchronisation."""
     device = torch.device(device)
-    out: dict = {"bytes": None, "kind": None}
+    out: dict = {"bytes": None, "kind": None, "reserved_bytes": None, "nvml_bytes": None, "nvml_note": None}
     if device.type == "cuda":
+        from varbench.engine.nvml import nvml_used_bytes
+
         torch.cuda.reset_peak_memory_stats(device)
         yield out
-        out.update(bytes=int(torch.cuda.max_memory_allocated(device)), kind=PEAK_CUDA)
+        nvml, note = nvml_used_bytes(device)
+        # as papers report memory: the allocator's reserved peak (allocated + its cached blocks) and
+        # the driver's reading (adds the CUDA context and library workspaces; varbench.engine.nvml)
+        out.update(bytes=int(torch.cuda.max_memory_allocated(device)), kind=PEAK_CUDA,
+                   reserved_bytes=int(torch.cuda.max_memory_reserved(device)), nvml_bytes=nvml, nvml_note=note)
         return
     reset = _reset_hwm()
     yield out
@@ -210,7 +227,15 @@ def image_memory(trace_scales: Sequence[Mapping], peak: Optional[Mapping]) -> di
     attn = [s["attn_memory_bytes"] for s in trace_scales if s.get("attn_memory_bytes") is not None]
     return {"kv_bytes_allocated": max(alloc) if alloc else None, "kv_bytes_used_peak": max(used) if used else None,
             "attn_memory_bytes_peak": max(attn) if attn else None,
-            "peak_bytes": (peak or {}).get("bytes"), "peak_kind": (peak or {}).get("kind")}
+            "peak_bytes": (peak or {}).get("bytes"), "peak_kind": (peak or {}).get("kind"),
+            "peak_reserved_bytes": (peak or {}).get("reserved_bytes"), "nvml_bytes": (peak or {}).get("nvml_bytes"),
+            "nvml_note": (peak or {}).get("nvml_note")}
+
+
+def _max_of(mem: Sequence[Mapping], key: str) -> Optional[int]:
+    """The most of ``key`` over the rows that have it (None when none has: CPU, or rows stored before it)."""
+    vals = [m[key] for m in mem if m.get(key) is not None]
+    return max(vals) if vals else None
 
 
 def memory_summary(rows: Sequence[Mapping], batch: int, weights: Optional[Mapping[str, int]], dtype: str) -> Optional[dict]:
@@ -237,6 +262,8 @@ def memory_summary(rows: Sequence[Mapping], batch: int, weights: Optional[Mappin
             "kv_dtype": dtype, "batch": int(batch),
             "peak_bytes": peak, "peak_kind": kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else None),
             "peak_measured": "generation",
+            "peak_reserved_bytes": _max_of(mem, "peak_reserved_bytes"), "nvml_bytes": _max_of(mem, "nvml_bytes"),
+            "nvml_note": next((m["nvml_note"] for m in mem if m.get("nvml_note")), None),
             "weights_bytes": dict(weights) if weights else None,
             "analytic_peak_bytes": None if kv is None or wt is None else int(wt + kv * batch)}
 

@@ -152,8 +152,11 @@ BUILDERS = {"infinity": build_infinity_runtime, "hart": build_hart_runtime}
 
 
 def configure_runtime(rt, runtime_cfg: Any):
-    """Apply `runtime.cuda_graphs` (auto | true | false) and `runtime.fused_entropy` to a built runtime.
-    HART runs eagerly (no captured steps, no fused entropy kernel): auto means off there, true is refused."""
+    """Apply `runtime.cuda_graphs` (auto | true | false), `runtime.fused_entropy` and the systems knobs
+    (`runtime.compile`/`compile_fullgraph`: the block functions, varbench.engine.backbones.infinity.compiled;
+    `runtime.quant`: the blocks' linears, .../infinity/quant.py; `runtime.attn_backend`: the SDPA kernel,
+    varbench.engine.attn_backend) to a built runtime. HART runs eagerly (no captured steps, no fused entropy kernel, no compiled
+    blocks): auto means off there, true is refused (and compile at the config boundary)."""
     from varbench.core.errors import ConfigError
 
     graphs = str(runtime_cfg.get("cuda_graphs", "auto")).lower()
@@ -163,14 +166,25 @@ def configure_runtime(rt, runtime_cfg: Any):
         if graphs == "true":
             raise ConfigError("runtime.cuda_graphs=true: the HART runtime has no CUDA-graph path (it runs eagerly); "
                               "use runtime.cuda_graphs=auto (or false)")
+        rt.attn_backend = str(runtime_cfg.get("attn_backend", "auto"))   # read by HART's generate (below)
         return rt
     if graphs == "true" and rt.device.type != "cuda":
         raise ValueError(f"runtime.cuda_graphs=true needs a CUDA device, but the runtime is on {rt.device}; "
                          "use runtime.cuda_graphs=auto (or false)")
-    rt.cuda_graphs = rt.device.type == "cuda" if graphs == "auto" else graphs == "true"
+    from varbench.engine.backbones.infinity.compiled import MODES_WITH_OWN_CUDA_GRAPHS, block_ops
+    from varbench.engine.backbones.infinity.quant import quantise_blocks
+
+    compile_mode = runtime_cfg.get("compile", "off")
+    compile_mode = "off" if compile_mode in (False, None) else str(compile_mode)
+    # inductor's own CUDA graphs (reduce-overhead, max-autotune) replace ours (compiled.py's docstring)
+    own_graphs = compile_mode in MODES_WITH_OWN_CUDA_GRAPHS
+    rt.cuda_graphs = (rt.device.type == "cuda" and not own_graphs) if graphs == "auto" else graphs == "true"
     rt.fused_entropy = bool(runtime_cfg.get("fused_entropy", True))
     # per-image plans of different shapes: one padded step (default) or sub-batches (HART always splits)
     rt.adaptive_batch = str(runtime_cfg.get("adaptive_batch", "pad"))
+    rt.block_ops = block_ops(compile_mode, bool(runtime_cfg.get("compile_fullgraph", False)))
+    quantise_blocks(rt, str(runtime_cfg.get("quant", "none") or "none"))
+    rt.attn_backend = str(runtime_cfg.get("attn_backend", "auto"))
     return rt
 
 

@@ -86,6 +86,75 @@ def _check_runtime(rt: Any) -> None:
     wait = _get(rt, "lock_wait_s")
     if wait is not None and (not _is_num(wait) or (wait < 0 and wait != -1)):
         raise BadSettingError(f"runtime.lock_wait_s must be a number of seconds >= 0 (or -1: wait forever), got {wait!r}")
+    _check_systems_knobs(rt)
+
+
+def _check_systems_knobs(rt: Any) -> None:
+    """runtime.compile / compile_fullgraph (varbench.engine.backbones.infinity.compiled): values, and
+    the one combination that would fight (inductor's own CUDA graphs inside ours)."""
+    from varbench.engine.backbones.infinity.compiled import COMPILE_MODES, MODES_WITH_OWN_CUDA_GRAPHS
+
+    mode = _get(rt, "compile", "off")
+    if mode is False or mode is None:   # YAML's bare `off` reads as false
+        mode = "off"
+    if mode not in COMPILE_MODES:
+        raise BadSettingError(f"runtime.compile must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    _bool("runtime", rt, "compile_fullgraph")
+    if mode in MODES_WITH_OWN_CUDA_GRAPHS and str(_get(rt, "cuda_graphs", "auto")).lower() == "true":
+        raise IncompatibleSettingsError(
+            f"runtime.compile={mode} brings inductor's own CUDA graphs, which would be captured inside "
+            f"runtime.cuda_graphs=true's; use runtime.cuda_graphs=auto (theirs replace ours) or runtime.compile=default")
+    _check_quant(rt)
+    _check_attn_backend(rt)
+
+
+def _device_type(rt: Any) -> str:
+    """runtime.device as the job will resolve it (auto: cuda when a GPU is visible)."""
+    dev = str(_get(rt, "device", "auto"))
+    if dev == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return dev.split(":", 1)[0]
+
+
+def _check_quant(rt: Any) -> None:
+    """runtime.quant (varbench.engine.backbones.infinity.quant): value, torchao importable, fp8's GPU."""
+    from varbench.engine.backbones.infinity.quant import QUANT_MODES, fp8_refusal, torchao_missing
+
+    quant = _get(rt, "quant", "none")
+    if quant is None:
+        quant = "none"
+    if quant not in QUANT_MODES:
+        raise BadSettingError(f"runtime.quant must be one of {', '.join(QUANT_MODES)}, got {quant!r}")
+    if quant == "none":
+        return
+    if quant == "fp8_dynamic":
+        refused = fp8_refusal(_device_type(rt))
+        if refused:
+            raise BadSettingError(refused)
+    missing = torchao_missing()
+    if missing:
+        raise BadSettingError(missing)
+
+
+def _check_attn_backend(rt: Any) -> None:
+    """runtime.attn_backend (varbench.engine.attn_backend): value, a kernel on this device, flash-attn installed."""
+    from varbench.engine.attn_backend import check_backend
+
+    refused = check_backend(str(_get(rt, "attn_backend", "auto")), _device_type(rt))
+    if refused:
+        raise BadSettingError(refused)
+
+
+def _check_systems_family(rt: Any, family: str, model_name: Any) -> None:
+    """The systems knobs act on Infinity's block functions; HART's loop has none of them."""
+    if family == "hart" and str(_get(rt, "compile", "off")) not in ("off", "False"):
+        raise IncompatibleSettingsError(f"runtime.compile: model={model_name} (HART) runs its own eager loop, "
+                                        f"which has no compiled path; use runtime.compile=off")
+    if family == "hart" and str(_get(rt, "quant", "none")) not in ("none", "None"):
+        raise IncompatibleSettingsError(f"runtime.quant: model={model_name} (HART) has no quantised block path; "
+                                        f"use runtime.quant=none")
 
 
 def _check_timing(tm: Any) -> None:
@@ -232,6 +301,7 @@ def validate_config(cfg: Any):
         model = cfg.get("model")
         model = OmegaConf.to_container(model, resolve=True) if OmegaConf.is_config(model) else (model or {})
         sched = _schedule(model, sec["generation"])
+        _check_systems_family(sec["runtime"], model_family(model), _get(model, "name"))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - e.g. a missing interpolation

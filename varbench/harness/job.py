@@ -374,7 +374,7 @@ def time_stage(job: Job, rt, policy) -> dict | None:
     return {"device": _device_name(job.device), "dtype": str(job.dtype).replace("torch.", ""),
             "prompts": [{"index": it.index, "tag": it.metadata.get("tag")} for it in items],
             "n_prompts": len(items), "adaptive": adaptive, "warmup": int(tcfg.warmup), "warmup_per_prompt": wpp,
-            "repeats": int(tcfg.repeats), "tries": tries, "by_batch": by_batch}
+            "repeats": int(tcfg.repeats), "tries": tries, "by_batch": by_batch, "runtime": runtime_knobs(rt)}
 
 
 class FellBackError(FixableError, RuntimeError):
@@ -436,7 +436,9 @@ def assemble_record(job: Job, rt, timing: dict | None, score_dirs: list[Path]) -
         # GPU features that failed on this device and were turned off (runtime.fall_back): the
         # timings then are eager ones; [] when nothing fell back, absent when no runtime was built here
         "provenance": {**collect_provenance(str(job.device)),
-                       **({"runtime_fallbacks": list(rt.fallbacks)} if hasattr(rt, "fallbacks") else {})},
+                       **({"runtime_fallbacks": list(rt.fallbacks)} if hasattr(rt, "fallbacks") else {}),
+                       # the systems knobs as applied (compile, its compile time, quant, attention backend)
+                       **({"runtime_knobs": runtime_knobs(rt)} if rt is not None else {})},
         "wall_s": time.perf_counter() - job.t0,
     }
 
@@ -749,6 +751,15 @@ def pin_runtime(tree: dict, device: torch.device, dtype: torch.dtype) -> dict:
         if str(rt.get("dtype")) == "auto":
             rt["dtype"] = str(dtype).replace("torch.", "")
     return tree
+
+
+def runtime_knobs(rt) -> dict:
+    """The systems knobs as the runtime applies them (`InfinityRuntime.knobs_summary`: compile mode and
+    its compile log, quant, attention backend, CUDA graphs); HART's runtime has none of them (all off)."""
+    if hasattr(rt, "knobs_summary"):
+        return rt.knobs_summary()
+    return {"compile": "off", "compile_fullgraph": False, "compile_log": None, "quant": "none",
+            "attn_backend": getattr(rt, "attn_backend", "auto"), "cuda_graphs": bool(getattr(rt, "cuda_graphs", False))}
 
 
 def _device_name(device: torch.device) -> str:

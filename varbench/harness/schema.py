@@ -105,6 +105,8 @@ class TimingBlock(TypedDict, total=False):
     images_per_s: Optional[float]
     peak_mem_bytes: Optional[int]   # CUDA only; over the whole pass, so with a paired baseline the higher of the
                                     # two: the method's own peak is the record's memory.peak_bytes (Memory)
+    peak_reserved_bytes: Optional[int]   # CUDA only: max_memory_reserved over the pass (same caveat)
+    nvml_bytes: Optional[int]       # CUDA only: the driver's reading after the pass (varbench.engine.nvml)
     per_scale_ms: list
     n_prompts: int           # prompts timed
     n_repeats: int           # timed generations of the method (prompts x repeats)
@@ -124,6 +126,10 @@ class Timing(TypedDict):
     repeats: int             # timed pairs per prompt
     tries: list              # one row per pass run (timing.retime_unreliable re-times): try, waited_s, load_settled, reliable, ar_speedup, unreliable_reasons
     by_batch: dict           # {str(batch size): TimingBlock} of the last pass
+    runtime: dict            # the systems knobs as applied (varbench.harness.job.runtime_knobs): compile,
+                             # compile_fullgraph, compile_log (compiled runs: first_call_s, compiling_calls,
+                             # compiling_s = compile time apart from the steady state, graphs, graph_breaks,
+                             # calls; else None), quant, attn_backend, cuda_graphs
 
 
 class Flops(TypedDict):
@@ -182,6 +188,11 @@ class Memory(TypedDict):
                                  # possible), "mixed" (images made on different devices: no peak), None
     peak_measured: str       # "generation": around each rt.generate of the generation stage (not the timed
                              # pass, whose peak also holds the paired baseline's); reused images keep theirs
+    peak_reserved_bytes: Optional[int]   # CUDA: the most max_memory_reserved over those calls (allocated + the
+                                         # allocator's cached blocks: what papers quoting torch report); None on the CPU
+    nvml_bytes: Optional[int]    # CUDA: the most NVML reading after those calls (adds the CUDA context and library
+                                 # workspaces: what nvidia-smi shows); None on the CPU or without pynvml
+    nvml_note: Optional[str]     # "process" / "device: no per-process reading" / why there is no NVML reading
     weights_bytes: Optional[MemoryWeights]  # as the runtime holds them; analytic for the preset when assembled
                                             # without a runtime (shards); None: neither is known
     analytic_peak_bytes: Optional[int]      # weights + kv_bytes_allocated x batch: the model's lower bound of
@@ -254,6 +265,9 @@ class TraceMemory(TypedDict):
     attn_memory_bytes_peak: Optional[int]   # the most of its share of the attention plans' memory
     peak_bytes: Optional[int]   # the generation call's measured peak (the whole batch's; see Memory.peak_kind)
     peak_kind: Optional[str]
+    peak_reserved_bytes: Optional[int]  # CUDA: the call's max_memory_reserved (allocator blocks); None on the CPU
+    nvml_bytes: Optional[int]    # CUDA: the driver's reading after the call (varbench.engine.nvml); None on the CPU
+    nvml_note: Optional[str]     # "process", "device: no per-process reading", or why there is no reading
 
 
 class TraceRow(TypedDict):

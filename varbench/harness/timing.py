@@ -4,7 +4,8 @@ interleaved reference with a confidence interval.
 
 Runs separately from the image-writing pass, for each batch size. Stage times come from the
 runtime (CUDA events on GPU, read once after the loop): text encoding, the AR loop, VAE decode;
-total = their sum. Peak memory is CUDA's max_memory_allocated (None on the CPU).
+total = their sum. Peak memory is CUDA's max_memory_allocated, beside max_memory_reserved and the
+driver's NVML reading after the pass (None on the CPU).
 
 Prompts (:func:`timing_sample`). Adaptive methods (NOVA, ToProVAR, SkipVAR) do different work per
 prompt, so one prompt's decision is not the method's speed. The pass times ``n_prompts`` prompts
@@ -243,6 +244,15 @@ def wait_for_steady_load(max_wait_s: float, poll_s: float = 15.0, max_change: fl
     return {"waited_s": waited, "settled": False, "load": last}
 
 
+def _nvml(device: torch.device) -> int | None:
+    """The driver's reading of GPU memory now (varbench.engine.nvml); None on the CPU or without one."""
+    if device.type != "cuda":
+        return None
+    from varbench.engine.nvml import nvml_used_bytes
+
+    return nvml_used_bytes(device)[0]
+
+
 def _total(t: dict) -> float:
     return t["text"] + t["ar"] + t["decode"]
 
@@ -426,6 +436,8 @@ def timed_pass(generate: Callable[..., object], batch_sizes, warmup: int, repeat
             "ar_repeat_spread": _pooled_spread(per["ar"]),
             "images_per_s": (bs * 1e3 / med_total) if med_total else None,
             "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+            "nvml_bytes": _nvml(device),
             "per_scale_ms": per_scale, "n_prompts": n_prompts, "n_repeats": len(flat),
             "repeats_ms": {"ar": per["ar"], "total": per["total"]},
         }

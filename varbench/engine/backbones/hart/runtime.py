@@ -69,6 +69,7 @@ class HartRuntime:
         self.cuda_graphs = False        # not on HART: the loop runs eagerly
         self.fused_entropy = False
         self.fallbacks: list[dict] = []
+        self.attn_backend = "auto"      # runtime.attn_backend (varbench.engine.attn_backend); no compile, no quant here
         self._diffusion: Optional[DiffusionSchedule] = None   # built on first use (diffusion_schedule)
 
     def diffusion_schedule(self) -> DiffusionSchedule:
@@ -96,8 +97,15 @@ class HartRuntime:
         return self.text_encoder(list(prompts)).to(self.device)
 
     # ------------------------------------------------------------------ generate
+    def generate(self, *args, **kwargs) -> GenerationOutput:
+        """`_generate` (below) under the attention backend `runtime.attn_backend` picks."""
+        from varbench.engine.attn_backend import attention_backend
+
+        with attention_backend(self.attn_backend):
+            return self._generate(*args, **kwargs)
+
     @torch.no_grad()
-    def generate(self, prompts: Sequence[str], seeds: Sequence[int], policy: Optional[Policy] = None, *,
+    def _generate(self, prompts: Sequence[str], seeds: Sequence[int], policy: Optional[Policy] = None, *,
                  h_div_w: float = 1.0, pn: Optional[str] = None, cfg: float | Sequence[float] = 4.5,
                  tau: float | Sequence[float] = 1.0, top_k: int = 0, top_p: float = 0.0, more_smooth: bool = False,
                  negative_prompt: Optional[str] = None, decode: bool = True, text: Optional[TextBatch] = None,

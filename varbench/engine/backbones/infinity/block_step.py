@@ -34,7 +34,11 @@ from varbench.engine.backbones.infinity.model import CrossAttnBlock, KeyRuns, va
 
 
 def _expand_t(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """(out, in) weight -> (rows, in, out) view: `baddbmm(bias, x, w)` is then x @ W^T + b."""
+    """(out, in) weight -> (rows, in, out) view: `baddbmm(bias, x, w)` is then x @ W^T + b.
+    A quantised weight (`runtime.quant`, a torchao tensor subclass) has no such view: it stays the
+    (out, in) weight, and `linear` calls `F.linear` on it (varbench/engine/backbones/infinity/quant.py)."""
+    if type(weight) not in (torch.Tensor, torch.nn.Parameter):
+        return weight
     return weight.t().expand(rows, -1, -1)
 
 
@@ -103,9 +107,13 @@ class BlockConsts:
 
     def first_rows(self, rows: int) -> "BlockConsts":
         """The same constants for the first `rows` rows (the conditional half after `drop_uncond`)."""
-        def cut(v):
-            return v[:rows] if isinstance(v, torch.Tensor) and v.dim() >= 2 and v is not self.qk_scale else v
-        fields = {f.name: cut(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        def cut(name, v):
+            if not isinstance(v, torch.Tensor) or v.dim() < 2 or v is self.qk_scale:
+                return v
+            if name.startswith("w_") and v.dim() == 2:   # a quantised (out, in) weight: no rows to cut
+                return v
+            return v[:rows]
+        fields = {f.name: cut(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)}
         fields["text_runs"] = tuple((a, min(b, rows), n) for a, b, n in self.text_runs if a < rows)
         return dataclasses.replace(self, **fields)
 
@@ -122,7 +130,8 @@ def _dense_as(t: torch.Tensor, strides: tuple[int, ...]) -> bool:
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(rows, n, H*c) -> (rows, H, n, c) as one view op (`as_strided`) when x is dense."""
     rows, n, hc = x.shape
-    if _dense_as(x, (n * hc, hc, 1)):
+    # compiled (runtime.compile): the plain view, which the compiler can trace (storage offsets it cannot)
+    if not torch.compiler.is_compiling() and _dense_as(x, (n * hc, hc, 1)):
         return x.as_strided((rows, heads, n, hc // heads), (n * hc, hc // heads, hc, 1), x.storage_offset())
     return x.view(rows, n, heads, -1).transpose(1, 2)
 
@@ -131,7 +140,7 @@ def merge_heads(o: torch.Tensor) -> torch.Tensor:
     """Attention output (rows, H, n, c) -> (rows, n, H*c). The flash kernels (CPU and CUDA) write
     their output token-major, so this is one view op; any other layout is copied."""
     rows, h, n, c = o.shape
-    if _dense_as(o, (n * h * c, c, h * c, 1)):
+    if not torch.compiler.is_compiling() and _dense_as(o, (n * h * c, c, h * c, 1)):
         return o.as_strided((rows, n, h * c), (n * h * c, h * c, 1), o.storage_offset())
     return o.transpose(1, 2).reshape(rows, n, h * c)
 
@@ -142,8 +151,12 @@ def modulated_norm(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, ep
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x (rows, n, in) in the weights' dtype @ W^T + b, one baddbmm."""
-    return torch.baddbmm(b, x if x.dtype == w.dtype else x.to(w.dtype), w)
+    """x (rows, n, in) in the weights' dtype @ W^T + b, one baddbmm; a quantised (out, in) weight
+    (`runtime.quant`): `F.linear`, which torchao's weight subclass serves with its kernel."""
+    x = x if x.dtype == w.dtype else x.to(w.dtype)
+    if w.dim() == 2:
+        return F.linear(x, w, b)
+    return torch.baddbmm(b, x, w)
 
 
 def qkv_rope(bc: BlockConsts, xin: torch.Tensor, table: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from varbench.engine.attention import attention_entropy
-from varbench.engine.backbones.infinity.block_step import cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.backbones.infinity.block_step import modulated_norm
 from varbench.engine.plan import AttnPlan, BlockPlan, SelectorContext, entropy_query_pick
 from varbench.engine.residuals import cached_branch
 from varbench.engine.sparse_attention import plan_attention
@@ -44,7 +44,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     (rows, queries) and `attn_idx[bi]` (their token positions). With an attention plan `ap` (not
     dense) the self-attention reads the keys it names (`varbench.engine.sparse_attention`) and the
     block's new attention memory goes to `state.attn_written[bi]`. Returns the new residual stream."""
-    bc = state.consts[bi]
+    bc, ops = state.consts[bi], state.rt.block_ops   # ops: eager, or compiled (runtime.compile)
     h, w = state.sched[si]
     rows, n, _ = x.shape
     pruned = bp.mode == "prune"
@@ -66,10 +66,10 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     xin = modulated_norm(x, bc.scale1, bc.shift1, bc.eps)
     table = state.rope[si]
     if idx is not None and bp.prune_kv:  # only kept tokens make q, k, v
-        rot = qkv_rope(bc, _gather_rows(xin, idx), table[idx])
+        rot = ops.qkv_rope(bc, _gather_rows(xin, idx), table[idx])
         counts["qkv"] = idx.shape[1]
     else:
-        rot = qkv_rope(bc, xin, table)
+        rot = ops.qkv_rope(bc, xin, table)
         counts["qkv"] = n
     pad = bp.pad
     kk, vv = state.kv.append(bi, rot[1:], state.kv_dtype, None if pad is None else pad.kv_bias[:rows])
@@ -121,19 +121,19 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         attn_idx[bi] = sub_pos
         counts["ent_q"] = sub_pos.shape[1]
     counts["sa"] = q.shape[2]
-    x = _apply_branch(state, si, bi, "sa", x, sa_out(bc, attn), bc.g1, idx, bp, residual_store)
+    x = _apply_branch(state, si, bi, "sa", x, ops.sa_out(bc, attn), bc.g1, idx, bp, residual_store)
 
     # --- cross-attention
     idx = indices("ca")
     xq = x if idx is None else _gather_rows(x, idx)
     counts["ca"] = xq.shape[1]
-    x = _apply_branch(state, si, bi, "ca", x, cross_attention(bc, xq), None, idx, bp, residual_store)
+    x = _apply_branch(state, si, bi, "ca", x, ops.cross_attention(bc, xq), None, idx, bp, residual_store)
 
     # --- FFN
     idx = indices("ffn")
     xq = x if idx is None else _gather_rows(x, idx)
     counts["ffn"] = xq.shape[1]
-    x = _apply_branch(state, si, bi, "ffn", x, ffn(bc, xq), bc.g2, idx, bp, residual_store)
+    x = _apply_branch(state, si, bi, "ffn", x, ops.ffn(bc, xq), bc.g2, idx, bp, residual_store)
     if pad is not None and pad.skip_rows is not None:   # images whose own plan skips the block leave it as they came
         x = torch.where(pad.skip_rows[:rows], x_in, x)
     return x

@@ -27,6 +27,7 @@ replayed; everything it reads lives in a generation state reused in place across
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import Optional, Sequence
@@ -35,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from varbench.engine.backbones.infinity.block_step import rope_qkv_table
+from varbench.engine.backbones.infinity.compiled import EAGER_OPS, CompileLog
 from varbench.engine.backbones.infinity.flops import image_flops, scale_flops, text_flops
 from varbench.engine.backbones.infinity.model import Infinity
 from varbench.engine.backbones.infinity.schedules import nearest_template, rope_reference_grid, rope_table, scale_schedule
@@ -100,6 +102,12 @@ class InfinityRuntime:
         #: (`varbench.engine.padded_batch`: the launches of one batch, the padding's FLOPs), "split"
         #: as sub-batches of equal shape (no padding, a batch's launches per sub-batch)
         self.adaptive_batch = "pad"
+        #: the block functions a scale step calls: eager (today's ops), or compiled (`runtime.compile`,
+        #: varbench.engine.backbones.infinity.compiled)
+        self.block_ops = EAGER_OPS
+        self.compile_log = CompileLog()    # compile time apart from the steady state (compiled runs only)
+        self.attn_backend = "auto"         # runtime.attn_backend (varbench.engine.attn_backend)
+        self.quant = "none"                # runtime.quant (varbench.engine.backbones.infinity.quant)
 
     def fall_back(self, knob: str, err: BaseException) -> None:
         """A GPU feature failed on this machine (driver, Triton or SM mismatch): turn it off for this
@@ -138,8 +146,31 @@ class InfinityRuntime:
         return self.text_encoder(list(prompts)).to(self.device)
 
     # ------------------------------------------------------------------ generate
+    def knobs_context(self):
+        """What wraps every generation for the systems knobs: the compile log when the blocks are
+        compiled (compile time apart from the steady state) and the attention backend
+        (`runtime.attn_backend`; nothing at auto)."""
+        from varbench.engine.attn_backend import attention_backend
+
+        stack = contextlib.ExitStack()
+        if self.block_ops.mode != "off":
+            stack.enter_context(self.compile_log.watch())
+        stack.enter_context(attention_backend(self.attn_backend))
+        return stack
+
+    def knobs_summary(self) -> dict:
+        """The systems knobs as this runtime applies them (the record's `timing.runtime` and provenance)."""
+        return {"compile": self.block_ops.mode, "compile_fullgraph": self.block_ops.fullgraph,
+                "compile_log": self.compile_log.summary() if self.block_ops.mode != "off" else None,
+                "quant": self.quant, "attn_backend": self.attn_backend, "cuda_graphs": bool(self.cuda_graphs)}
+
+    def generate(self, *args, **kwargs) -> GenerationOutput:
+        """`_generate` (below: one image per prompt under a policy) inside `knobs_context`."""
+        with self.knobs_context():
+            return self._generate(*args, **kwargs)
+
     @torch.no_grad()
-    def generate(
+    def _generate(
         self,
         prompts: Sequence[str],
         seeds: Sequence[int],

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from varbench.engine import generation
 from varbench.engine.backbones.infinity import pruned
-from varbench.engine.backbones.infinity.block_step import BlockConsts, cross_attention, ffn, modulated_norm, qkv_rope, sa_out
+from varbench.engine.backbones.infinity.block_step import BlockConsts, modulated_norm
 from varbench.engine.backbones.infinity.bsq_vae import bits_to_codes, patchify_codes, unpatchify_bits
 from varbench.engine.backbones.infinity.model import CrossAttnBlock, key_runs
 from varbench.engine.backbones.infinity.sampling import bit_entropy, guided_logits, sample_bits
@@ -335,7 +335,10 @@ class GenState:
 
         def query_proj(pos: torch.Tensor) -> torch.Tensor:
             xm = modulated_norm(x_in.index_select(1, pos), bc.scale1, bc.shift1, bc.eps)
-            q = torch.matmul(xm.to(bc.wdtype), bc.w_qkv[:, :, :C])
+            if bc.w_qkv.dim() == 2:   # a quantised (out, in) weight (runtime.quant): its kernel, then the q rows
+                q = F.linear(xm.to(bc.wdtype), bc.w_qkv)[..., :C]
+            else:
+                q = torch.matmul(xm.to(bc.wdtype), bc.w_qkv[:, :, :C])
             return q.view(rows, pos.shape[0], bc.heads, -1).transpose(1, 2)
 
         h, w = self.sched[si]
@@ -379,11 +382,9 @@ class GenState:
     def full_block(self, si: int, bi: int, x: torch.Tensor) -> torch.Tensor:
         """The baseline block: every token, the fewest ops (see `varbench.engine.backbones.infinity.block_step`).
         Public as the hook that `experiments/runtime_ops.py` and the fake-CUDA dry run wrap."""
-        bc = self.consts[bi]
-        rot = qkv_rope(bc, modulated_norm(x, bc.scale1, bc.shift1, bc.eps), self.rope[si])   # (3, rows, H, n, c)
+        bc, ops = self.consts[bi], self.rt.block_ops   # ops: eager, or compiled (runtime.compile)
+        rot = ops.block_in(bc, x, self.rope[si])   # (3, rows, H, n, c)
         k, v = self.kv.append(bi, rot[1:], self.kv_dtype)
         q = rot[0]
         attn = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=self.kv.key_mask(bi), scale=1.0)
-        x = torch.addcmul(x, sa_out(bc, attn), bc.g1)
-        x = x + cross_attention(bc, x)
-        return torch.addcmul(x, ffn(bc, x), bc.g2)
+        return ops.block_out(bc, x, attn)
