@@ -301,8 +301,11 @@ class GenState:
                 self.apply_kv_budget(si, bi, x_in, budget, appended, counts)
             self.kv.settle(bi, si == len(self.sched) - 1)   # nothing of this block left in the staging buffer
             counts_all.append(counts)
-            for s in plan.release_residuals:   # block bi has read what it caches from them: free them now,
-                held = self.residuals.get(s)   # not after the step (the scale's new residuals grow meanwhile)
+            # block bi has read what it caches from the released scales: free that now, not after the step
+            # (the scale's new residuals grow meanwhile). Eagerly only: a captured step is replayed, and its
+            # residuals live as long as the captured steps that wrote them anyway
+            for s in (plan.release_residuals if self.graphs is None else ()):
+                held = self.residuals.get(s)
                 if held:
                     for key in [k for k in held if k[0] == bi]:
                         del held[key]
