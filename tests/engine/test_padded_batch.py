@@ -139,12 +139,11 @@ def test_a_padded_batch_gives_each_image_its_run_alone(rt, method, knobs):
 @pytest.mark.runtime
 @pytest.mark.parametrize("preset", ["nova", "toprovar"])
 def test_per_image_plans_at_batch_8_cost_about_the_launches_of_a_shared_plan(preset):
-    """Fake-CUDA dry run of the 2B at 1024² (depth 4): NOVA/ToProVAR at batch 8 with per-image plans,
-    padded, against the same method with one plan for the batch (`batch_rule: shared`), and split.
-    Measured (depth 6): NOVA 4,147 vs shared 3,649 (1.14x), split 5,928 at depth 2; ToProVAR 3,461 vs
-    2,758 (1.25x: its attention entropy leaves the fused Triton kernel, which takes no key mask, for
-    SDPA + the exact pass). Host syncs per generation stay O(scales) at any batch size (one transfer
-    per dtype per scale, `batch_split.host_signals`)."""
+    """Fake-CUDA dry run of the 2B at 1024² (depth 4 of 32): NOVA/ToProVAR at batch 8 with per-image
+    plans, padded, against the same method with one plan for the batch (`batch_rule: shared`), and split.
+    Measured at all 32 blocks: NOVA 17,393 vs shared 16,177 (1.08x), split 64,486; ToProVAR 13,482 vs
+    11,624 (1.16x), split 38,858 (docs/running.md). Host syncs per generation stay O(scales) at any batch
+    size (one transfer per dtype per scale, `batch_split.host_signals`)."""
     from varbench.harness.presets import resolve_method
     from varbench.testing.fake_cuda import FakeCuda
 
