@@ -585,7 +585,9 @@ class EntropyPatch:
                 scale = a[3] if len(a) > 3 else k.get("scale", 1.0)
                 kk = kk if kk.dtype == q.dtype else kk.to(q.dtype)
                 v = v if v.dtype == q.dtype else v.to(q.dtype)
-                return torch.nn.functional.scaled_dot_product_attention(q, kk, v, scale=scale), store[key]
+                bias = k.get("key_bias")   # a padded batch's key mask (varbench/engine/padded_batch.py)
+                mask = None if bias is None else bias.reshape(q.shape[0], -1).to(q.dtype)[:, None, None, :]
+                return torch.nn.functional.scaled_dot_product_attention(q, kk, v, attn_mask=mask, scale=scale), store[key]
             return rep
 
         try:

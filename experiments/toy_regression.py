@@ -49,7 +49,9 @@ def measure(methods=METHODS, n_prompts: int = N_PROMPTS, knob_overrides: dict | 
 
             ev.update([Sample(prompt_index=i + j, sample_index=0, prompt=p["prompt"], metadata=p["metadata"],
                               image=Image.fromarray(res.images[j].numpy())) for j, p in enumerate(chunk)])
-            flops += res.flops["total"] / n_prompts   # the mean over every prompt (adaptive methods vary)
+            # the mean over every prompt of its own work (adaptive methods vary); a padded batch's padding
+            # (res.flops["padding"], varbench/engine/padded_batch.py) is batching overhead, not the method's
+            flops += sum(f["total"] for f in res.image_flops) / n_prompts
             kv += res.kv_bytes[-1]["allocated"] / n_prompts   # KV bytes allocated per image (a batch of 8 holds 8)
         r = ev.compute()
         out[name] = {"toy_geneval": r.metrics["overall"],

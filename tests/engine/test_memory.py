@@ -146,6 +146,7 @@ def test_per_image_shares_equal_each_image_alone(caches):
         return plan
 
     rt = tiny_runtime(seed=0)
+    rt.adaptive_batch = "split"   # sub-batches (a padded batch holds every image's rows at the padded width)
     prompts, seeds = ["a red circle", "two blue squares", "a green triangle"], [0, 1, 2]
     out = rt.generate(prompts, seeds, Scripted(fn, per_image=True), pn=PN, cfg=CFG, decode=False)
     root = caches[0]

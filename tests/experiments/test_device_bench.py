@@ -187,7 +187,7 @@ def test_entropy_replay_keeps_the_plan_zeros_would_not():
     assert off.flops["total"] == on.flops["total"]
     assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(on.bits, off.bits))
     try:
-        R.attention_entropy = lambda q, k, chunk=1024: q.new_zeros(q.shape[0], q.shape[2], dtype=torch.float32)
+        R.attention_entropy = lambda q, k, chunk=1024, key_mask=None: q.new_zeros(q.shape[0], q.shape[2], dtype=torch.float32)
         zeros = run()
     finally:
         R.attention_entropy = orig

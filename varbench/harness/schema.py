@@ -18,7 +18,7 @@ methods (NOVA, ToProVAR, SkipVAR) do different work per prompt, and the spread s
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, NotRequired, Optional, TypedDict, get_type_hints
+from typing import Any, Mapping, Optional, TypedDict, get_type_hints
 
 #: The version of the record this module describes (``record.json``'s ``schema_version``).
 SCHEMA_VERSION = 1
@@ -132,7 +132,12 @@ class Timing(TypedDict):
                              # calls; else None), quant, attn_backend, cuda_graphs
 
 
-class Flops(TypedDict):
+class _FlopsWhenPadded(TypedDict, total=False):
+    padding: float   # a padded batch (varbench/engine/padded_batch.py): FLOPs run beyond the images' own work
+                     # (not in total), per image; absent when nothing was padded
+
+
+class Flops(_FlopsWhenPadded):
     """Analytic FLOPs per image, means over the record's images (a multiply-add = 2).
 
     ``total``, ``text``, ``ar``, ``per_scale`` and ``per_image`` are the **transformer only**
@@ -152,8 +157,6 @@ class Flops(TypedDict):
     vae_decode: Optional[float]     # VAE decoder, one decode at the final latent grid
     end_to_end: Optional[float]     # total + text_encoder + vae_decode
     end_to_end_per_image: Spread    # of per-image end_to_end (n = 0 when end_to_end is None)
-    padding: NotRequired[float]     # a padded batch (varbench/engine/padded_batch.py): FLOPs run beyond the images'
-                                    # own work (not in total), per image; absent when nothing was padded
 
 
 class Work(TypedDict):
@@ -250,11 +253,14 @@ class TraceFlops(TypedDict):
     end_to_end: Optional[float]
 
 
-class TraceWork(TypedDict):
+class _TraceWorkWhenPadded(TypedDict, total=False):
+    padding_flops: float     # this image's share of its padded batch's padding FLOPs (absent when not padded)
+
+
+class TraceWork(_TraceWorkWhenPadded):
     flops: TraceFlops
     executed_tokens: float   # token-layers executed (mean over sublayers, summed over blocks and scales)
     dense_tokens: int        # what the dense forward executes
-    padding_flops: NotRequired[float]   # this image's share of its padded batch's padding FLOPs
 
 
 class TraceMemory(TypedDict):
