@@ -299,3 +299,18 @@ def test_stand_in_generators_carry_their_device_on_themselves():
     assert isinstance(g, torch.Generator) and g.stands_in_for == torch.device("cuda:0")
     assert torch.equal(torch.randn(4, generator=g), torch.randn(4, generator=torch.Generator().manual_seed(7)))
     assert not hasattr(fake_cuda, "_GEN_DEVICE")
+
+
+@pytest.mark.integration
+def test_a_plan_made_from_signals_on_the_device_enters_the_fake_step():
+    """SparseVAR's token maps come from its residual-change signal: under the dry run that signal is an
+    `_OnDevice` stand-in (its host reads are counted), and the maps made from it must still become fake
+    tensors for the step (a recursion in FakeTensorMode before). Until its images' plans diverge (scale
+    9 on '1M') a batch of 8 waits for the host once per scale, as one image does: the residual change
+    reaches the host in one transfer for the batch (`batch_split.host_signals`). After that SparseVAR's
+    per-image token maps split the batch (post-block fills are not padded) and each sub-batch has its own."""
+    one = gpu_dryrun.run_one("infinity_2b", "sparsevar", 1, depth=16)
+    eight = gpu_dryrun.run_one("infinity_2b", "sparsevar", 8, depth=16)
+    assert one["status"] == eight["status"] == "ok", (one["errors"], eight["errors"])
+    syncs = eight["host_syncs_per_scale"]
+    assert all(syncs.get(si, 0) <= 1 for si in range(9)), syncs

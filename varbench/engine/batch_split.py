@@ -274,13 +274,14 @@ def note_image_blocks(state, si: int, images: Sequence[int], plans: Sequence[Sca
 
 def host_signals(sig: ScaleSignals) -> ScaleSignals:
     """The signals per-image policies read (token entropies, attention entropies and their query
-    positions) copied to the host in one transfer per dtype, before the batch's forks read them: a
+    positions, residual changes) copied to the host in one transfer per dtype, before the batch's forks read them: a
     GPU then waits once per scale, not once per image and read (each fork's `.to("cpu")` or
     `float()` of a host tensor costs nothing)."""
     named = [("token_entropy", None, sig.token_entropy)]
     named += [("attention_entropy", b, e) for b, e in sig.attention_entropy.items()]
     q = sig.attention_query_index
     named += [("attention_query_index", b, p) for b, p in q.items()] if isinstance(q, dict) else [("attention_query_index", None, q)]
+    named += [("residual_change", r, c) for r, c in sig.residual_change.items()]
     named = [(f, b, t) for f, b, t in named if isinstance(t, torch.Tensor) and t.device.type != "cpu"]
     if not named:
         return sig
@@ -293,8 +294,9 @@ def host_signals(sig: ScaleSignals) -> ScaleSignals:
     ent = {b: host.get(("attention_entropy", b), e) for b, e in sig.attention_entropy.items()}
     index = ({b: host.get(("attention_query_index", b), p) for b, p in q.items()} if isinstance(q, dict)
              else host.get(("attention_query_index", None), q))
+    change = {r: host.get(("residual_change", r), c) for r, c in sig.residual_change.items()}
     return dataclasses.replace(sig, token_entropy=host.get(("token_entropy", None), sig.token_entropy),
-                               attention_entropy=ent, attention_query_index=index)
+                               attention_entropy=ent, attention_query_index=index, residual_change=change)
 
 
 def image_traces(groups: list, batch: int, per_scale_ms: Sequence[float]) -> list[list[dict]]:

@@ -438,17 +438,24 @@ class StandInPolicy:
         with unset_fake_temporarily():
             self.inner.reset(dataclasses.replace(ctx, device="cpu"))
 
+    def _fake(self, t: torch.Tensor) -> torch.Tensor:
+        """A plan's host tensor as a fake one (a plan made from `_OnDevice` signals is one too: plain first)."""
+        if isinstance(t, _OnDevice):
+            with torch._C.DisableTorchFunctionSubclass():
+                t = t.as_subclass(torch.Tensor)
+        return self.fc.mode.from_tensor(t)
+
     def plan(self, si):
         with unset_fake_temporarily():
             plan = self.inner.plan(si)
-        blocks = {bi: (bp if bp.keep is None else dataclasses.replace(bp, keep=self.fc.mode.from_tensor(bp.keep)))
+        blocks = {bi: (bp if bp.keep is None else dataclasses.replace(bp, keep=self._fake(bp.keep)))
                   for bi, bp in plan.blocks.items()}
-        kv = {bi: (kb if kb.keep is None else dataclasses.replace(kb, keep=self.fc.mode.from_tensor(kb.keep)))
+        kv = {bi: (kb if kb.keep is None else dataclasses.replace(kb, keep=self._fake(kb.keep)))
               for bi, kb in plan.kv.items()}
-        attn = {bi: dataclasses.replace(ap, **{f: self.fc.mode.from_tensor(getattr(ap, f))
+        attn = {bi: dataclasses.replace(ap, **{f: self._fake(getattr(ap, f))
                                                for f in ("local", "block_mask") if getattr(ap, f) is not None})
                 for bi, ap in plan.attn.items()}
-        maps = {name: self.fc.mode.from_tensor(getattr(plan, name)) for name in ("post_fill", "code_mask")
+        maps = {name: self._fake(getattr(plan, name)) for name in ("post_fill", "code_mask")
                 if getattr(plan, name) is not None}
         return dataclasses.replace(plan, blocks=blocks, kv=kv, attn=attn, **maps)
 
