@@ -209,6 +209,12 @@ class GracefulStop:
         try:
             if pending is not None and exc_type is None:
                 _stop(pending)              # noted but never honoured: do not carry on (e.g. to the next job)
+            elif pending is not None and issubclass(exc_type, Exception):
+                # the stop unwound through code whose own cleanup then failed (a library context that the
+                # signal cut between its setup and its try, e.g. torch's "trying to pop from empty mode
+                # stack"): the job stopped because of the signal, and says so (exit 128 + signum), with
+                # the cleanup's error as the cause rather than as the job's failure
+                raise JobInterrupted(pending) from exc
         finally:
             _chained.clear()
             _farewell = None
