@@ -99,7 +99,7 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
     elif not fused:
         attn = F.scaled_dot_product_attention(q.to(kk.dtype), kk, vv, attn_mask=key_mask, scale=1.0)
     if want_entropy and pad is not None and pad.ent_pick is not None:   # each image's own queries
-        pick = _rows(pad.ent_pick, rows)
+        pick = pad.ent_pick[:rows]   # made per row ([cond; uncond]) with the plan, as every padding field
         sub_pos = pad.ent_pos[:rows]
         if fused:   # the kernel gave every query's entropy: each row takes its own picks
             attn_ent[bi] = ent_all.gather(1, pick)
@@ -138,10 +138,6 @@ def planned_block(state, si, bi, x, bp: BlockPlan, counts, residual_store,
         x = torch.where(pad.skip_rows[:rows], x_in, x)
     return x
 
-
-def _rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """A per-image (B, ...) or per-row (2B, ...) tensor for `rows` rows ([cond; uncond], or cond only)."""
-    return t[:rows] if t.shape[0] >= rows else t.repeat(rows // t.shape[0], *([1] * (t.dim() - 1)))
 
 
 def _apply_branch(state, si, bi, sub, x, branch, gate, idx, bp: BlockPlan, residual_store):
